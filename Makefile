@@ -1,0 +1,35 @@
+# Two entry points on a fresh clone: `make demo` (main job) and `make test` (ruff, mypy, pytest).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test lint bench tiers clean
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# torch first, pinned: the CPU wheel is local; any looser spec pulls gigabytes of CUDA packages.
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[embed,fhir,dev]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/ebmrag demo --window 256
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/mypy
+
+test: lint
+	$(VENV)/bin/pytest -q
+
+bench: $(STAMP)
+	$(PY) bench/packing.py --out docs/benchmarks.md
+
+tiers: $(STAMP)
+	$(VENV)/bin/ebmrag eval tiers --data-dir ../shared/data/agentclinic --out docs/tier_agreement.md
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,89 @@
+"""One TOML file configures every command; command-line flags override it.
+
+    [packing]
+    strategy = "ebm-exact"   # ebm-exact | ebm-greedy | fifo | semantic | uniform
+    window = 256
+    k_min = 1
+    alpha = 2.5              # tier weights, alpha >= beta >= gamma >= 1
+    beta = 2.5
+    gamma = 1.0
+    decay_lambda = 5.0       # per year; standing facts never decay
+    epsilon = 0.0
+
+    [models]
+    tokenizer = "bundled"    # or "hf:/path/tokenizer.json", "tiktoken:/path/file.tiktoken"
+    embedding_model = ""     # a local sentence-transformers folder; empty = bundled all-MiniLM-L6-v2
+    cache_dir = ""           # empty = $XDG_CACHE_HOME/ebmrag
+    tier_rules = ""          # empty = the bundled rules/tiers.toml
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from ebmrag.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class PackingSettings:
+    strategy: str = "ebm-exact"
+    window: int = 256
+    k_min: int = 1
+    alpha: float = 2.5
+    beta: float = 2.5
+    gamma: float = 1.0
+    decay_lambda: float = 5.0
+    epsilon: float = 0.0
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    tokenizer: str = "bundled"
+    embedding_model: str = ""
+    cache_dir: str = ""
+    tier_rules: str = ""
+
+
+@dataclass(frozen=True)
+class Settings:
+    packing: PackingSettings = field(default_factory=PackingSettings)
+    models: ModelSettings = field(default_factory=ModelSettings)
+
+
+def _section(cls: type[Any], raw: Any, name: str) -> Any:
+    if raw is None:
+        return cls()
+    if not isinstance(raw, dict):
+        raise ConfigError(f"[{name}] must be a table")
+    known = {f.name: f.type for f in fields(cls)}
+    unknown = set(raw) - set(known)
+    if unknown:
+        raise ConfigError(f"[{name}] has unknown keys {sorted(unknown)}; known: {sorted(known)}")
+    defaults = cls()
+    for key, value in raw.items():
+        expected = type(getattr(defaults, key))
+        if expected is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, expected) or isinstance(value, bool):
+            raise ConfigError(f"[{name}].{key} must be {expected.__name__}, got {value!r}")
+    return replace(defaults, **raw)
+
+
+def load_settings(path: str | Path | None) -> Settings:
+    if path is None:
+        return Settings()
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+    unknown = set(data) - {"packing", "models"}
+    if unknown:
+        raise ConfigError(f"config file {path}: unknown tables {sorted(unknown)}")
+    return Settings(_section(PackingSettings, data.get("packing"), "packing"),
+                    _section(ModelSettings, data.get("models"), "models"))

@@ -1,0 +1,22 @@
+"""Error hierarchy: every error names the input at fault so a user can fix it without reading our code."""
+
+
+class EbmragError(Exception):
+    """Base class of every error ebmrag raises on purpose."""
+
+
+class RecordError(EbmragError, ValueError):
+    """A patient record is malformed; the message names the file and the field."""
+
+    def __init__(self, where: str, problem: str) -> None:
+        self.where = where
+        self.problem = problem
+        super().__init__(f"{where}: {problem}")
+
+
+class ConfigError(EbmragError, ValueError):
+    """A configuration value or rule file is invalid."""
+
+
+class ModelUnavailableError(EbmragError, RuntimeError):
+    """A model or tokenizer could not be loaded from a local path (we never download)."""

@@ -1,0 +1,139 @@
+"""Sentence embeddings for similarity: the bundled all-MiniLM-L6-v2 or a user's local model, cached by content hash.
+
+The model loads lazily in `warm_up()` (a few seconds), never at import, and never from a hub: a
+path that is not a local directory is an error, not a download. Vectors are L2-normalized, so
+cosine similarity is a dot product. The cache key is sha256(model name + text), in memory and,
+when `cache_dir` is given, in a SQLite file shared across runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sqlite3
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ebmrag.errors import ModelUnavailableError
+from ebmrag.evidence.tokens import bundled_model_dir
+
+Vectors = npt.NDArray[np.float32]
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "ebmrag"
+
+
+class _DiskCache:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(str(path))
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("CREATE TABLE IF NOT EXISTS vectors (key TEXT PRIMARY KEY, vector BLOB NOT NULL)")
+
+    def get_many(self, keys: Sequence[str]) -> dict[str, Vectors]:
+        found: dict[str, Vectors] = {}
+        for start in range(0, len(keys), 500):
+            chunk = list(keys[start : start + 500])
+            marks = ",".join("?" * len(chunk))
+            rows = self._db.execute(f"SELECT key, vector FROM vectors WHERE key IN ({marks})", chunk)
+            found.update((key, np.frombuffer(blob, dtype=np.float32)) for key, blob in rows)
+        return found
+
+    def put_many(self, items: dict[str, Vectors]) -> None:
+        with self._db:
+            self._db.executemany(
+                "INSERT OR REPLACE INTO vectors VALUES (?, ?)",
+                [(k, v.astype(np.float32).tobytes()) for k, v in items.items()],
+            )
+
+
+class SentenceEmbedder:
+    """Batched, normalized, cached sentence embeddings."""
+
+    def __init__(
+        self,
+        model_path: str | Path | None = None,
+        device: str = "cpu",
+        batch_size: int = 64,
+        cache_dir: str | Path | None = None,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if model_path is not None and not Path(model_path).is_dir():
+            raise ModelUnavailableError(f"embedding model path is not a local directory: {model_path}")
+        self.model_path = Path(model_path) if model_path else None
+        self.device = device
+        self.batch_size = batch_size
+        self.cache_dir = Path(cache_dir) if cache_dir else None
+        self.model_name = str(self.model_path) if self.model_path else "bundled:all-MiniLM-L6-v2"
+        self._model: Any = None
+        self._memory: dict[str, Vectors] = {}
+        self._disk = _DiskCache(self.cache_dir / "embeddings.sqlite") if self.cache_dir else None
+
+    def warm_up(self) -> None:
+        if self._model is not None:
+            return
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        try:
+            from sentence_transformers import SentenceTransformer
+        except ImportError as exc:
+            raise ModelUnavailableError("sentence-transformers is missing: pip install 'ebmrag[embed]'") from exc
+        path = self.model_path or bundled_model_dir()
+        try:
+            self._model = SentenceTransformer(str(path), device=self.device, local_files_only=True)
+        except Exception as exc:  # the library raises many types for a bad folder
+            raise ModelUnavailableError(f"could not load the embedding model from {path}: {exc}") from exc
+
+    def _key(self, text: str) -> str:
+        return hashlib.sha256(f"{self.model_name}\x00{text}".encode()).hexdigest()
+
+    def embed(self, texts: Sequence[str]) -> Vectors:
+        """One normalized row per text; each distinct text is computed once and then served from the cache."""
+        keys = [self._key(t) for t in texts]
+        missing = [k for k in dict.fromkeys(keys) if k not in self._memory]
+        if missing and self._disk is not None:
+            self._memory.update(self._disk.get_many(missing))
+            missing = [k for k in missing if k not in self._memory]
+        if missing:
+            text_of = dict(zip(keys, texts, strict=True))
+            fresh = self._encode([text_of[k] for k in missing])
+            computed = dict(zip(missing, fresh, strict=True))
+            self._memory.update(computed)
+            if self._disk is not None:
+                self._disk.put_many(computed)
+        if not keys:
+            return np.zeros((0, self.dimension), dtype=np.float32)
+        return np.stack([self._memory[k] for k in keys])
+
+    def _encode(self, texts: list[str]) -> Vectors:
+        self.warm_up()
+        vectors = self._model.encode(
+            texts, batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
+        )
+        return np.asarray(vectors, dtype=np.float32)
+
+    @property
+    def dimension(self) -> int:
+        self.warm_up()
+        return int(self._model.get_sentence_embedding_dimension())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model_path": str(self.model_path) if self.model_path else None,
+            "device": self.device,
+            "batch_size": self.batch_size,
+            "cache_dir": str(self.cache_dir) if self.cache_dir else None,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SentenceEmbedder:
+        return cls(**data)

@@ -1,0 +1,214 @@
+"""Clinical entity extraction and the entity-preserving compressed state B (SPEC §2).
+
+State B keeps the clauses that carry key entities (values with units, test names, named findings,
+drug/allergen names, positive/negative conclusions) and drops the rest. Negation is protected by
+construction: a clause that holds a negated entity is kept together with every clause back to its
+negation cue, so "no evidence of malignancy" can never shrink to "malignancy". Dates are counted as
+entities (N_total) but never keep a clause alive; dropping them is what lowers the fidelity F(B).
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass
+from enum import StrEnum
+from functools import cache
+from pathlib import Path
+
+from ebmrag.errors import ConfigError
+from ebmrag.evidence.sentences import split_sentences
+
+DEFAULT_LEXICON_PATH = Path(__file__).parent / "rules" / "entities.toml"
+
+
+class EntityKind(StrEnum):
+    VALUE = "value"
+    TEST = "test"
+    FINDING = "finding"
+    DRUG = "drug"
+    CONCLUSION = "conclusion"
+    DATE = "date"
+
+
+@dataclass(frozen=True)
+class Entity:
+    kind: EntityKind
+    text: str
+    start: int
+    end: int
+    negated: bool = False
+
+    @property
+    def key(self) -> tuple[str, str, bool]:
+        """Identity used to count survivors: same kind, same words, same polarity."""
+        return (self.kind.value, re.sub(r"\s+", " ", self.text.lower()), self.negated)
+
+
+@dataclass(frozen=True)
+class Compression:
+    """State B of a fragment; `fidelity_ratio` is N_entity / N_total (1.0 when the text has no entity)."""
+
+    text: str
+    entities_total: int
+    entities_kept: int
+
+    @property
+    def fidelity_ratio(self) -> float:
+        return self.entities_kept / self.entities_total if self.entities_total else 1.0
+
+
+def _alternation(terms: list[str]) -> str:
+    return "|".join(re.escape(t) for t in sorted(set(terms), key=len, reverse=True))
+
+
+def _word_pattern(terms: list[str]) -> re.Pattern[str]:
+    ascii_terms = [t for t in terms if t.isascii()]
+    cjk_terms = [t for t in terms if not t.isascii()]
+    parts = [rf"(?<![\w-])(?:{_alternation(ascii_terms)})(?![\w-])"] if ascii_terms else []
+    if cjk_terms:
+        parts.append(f"(?:{_alternation(cjk_terms)})")
+    return re.compile("|".join(parts), re.IGNORECASE)
+
+
+_DATE = re.compile(
+    r"\b\d{4}-\d{2}-\d{2}\b|\b\d{1,2}/\d{1,2}/\d{2,4}\b|"
+    r"\b(?:jan|feb|mar|apr|may|jun|jul|aug|sep|sept|oct|nov|dec)[a-z]*\.?\s+(?:\d{1,2},?\s+)?(?:19|20)\d{2}\b|"
+    r"\b(?:in|since|from|on)\s+(?:19|20)\d{2}\b|\d{4}年(?:\d{1,2}月)?(?:\d{1,2}日)?",
+    re.IGNORECASE,
+)
+_CLAUSE_END = re.compile(r"[,，;；:：]|(?=\s(?:but|however|although)\s)", re.IGNORECASE)
+
+
+class EntityExtractor:
+    """Regex and lexicon entity extractor; lexicons come from `rules/entities.toml`."""
+
+    def __init__(self, lexicon_path: str | Path | None = None) -> None:
+        path = Path(lexicon_path) if lexicon_path else DEFAULT_LEXICON_PATH
+        try:
+            lex = tomllib.loads(path.read_text(encoding="utf-8"))
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"entity lexicon {path} could not be read: {exc}") from exc
+        missing = {
+            "units",
+            "tests",
+            "drugs",
+            "drug_suffixes",
+            "findings",
+            "finding_suffixes",
+            "conclusions",
+            "negation_cues",
+            "filler",
+        } - set(lex)
+        if missing:
+            raise ConfigError(f"entity lexicon {path} lacks lists {sorted(missing)}")
+        number = r"[<>≤≥~]?\d+(?:[.,]\d+)?(?:\s*(?:-|–|/|×|x|to)\s*\d+(?:[.,]\d+)?)*"
+        self._value = re.compile(rf"{number}\s*(?:{_alternation(lex['units'])})(?![A-Za-z])", re.IGNORECASE)
+        self._patterns = {
+            EntityKind.TEST: _word_pattern(lex["tests"]),
+            EntityKind.DRUG: re.compile(
+                _word_pattern(lex["drugs"]).pattern + rf"|\b\w+(?:{_alternation(lex['drug_suffixes'])})\b",
+                re.IGNORECASE,
+            ),
+            EntityKind.FINDING: re.compile(
+                _word_pattern(lex["findings"]).pattern
+                + rf"|\b\w{{3,}}(?:{_alternation(lex['finding_suffixes'])})\b|\bCD\d+\b",
+                re.IGNORECASE,
+            ),
+            EntityKind.CONCLUSION: _word_pattern(lex["conclusions"]),
+        }
+        self._negation = _word_pattern(lex["negation_cues"])
+        self._filler = _word_pattern(lex["filler"])
+
+    def extract(self, text: str) -> list[Entity]:
+        """Entities in text order; overlapping matches keep the earliest, then the longest."""
+        found: list[tuple[int, int, EntityKind]] = []
+        found += [(m.start(), m.end(), EntityKind.VALUE) for m in self._value.finditer(text)]
+        found += [(m.start(), m.end(), EntityKind.DATE) for m in _DATE.finditer(text)]
+        for kind, pattern in self._patterns.items():
+            found += [(m.start(), m.end(), kind) for m in pattern.finditer(text)]
+        found.sort(key=lambda item: (item[0], -(item[1] - item[0])))
+        entities: list[Entity] = []
+        last_end = -1
+        for start, end, kind in found:
+            if start >= last_end:
+                entities.append(Entity(kind, text[start:end], start, end, self._negated(text, start)))
+                last_end = end
+        return entities
+
+    def negation_cue_start(self, text: str, position: int) -> int | None:
+        """Start of the negation cue whose scope covers `position`, if any.
+
+        Scope runs from the cue to the end of the sentence, but stops at "but"/"however" and at a
+        semicolon; commas do not end it ("no fever, chills or rash" negates all three).
+        """
+        sentence_start = max(text.rfind(c, 0, position) for c in ".!?。！？\n") + 1
+        window = text[sentence_start:position]
+        for stop in re.finditer(r"[;；]|\b(?:but|however|although)\b", window, re.IGNORECASE):
+            sentence_start, window = sentence_start + stop.end(), window[stop.end() :]
+        cues = list(self._negation.finditer(window))
+        return sentence_start + cues[-1].start() if cues else None
+
+    def _negated(self, text: str, position: int) -> bool:
+        return self.negation_cue_start(text, position) is not None
+
+    def strip_filler(self, text: str) -> str:
+        stripped = self._filler.sub("", text)
+        stripped = re.sub(r"\s+([,.;:])", r"\1", re.sub(r"\s{2,}", " ", stripped)).strip(" ,")
+        stripped = re.sub(r"^(?:and|or|then)\s+", "", stripped, flags=re.IGNORECASE)
+        return stripped[:1].upper() + stripped[1:] if stripped else stripped
+
+
+def _clause_spans(sentence: str) -> list[tuple[int, int]]:
+    spans, start = [], 0
+    for match in _CLAUSE_END.finditer(sentence):
+        spans.append((start, match.end()))
+        start = match.end()
+    spans.append((start, len(sentence)))
+    return [(s, e) for s, e in spans if sentence[s:e].strip()]
+
+
+def _join_clauses(clauses: list[str]) -> str:
+    """Join with a space, except after Chinese text, which is written without one."""
+    text = ""
+    for clause in clauses:
+        text += clause if not text or not text[-1].isascii() else " " + clause
+    return text.rstrip(",，;； ")
+
+
+class EntityCompressor:
+    """Builds state B: the clauses that hold key entities, filler removed, negation intact."""
+
+    def __init__(self, extractor: EntityExtractor | None = None) -> None:
+        self.extractor = extractor or default_extractor()
+
+    def _compress_sentence(self, sentence: str) -> str:
+        entities = self.extractor.extract(sentence)
+        spans = _clause_spans(sentence)
+        keep: set[int] = set()
+        for entity in entities:
+            if entity.kind is EntityKind.DATE:
+                continue
+            index = next(i for i, (s, e) in enumerate(spans) if s <= entity.start < e)
+            cue = self.extractor.negation_cue_start(sentence, entity.start) if entity.negated else None
+            first = index if cue is None else next(i for i, (s, e) in enumerate(spans) if s <= cue < e)
+            keep.update(range(first, index + 1))
+        if not keep:
+            return ""
+        kept = _join_clauses([sentence[s:e].strip() for i, (s, e) in enumerate(spans) if i in keep])
+        slim = self.extractor.strip_filler(kept)
+        before = {e.key for e in self.extractor.extract(kept) if e.kind is not EntityKind.DATE}
+        after = {e.key for e in self.extractor.extract(slim) if e.kind is not EntityKind.DATE}
+        return slim if before <= after else kept
+
+    def compress(self, text: str) -> Compression:
+        original = {e.key for e in self.extractor.extract(text)}
+        pieces = [self._compress_sentence(s.text) for s in split_sentences(text)]
+        compressed = " ".join(p if p[-1] in ".!?。！？" else p + "." for p in pieces if p)
+        kept = {e.key for e in self.extractor.extract(compressed)} & original
+        return Compression(compressed, len(original), len(kept))
+
+
+@cache
+def default_extractor() -> EntityExtractor:
+    return EntityExtractor()

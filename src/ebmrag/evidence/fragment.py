@@ -1,0 +1,95 @@
+"""Typed records shared by every stage: a patient fragment, its evidence tier, and a patient record."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from enum import StrEnum
+
+from ebmrag.errors import RecordError
+
+
+class Tier(StrEnum):
+    """Evidence tier by diagnostic objectivity (SPEC §2): T1 is the most objective and the most dangerous to lose."""
+
+    T1 = "T1"
+    T2 = "T2"
+    T3 = "T3"
+    T4 = "T4"
+
+    @property
+    def rank(self) -> int:
+        return int(self.value[1])
+
+    @property
+    def compressible(self) -> bool:
+        """Only objective evidence (T1/T2) has the entity-preserving compressed state B."""
+        return self in (Tier.T1, Tier.T2)
+
+
+@dataclass(frozen=True)
+class TierDecision:
+    """Why a fragment got its tier: the rule that fired, so a clinician can audit and amend the rule file."""
+
+    tier: Tier
+    rule_id: str
+    standing: bool = False
+    must_keep: bool = False
+
+
+@dataclass(frozen=True)
+class Fragment:
+    """One unit of patient evidence: a history item, an exam finding, a lab panel, a report.
+
+    `standing` facts (allergies, pathology, genetics, chronic diagnoses) do not decay with age;
+    it comes from the tier decision and is kept on the fragment so packing needs nothing else.
+    """
+
+    id: str
+    patient_id: str
+    text: str
+    section: str | None = None
+    timestamp: datetime | None = None
+    source: str | None = None
+    decision: TierDecision | None = field(default=None, compare=False)
+
+    @property
+    def tier(self) -> Tier:
+        if self.decision is None:
+            raise RecordError(f"fragment {self.id!r}", "has no tier yet; run the TierClassifier first")
+        return self.decision.tier
+
+    def with_decision(self, decision: TierDecision) -> Fragment:
+        return replace(self, decision=decision)
+
+
+@dataclass(frozen=True)
+class PatientRecord:
+    """All fragments of one patient. Construction enforces that no other patient's fragment slips in."""
+
+    patient_id: str
+    fragments: tuple[Fragment, ...]
+    origin: str = "<memory>"
+
+    def __post_init__(self) -> None:
+        if not self.patient_id.strip():
+            raise RecordError(self.origin, "patient_id is empty")
+        seen: set[str] = set()
+        for fragment in self.fragments:
+            if fragment.patient_id != self.patient_id:
+                raise RecordError(
+                    f"{self.origin}: fragment {fragment.id!r}",
+                    f"belongs to patient {fragment.patient_id!r}, not {self.patient_id!r}",
+                )
+            if fragment.id in seen:
+                raise RecordError(f"{self.origin}: fragment {fragment.id!r}", "duplicate fragment id")
+            seen.add(fragment.id)
+
+    @property
+    def latest_timestamp(self) -> datetime | None:
+        stamps = [f.timestamp for f in self.fragments if f.timestamp is not None]
+        return max(stamps) if stamps else None
+
+    def replace_fragments(self, fragments: Iterable[Fragment]) -> PatientRecord:
+        return replace(self, fragments=tuple(fragments))

@@ -1,0 +1,145 @@
+"""Rule-based evidence tier classifier (SPEC §2, seed 000 §2.1).
+
+The rules live in a TOML file (`rules/tiers.toml`) that a clinician can read and extend; this
+module only loads, validates and applies them. The first matching rule wins and its id is kept
+on the fragment, so every tier in a trace can be traced back to one line of the rule file.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ebmrag.errors import ConfigError
+from ebmrag.evidence.fragment import Fragment, PatientRecord, Tier, TierDecision
+
+DEFAULT_RULES_PATH = Path(__file__).parent / "rules" / "tiers.toml"
+
+
+@dataclass(frozen=True)
+class TierRule:
+    id: str
+    tier: Tier
+    sections: tuple[re.Pattern[str], ...] = ()
+    text_any: tuple[re.Pattern[str], ...] = ()
+    text_none: tuple[re.Pattern[str], ...] = ()
+    standing: bool = False
+    must_keep: bool = False
+    description: str = ""
+
+    def matches(self, section: str, text: str) -> bool:
+        if self.sections and not any(p.search(section) for p in self.sections):
+            return False
+        if self.text_any and not any(p.search(text) for p in self.text_any):
+            return False
+        return not any(p.search(text) for p in self.text_none)
+
+    def decision(self) -> TierDecision:
+        return TierDecision(self.tier, self.id, standing=self.standing, must_keep=self.must_keep)
+
+
+def normalize_section(section: str | None) -> str:
+    """'Test_Results/Biopsy' and 'test results > biopsy' look the same to the rules."""
+    if not section:
+        return ""
+    text = section.replace("_", " ").replace("/", " > ").lower()
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def _compile(rule_id: str, key: str, patterns: Any) -> tuple[re.Pattern[str], ...]:
+    if patterns is None:
+        return ()
+    if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
+        raise ConfigError(f"tier rule {rule_id!r}: {key} must be a list of strings")
+    compiled = []
+    for pattern in patterns:
+        try:
+            compiled.append(re.compile(pattern, re.IGNORECASE))
+        except re.error as exc:
+            raise ConfigError(f"tier rule {rule_id!r}: {key} pattern {pattern!r} is not a valid regex: {exc}") from exc
+    return tuple(compiled)
+
+
+def _parse_tier(rule_id: str, value: Any) -> Tier:
+    try:
+        return Tier(value)
+    except ValueError:
+        raise ConfigError(f"tier rule {rule_id!r}: tier must be one of T1..T4, got {value!r}") from None
+
+
+def parse_rule(raw: Mapping[str, Any]) -> TierRule:
+    rule_id = raw.get("id")
+    if not isinstance(rule_id, str) or not rule_id:
+        raise ConfigError(f"tier rule without an id: {dict(raw)!r}")
+    unknown = set(raw) - {"id", "tier", "sections", "text_any", "text_none", "standing", "must_keep", "description"}
+    if unknown:
+        raise ConfigError(f"tier rule {rule_id!r}: unknown keys {sorted(unknown)}")
+    rule = TierRule(
+        id=rule_id,
+        tier=_parse_tier(rule_id, raw.get("tier")),
+        sections=_compile(rule_id, "sections", raw.get("sections")),
+        text_any=_compile(rule_id, "text_any", raw.get("text_any")),
+        text_none=_compile(rule_id, "text_none", raw.get("text_none")),
+        standing=bool(raw.get("standing", False)),
+        must_keep=bool(raw.get("must_keep", False)),
+        description=str(raw.get("description", "")),
+    )
+    if not rule.sections and not rule.text_any:
+        raise ConfigError(f"tier rule {rule_id!r}: needs `sections` or `text_any`, else it matches everything")
+    return rule
+
+
+class TierClassifier:
+    """Assigns T1..T4 to fragments: section/resource type first, text cues second (see the rule file)."""
+
+    def __init__(self, rules_path: str | Path | None = None) -> None:
+        self.rules_path = Path(rules_path) if rules_path is not None else None
+        path = self.rules_path or DEFAULT_RULES_PATH
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"tier rule file not found: {path}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"tier rule file {path} is not valid TOML: {exc}") from exc
+        self.rules = self._parse_rules(data.get("rules"), path)
+        self.default = TierDecision(
+            _parse_tier("default", data.get("default_tier", "T4")), str(data.get("default_rule_id", "default"))
+        )
+
+    @staticmethod
+    def _parse_rules(raw_rules: Any, path: Path) -> tuple[TierRule, ...]:
+        if not isinstance(raw_rules, list) or not raw_rules:
+            raise ConfigError(f"tier rule file {path}: expected a non-empty [[rules]] array")
+        rules = tuple(parse_rule(raw) for raw in raw_rules)
+        ids = [rule.id for rule in rules]
+        duplicates = sorted({i for i in ids if ids.count(i) > 1})
+        if duplicates:
+            raise ConfigError(f"tier rule file {path}: duplicate rule ids {duplicates}")
+        return rules
+
+    def classify(self, text: str, section: str | None = None) -> TierDecision:
+        normalized = normalize_section(section)
+        for rule in self.rules:
+            if rule.matches(normalized, text):
+                return rule.decision()
+        return self.default
+
+    def classify_fragment(self, fragment: Fragment) -> Fragment:
+        return fragment.with_decision(self.classify(fragment.text, fragment.section))
+
+    def run(self, record: PatientRecord) -> PatientRecord:
+        return record.replace_fragments(self.classify_fragment(f) for f in record.fragments)
+
+    def classify_many(self, fragments: Sequence[Fragment]) -> list[Fragment]:
+        return [self.classify_fragment(f) for f in fragments]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rules_path": str(self.rules_path) if self.rules_path else None}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TierClassifier:
+        return cls(rules_path=data.get("rules_path"))

@@ -1,0 +1,126 @@
+"""The three baselines EBM-Pack is measured against (SPEC §2, seed 000 §3.1).
+
+- fifo: the candidate queue in record order, full text, until the first fragment that does not fit.
+- semantic: the same, ordered by cosine similarity to the query.
+- uniform: the first r share of every fragment's words, r = window / total tokens, lowered until the
+  rendered lines fit (token counts are not proportional to word counts, so one pass can overflow).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ebmrag.evidence.tokens import TokenCounter, truncate_words
+from ebmrag.packing.types import (
+    Candidate,
+    DroppedFragment,
+    DropReason,
+    PackedFragment,
+    PackOption,
+    PackReason,
+    PackResult,
+    State,
+    drop_entry,
+    pack_entry,
+    render_line,
+    validate_window,
+)
+
+
+def _pack_in_order(name: str, ordered: Sequence[Candidate], window: int, reason: PackReason) -> PackResult:
+    packed: list[PackedFragment] = []
+    dropped: list[DroppedFragment] = []
+    room = window
+    full_at: str | None = None
+    for rank, candidate in enumerate(ordered, 1):
+        if full_at is None and candidate.full.tokens <= room:
+            packed.append(pack_entry(candidate, candidate.full, reason, f"position {rank}"))
+            room -= candidate.full.tokens
+            continue
+        full_at = full_at or candidate.fragment.id
+        dropped.append(
+            drop_entry(
+                candidate,
+                DropReason.CAPACITY,
+                f"window full: truncation stopped at fragment {full_at!r} (position {rank})",
+            )
+        )
+    return PackResult(name, window, tuple(packed), tuple(dropped))
+
+
+class FifoPacker:
+    name = "fifo"
+
+    def pack(self, candidates: Sequence[Candidate], window: int) -> PackResult:
+        validate_window(window)
+        return _pack_in_order(self.name, sorted(candidates, key=lambda c: c.order), window, PackReason.QUEUE_ORDER)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"strategy": self.name}
+
+
+class SemanticPacker:
+    name = "semantic"
+
+    def pack(self, candidates: Sequence[Candidate], window: int) -> PackResult:
+        validate_window(window)
+        ordered = sorted(candidates, key=lambda c: (-c.similarity, c.order))
+        return _pack_in_order(self.name, ordered, window, PackReason.SIMILARITY_RANK)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"strategy": self.name}
+
+
+class UniformPacker:
+    name = "uniform"
+
+    def __init__(self, token_counter: TokenCounter, shrink: float = 0.95, max_rounds: int = 200) -> None:
+        if not 0 < shrink < 1:
+            raise ValueError(f"shrink must be in (0, 1), got {shrink}")
+        self.token_counter = token_counter
+        self.shrink = shrink
+        self.max_rounds = max_rounds
+
+    def _truncate(self, candidates: Sequence[Candidate], share: float) -> list[PackOption | None]:
+        bodies = [truncate_words(c.fragment.text, share) for c in candidates]
+        lines = [render_line(c.header, b) for c, b in zip(candidates, bodies, strict=True)]
+        counts = self.token_counter.count_many(lines)
+        return [
+            PackOption(State.TRUNCATED, line, n, c.full.utility * share) if body else None
+            for c, body, line, n in zip(candidates, bodies, lines, counts, strict=True)
+        ]
+
+    def pack(self, candidates: Sequence[Candidate], window: int) -> PackResult:
+        validate_window(window)
+        total = sum(c.full.tokens for c in candidates)
+        if total <= window:
+            return PackResult(
+                self.name,
+                window,
+                tuple(pack_entry(c, c.full, PackReason.UNIFORM_SHARE, "everything fits") for c in candidates),
+                (),
+            )
+        share = window / total
+        options = self._truncate(candidates, share)
+        for _ in range(self.max_rounds):
+            if sum(o.tokens for o in options if o) <= window:
+                break
+            share *= self.shrink
+            options = self._truncate(candidates, share)
+        else:
+            options = [None] * len(candidates)
+        packed = [
+            pack_entry(c, o, PackReason.UNIFORM_SHARE, f"first {share:.0%} of its words")
+            for c, o in zip(candidates, options, strict=True)
+            if o
+        ]
+        dropped = [
+            drop_entry(c, DropReason.TRUNCATED_AWAY, f"a {share:.0%} share of its words is no word")
+            for c, o in zip(candidates, options, strict=True)
+            if not o
+        ]
+        return PackResult(self.name, window, tuple(packed), tuple(dropped))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"strategy": self.name, "shrink": self.shrink}

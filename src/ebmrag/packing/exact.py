@@ -1,0 +1,154 @@
+"""ebm-exact: the optimal multiple-choice knapsack under the EBM-Pack constraints (ours, SPEC §2).
+
+Objective, lexicographic: (1) as many must-keep fragments as any packing can hold, (2) as many tier
+quota slots filled as possible, (3) the largest total utility. (1) and (2) are hard constraints
+whenever they are feasible; encoding them as big bonuses means an infeasible quota degrades
+gracefully instead of failing the request.
+
+Method: dynamic programming over capacity, tier by tier. Within a tier the state is (quota slots
+filled so far, capped at the tier's quota; tokens used); at the tier boundary the slot count is
+cashed in as a bonus and the state collapses to tokens only, so the table never needs the product of
+all tiers' counters. Time O(n · (q+1) · W) numpy work, memory O(n_t · (q+1) · W) bytes of
+back-pointers for the largest tier (n: fragments, q: k_min, W: window).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ebmrag.packing.quota import tier_quotas, validate_k_min
+from ebmrag.packing.types import (
+    Candidate,
+    DroppedFragment,
+    DropReason,
+    PackedFragment,
+    PackReason,
+    PackResult,
+    drop_entry,
+    pack_entry,
+    validate_window,
+)
+
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass
+class _TierTable:
+    members: list[int]
+    decisions: npt.NDArray[np.int8]  # (n_t, rows, W+1): 0 skip; 2j+1 option j from row-1; 2j+2 from same row
+    best_row: npt.NDArray[np.intp]  # (W+1,) row cashed in at the tier boundary
+
+
+def _tier_table(
+    candidates: Sequence[Candidate],
+    members: list[int],
+    quota: int,
+    base: FloatArray,
+    must_keep_bonus: float,
+    window: int,
+) -> tuple[_TierTable, FloatArray]:
+    rows = quota + 1
+    dp = np.full((rows, window + 1), -np.inf)
+    dp[0] = base
+    decisions = np.zeros((len(members), rows, window + 1), dtype=np.int8)
+    for k, index in enumerate(members):
+        candidate = candidates[index]
+        new = dp.copy()
+        for j, option in enumerate(candidate.options):
+            cost = option.tokens
+            if cost > window:
+                continue
+            value = option.utility + (must_keep_bonus if candidate.must_keep else 0.0)
+            if rows > 1:  # one more quota slot filled: row r-1 -> row r
+                _relax(new[1:, cost:], dp[:-1, : window + 1 - cost] + value, decisions[k, 1:, cost:], 2 * j + 1)
+            _relax(new[quota, cost:], dp[quota, : window + 1 - cost] + value, decisions[k, quota, cost:], 2 * j + 2)
+        dp = new
+    return _TierTable(members, decisions, np.zeros(0, dtype=np.intp)), dp
+
+
+def _relax(target: FloatArray, proposal: FloatArray, decision: npt.NDArray[np.int8], code: int) -> None:
+    better = proposal > target
+    np.copyto(target, proposal, where=better)
+    np.copyto(decision, np.int8(code), where=better)
+
+
+class ExactPacker:
+    """Optimal EBM-Pack with tier quotas and a hard must-keep flag for T1 allergy/pathology fragments."""
+
+    name = "ebm-exact"
+
+    def __init__(self, k_min: int = 1) -> None:
+        validate_k_min(k_min)
+        self.k_min = k_min
+
+    def solve(self, candidates: Sequence[Candidate], window: int) -> dict[int, int]:
+        """Candidate index -> chosen option index, for the packed candidates only."""
+        validate_window(window)
+        quotas = tier_quotas(candidates, self.k_min)
+        utility_bound = sum(max((o.utility for o in c.options), default=0.0) for c in candidates)
+        slot_bonus = utility_bound + 1.0
+        must_keep_bonus = slot_bonus * (sum(quotas.values()) + 1)
+        base = np.zeros(window + 1)
+        tables = []
+        for tier, quota in quotas.items():
+            members = [i for i, c in enumerate(candidates) if c.tier is tier]
+            table, dp = _tier_table(candidates, members, quota, base, must_keep_bonus, window)
+            scored = dp + slot_bonus * np.arange(quota + 1)[:, None]
+            table.best_row = np.argmax(scored, axis=0)
+            base = scored.max(axis=0)
+            tables.append(table)
+        return self._backtrack(candidates, tables, window)
+
+    @staticmethod
+    def _backtrack(candidates: Sequence[Candidate], tables: list[_TierTable], window: int) -> dict[int, int]:
+        chosen: dict[int, int] = {}
+        capacity = window
+        for table in reversed(tables):
+            row = int(table.best_row[capacity])
+            for k in range(len(table.members) - 1, -1, -1):
+                code = int(table.decisions[k, row, capacity])
+                if code == 0:
+                    continue
+                option = (code - 1) // 2
+                index = table.members[k]
+                chosen[index] = option
+                capacity -= candidates[index].options[option].tokens
+                row -= 1 if code % 2 == 1 else 0
+        return chosen
+
+    def pack(self, candidates: Sequence[Candidate], window: int) -> PackResult:
+        chosen = self.solve(candidates, window)
+        packed: list[PackedFragment] = []
+        dropped: list[DroppedFragment] = []
+        for index, candidate in enumerate(candidates):
+            if index in chosen:
+                reason = PackReason.MUST_KEEP if candidate.must_keep else PackReason.OPTIMAL
+                packed.append(pack_entry(candidate, candidate.options[chosen[index]], reason, "in the optimal packing"))
+            else:
+                dropped.append(self._why_dropped(candidate, window))
+        return PackResult(self.name, window, tuple(packed), tuple(dropped))
+
+    @staticmethod
+    def _why_dropped(candidate: Candidate, window: int) -> DroppedFragment:
+        cheapest = min(o.tokens for o in candidate.options)
+        if cheapest > window:
+            return drop_entry(
+                candidate, DropReason.CAPACITY, f"its smallest state ({cheapest} tokens) exceeds the window"
+            )
+        if candidate.must_keep:
+            return drop_entry(
+                candidate,
+                DropReason.CAPACITY,
+                "must-keep, but no packing holds it together with the other must-keep fragments and quotas",
+            )
+        return drop_entry(
+            candidate, DropReason.DENSITY_RANK, "the optimal packing spends the window on higher-utility fragments"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"strategy": self.name, "k_min": self.k_min}

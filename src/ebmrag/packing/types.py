@@ -1,0 +1,142 @@
+"""Shared packing types: what a packer receives (scored candidates) and what it returns (a full trace)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from ebmrag.evidence.fragment import Fragment, Tier
+
+
+class State(StrEnum):
+    FULL = "full"  # state A
+    COMPRESSED = "compressed"  # state B, entity-preserving
+    TRUNCATED = "truncated"  # uniform-compression baseline only
+
+
+class PackReason(StrEnum):
+    MUST_KEEP = "must_keep"
+    QUOTA = "quota"
+    DENSITY_RANK = "density_rank"
+    OPTIMAL = "optimal"
+    QUEUE_ORDER = "queue_order"
+    SIMILARITY_RANK = "similarity_rank"
+    UNIFORM_SHARE = "uniform_share"
+
+
+class DropReason(StrEnum):
+    CAPACITY = "capacity"  # no state fitted the room left (or the window)
+    DENSITY_RANK = "density_rank"  # the window went to denser / higher-utility fragments
+    TRUNCATED_AWAY = "truncated_away"  # uniform share rounded the fragment down to zero words
+
+
+@dataclass(frozen=True)
+class PackOption:
+    """One state of a fragment: its rendered context line, token cost and utility U_ij."""
+
+    state: State
+    text: str
+    tokens: int
+    utility: float
+    fidelity: float = 1.0
+
+    @property
+    def density(self) -> float:
+        return self.utility / self.tokens if self.tokens else float("inf")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A fragment scored against one query; options[0] is always the full state A."""
+
+    fragment: Fragment
+    header: str
+    options: tuple[PackOption, ...]
+    similarity: float
+    must_keep: bool
+    order: int
+
+    @property
+    def tier(self) -> Tier:
+        return self.fragment.tier
+
+    @property
+    def full(self) -> PackOption:
+        return self.options[0]
+
+
+@dataclass(frozen=True)
+class PackedFragment:
+    fragment_id: str
+    tier: Tier
+    state: State
+    tokens: int
+    utility: float
+    reason: PackReason
+    text: str
+    order: int
+    excluded_states: tuple[State, ...] = ()
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class DroppedFragment:
+    fragment_id: str
+    tier: Tier
+    reason: DropReason
+    detail: str = ""
+    must_keep: bool = False
+
+
+@dataclass(frozen=True)
+class PackResult:
+    strategy: str
+    window: int
+    packed: tuple[PackedFragment, ...]
+    dropped: tuple[DroppedFragment, ...]
+
+    @property
+    def tokens_used(self) -> int:
+        return sum(p.tokens for p in self.packed)
+
+    @property
+    def utility(self) -> float:
+        return sum(p.utility for p in self.packed)
+
+    @property
+    def context(self) -> str:
+        """Packed lines in record order; each line's token cost was counted with its header."""
+        return "\n".join(p.text for p in sorted(self.packed, key=lambda p: p.order))
+
+    def state_of(self, fragment_id: str) -> State | None:
+        return next((p.state for p in self.packed if p.fragment_id == fragment_id), None)
+
+
+def render_line(header: str, body: str) -> str:
+    return f"{header} {body}"
+
+
+def pack_entry(candidate: Candidate, option: PackOption, reason: PackReason, detail: str = "") -> PackedFragment:
+    """The trace line of a packed fragment; its other states are recorded as excluded (mutual exclusion)."""
+    excluded = tuple(o.state for o in candidate.options if o.state is not option.state)
+    return PackedFragment(
+        candidate.fragment.id,
+        candidate.tier,
+        option.state,
+        option.tokens,
+        option.utility,
+        reason,
+        option.text,
+        candidate.order,
+        excluded,
+        detail,
+    )
+
+
+def drop_entry(candidate: Candidate, reason: DropReason, detail: str) -> DroppedFragment:
+    return DroppedFragment(candidate.fragment.id, candidate.tier, reason, detail, candidate.must_keep)
+
+
+def validate_window(window: int) -> None:
+    if not isinstance(window, int) or window < 1:
+        raise ValueError(f"window must be a positive number of tokens, got {window!r}")
