@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from ebmrag.config import Settings, load_settings
@@ -32,19 +33,28 @@ ConfigOption = Annotated[Path | None, typer.Option("--config", help="TOML config
 
 @app.callback()
 def main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log progress.")] = False) -> None:
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
 
 
 def _fail(exc: Exception) -> typer.Exit:
-    console.print(f"[bold red]error:[/] {exc}", highlight=False)
+    console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
     return typer.Exit(code=2)
 
 
 def build_packer(settings: Settings, strategy: str | None = None, k_min: int | None = None) -> ContextPacker:
     p, m = settings.packing, settings.models
     params = UtilityParams(TierWeights(p.alpha, p.beta, p.gamma), p.decay_lambda, p.epsilon)
-    return ContextPacker(strategy or p.strategy, k_min if k_min is not None else p.k_min, params, m.tokenizer,
-                         m.embedding_model or None, m.cache_dir or None, m.tier_rules or None)
+    return ContextPacker(
+        strategy or p.strategy,
+        k_min if k_min is not None else p.k_min,
+        params,
+        m.tokenizer,
+        m.embedding_model or None,
+        m.cache_dir or None,
+        m.tier_rules or None,
+    )
 
 
 def result_to_json(result: PackResult) -> dict[str, Any]:
@@ -53,11 +63,22 @@ def result_to_json(result: PackResult) -> dict[str, Any]:
         "window": result.window,
         "tokens_used": result.tokens_used,
         "strategy": result.strategy,
-        "packed": [{"fragment_id": p.fragment_id, "state": p.state.value, "tier": p.tier.value, "tokens": p.tokens,
-                    "utility": round(p.utility, 6), "reason": p.reason.value,
-                    "excluded_states": [s.value for s in p.excluded_states]} for p in result.packed],
-        "dropped": [{"fragment_id": d.fragment_id, "tier": d.tier.value, "reason": d.reason.value, "detail": d.detail}
-                    for d in result.dropped],
+        "packed": [
+            {
+                "fragment_id": p.fragment_id,
+                "state": p.state.value,
+                "tier": p.tier.value,
+                "tokens": p.tokens,
+                "utility": round(p.utility, 6),
+                "reason": p.reason.value,
+                "excluded_states": [s.value for s in p.excluded_states],
+            }
+            for p in result.packed
+        ],
+        "dropped": [
+            {"fragment_id": d.fragment_id, "tier": d.tier.value, "reason": d.reason.value, "detail": d.detail}
+            for d in result.dropped
+        ],
         "context": result.context,
     }
 
@@ -68,9 +89,17 @@ def trace_table(result: PackResult, title: str) -> Table:
         table.add_column(column)
     style = {Tier.T1: "bold red", Tier.T2: "yellow", Tier.T3: "cyan", Tier.T4: "dim"}
     for p in sorted(result.packed, key=lambda p: p.order):
-        why = p.reason.value + (f"; {'/'.join(s.value for s in p.excluded_states)} excluded" if p.excluded_states else "")
-        table.add_row(p.fragment_id, f"[{style[p.tier]}]{p.tier.value}[/]", f"packed {p.state.value}", str(p.tokens),
-                      f"{p.utility:.3f}", why)
+        why = p.reason.value + (
+            f"; {'/'.join(s.value for s in p.excluded_states)} excluded" if p.excluded_states else ""
+        )
+        table.add_row(
+            p.fragment_id,
+            f"[{style[p.tier]}]{p.tier.value}[/]",
+            f"packed {p.state.value}",
+            str(p.tokens),
+            f"{p.utility:.3f}",
+            why,
+        )
     for d in result.dropped:
         table.add_row(d.fragment_id, f"[{style[d.tier]}]{d.tier.value}[/]", "[red]dropped[/]", "", "", d.reason.value)
     table.caption = f"{result.tokens_used} of {result.window} tokens used; `--json` gives every reason in full"
@@ -79,13 +108,19 @@ def trace_table(result: PackResult, title: str) -> Table:
 
 @app.command()
 def pack(
-    record: Annotated[Path, typer.Argument(help="Patient record: ebmrag JSON, FHIR R4 Bundle, AgentClinic case, or text.")],
+    record: Annotated[
+        Path, typer.Argument(help="Patient record: ebmrag JSON, FHIR R4 Bundle, AgentClinic case, or text.")
+    ],
     query: Annotated[str, typer.Option("--query", "-q", help="The clinical question.")],
     window: Annotated[int | None, typer.Option(help="Token window for the packed context.")] = None,
     strategy: Annotated[str | None, typer.Option(help=f"One of: {', '.join(STRATEGIES)}.")] = None,
     k_min: Annotated[int | None, typer.Option("--k-min", help="Minimum fragments per tier present.")] = None,
-    patient_id: Annotated[str | None, typer.Option("--patient-id", help="Pick one patient of a multi-record file.")] = None,
-    as_of: Annotated[str | None, typer.Option("--as-of", help="ISO date ages are measured to (default: newest fragment).")] = None,
+    patient_id: Annotated[
+        str | None, typer.Option("--patient-id", help="Pick one patient of a multi-record file.")
+    ] = None,
+    as_of: Annotated[
+        str | None, typer.Option("--as-of", help="ISO date ages are measured to (default: newest fragment).")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the trace as JSON.")] = False,
     config: ConfigOption = None,
 ) -> None:
@@ -125,7 +160,9 @@ def demo(
                 result = packer.packer.pack(candidates, window)
                 console.print(trace_table(result, f"{result.strategy} · window {window}"))
                 lost = [d.fragment_id for d in result.dropped if d.tier is Tier.T1]
-                verdict = "[green]all T1 evidence kept[/]" if not lost else f"[red]T1 evidence lost: {', '.join(lost)}[/]"
+                verdict = (
+                    "[green]all T1 evidence kept[/]" if not lost else f"[red]T1 evidence lost: {', '.join(lost)}[/]"
+                )
                 console.print(verdict)
             console.rule("EBM-Pack context")
             console.print(exact.packer.pack(candidates, window).context, highlight=False, markup=False)

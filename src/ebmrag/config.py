@@ -1,20 +1,20 @@
 """One TOML file configures every command; command-line flags override it.
 
-    [packing]
-    strategy = "ebm-exact"   # ebm-exact | ebm-greedy | fifo | semantic | uniform
-    window = 256
-    k_min = 1
-    alpha = 2.5              # tier weights, alpha >= beta >= gamma >= 1
-    beta = 2.5
-    gamma = 1.0
-    decay_lambda = 5.0       # per year; standing facts never decay
-    epsilon = 0.0
+[packing]
+strategy = "ebm-exact"   # ebm-exact | ebm-greedy | fifo | semantic | uniform
+window = 256
+k_min = 1
+alpha = 2.5              # tier weights, alpha >= beta >= gamma >= 1
+beta = 2.5
+gamma = 1.0
+decay_lambda = 5.0       # per year; standing facts never decay
+epsilon = 0.0
 
-    [models]
-    tokenizer = "bundled"    # or "hf:/path/tokenizer.json", "tiktoken:/path/file.tiktoken"
-    embedding_model = ""     # a local sentence-transformers folder; empty = bundled all-MiniLM-L6-v2
-    cache_dir = ""           # empty = $XDG_CACHE_HOME/ebmrag
-    tier_rules = ""          # empty = the bundled rules/tiers.toml
+[models]
+tokenizer = "bundled"    # or "hf:/path/tokenizer.json", "tiktoken:/path/file.tiktoken"
+embedding_model = ""     # a local sentence-transformers folder; empty = bundled all-MiniLM-L6-v2
+cache_dir = ""           # empty = $XDG_CACHE_HOME/ebmrag
+tier_rules = ""          # empty = the bundled rules/tiers.toml
 """
 
 from __future__ import annotations
@@ -85,5 +85,6 @@ def load_settings(path: str | Path | None) -> Settings:
     unknown = set(data) - {"packing", "models"}
     if unknown:
         raise ConfigError(f"config file {path}: unknown tables {sorted(unknown)}")
-    return Settings(_section(PackingSettings, data.get("packing"), "packing"),
-                    _section(ModelSettings, data.get("models"), "models"))
+    return Settings(
+        _section(PackingSettings, data.get("packing"), "packing"), _section(ModelSettings, data.get("models"), "models")
+    )

@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+import pytest
+
+from ebmrag.evidence.entities import EntityCompressor, EntityExtractor, EntityKind, default_extractor
+
+
+@pytest.fixture(scope="module")
+def compressor() -> EntityCompressor:
+    return EntityCompressor()
+
+
+@pytest.mark.parametrize(
+    ("text", "must_contain"),
+    [
+        (
+            "The biopsy, which was reviewed twice by the department, showed no evidence of malignancy.",
+            "no evidence of malignancy",
+        ),
+        (
+            "Urine culture was sent this morning. The patient denies fever, chills or dysuria at this time.",
+            "denies fever, chills or dysuria",
+        ),
+        (
+            "Chest radiograph today: no pleural effusion, but a new right lower lobe consolidation.",
+            "no pleural effusion",
+        ),
+        ("病理示中分化腺癌，未见脉管侵犯。", "未见脉管侵犯"),
+    ],
+)
+def test_negation_survives_compression(compressor: EntityCompressor, text: str, must_contain: str) -> None:
+    assert must_contain.lower() in compressor.compress(text).text.lower()
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("Creatinine was 2.8 mg/dL, up from 1.1 mg/dL.", "2.8 mg/dL"),
+        ("Mass measuring 8 mm × 6 mm in the left lobe.", "8 mm × 6 mm"),
+        ("WBC 15.2 x10^9/L and CRP 148 mg/L.", "15.2 x10^9/L"),
+        ("Blood pressure 152/90 mmHg at rest.", "152/90 mmHg"),
+    ],
+)
+def test_values_keep_their_units(compressor: EntityCompressor, text: str, value: str) -> None:
+    values = [e.text for e in default_extractor().extract(text) if e.kind is EntityKind.VALUE]
+    assert value in values or value.split(" ×")[0] in values
+    assert value in compressor.compress(text).text
+
+
+def test_compression_drops_filler_and_reports_fidelity(compressor: EntityCompressor) -> None:
+    text = (
+        "Seen on the ward round this morning with his daughter present, who asked about parking. "
+        "It was noted that creatinine was 2.8 mg/dL, taken in March 2026. He enjoyed his breakfast."
+    )
+    result = compressor.compress(text)
+    assert "2.8 mg/dL" in result.text and "creatinine" in result.text.lower()
+    assert "parking" not in result.text and "breakfast" not in result.text
+    assert len(result.text) < len(text) / 2
+    assert result.entities_total > result.entities_kept, "the dropped date lowers fidelity"
+    assert 0 < result.fidelity_ratio < 1
+
+
+def test_negated_entities_are_marked() -> None:
+    entities = EntityExtractor().extract("No evidence of malignancy; lymphoma confirmed.")
+    polarity = {e.text.lower(): e.negated for e in entities if e.kind is EntityKind.FINDING}
+    assert polarity == {"malignancy": True, "lymphoma": False}, "a semicolon ends the negation scope"
+
+
+def test_drug_allergen_names_found() -> None:
+    kinds = {e.text.lower(): e.kind for e in default_extractor().extract("Anaphylaxis to amoxicillin and latex.")}
+    assert kinds["amoxicillin"] is EntityKind.DRUG and kinds["latex"] is EntityKind.DRUG

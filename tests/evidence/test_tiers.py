@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ebmrag.errors import ConfigError
+from ebmrag.evidence.fragment import Tier
+from ebmrag.evidence.tiers import TierClassifier
+
+
+@pytest.fixture(scope="module")
+def classifier() -> TierClassifier:
+    return TierClassifier()
+
+
+@pytest.mark.parametrize(
+    ("section", "text", "tier", "must_keep"),
+    [
+        ("Test_Results > Biopsy", "Lymphocytes staining positive for CD20.", Tier.T1, True),
+        ("Allergies", "Penicillin: anaphylaxis in 2014.", Tier.T1, True),
+        ("Allergies", "No known drug allergies.", Tier.T3, False),
+        ("Nursing note", "Intake form: he had anaphylaxis to penicillin in 2014.", Tier.T1, True),
+        ("Test_Results > Imaging > CT", "Enlarged mediastinal lymph nodes.", Tier.T2, False),
+        ("Physical_Examination_Findings > Vital_Signs", "Heart rate 82 bpm.", Tier.T3, False),
+        ("Patient_Actor > History", "Fatigue and night sweats for four weeks.", Tier.T4, False),
+        (None, "Colonoscopic biopsy showed moderately differentiated adenocarcinoma.", Tier.T1, True),
+        (None, "CT of the chest revealed a 2 cm spiculated nodule.", Tier.T2, False),
+        (None, "Serum creatinine 2.8 mg/dL.", Tier.T2, False),
+        (None, "On examination there is right upper quadrant tenderness.", Tier.T3, False),
+        (None, "She feels tired and worried about work.", Tier.T4, False),
+        ("病理报告", "胃窦活检示中分化腺癌。", Tier.T1, True),
+        (None, "患者对青霉素过敏，曾发生过敏性休克。", Tier.T1, True),
+        (None, "胸部CT示右下肺结节。", Tier.T2, False),
+        (None, "查体：右下腹压痛。", Tier.T3, False),
+    ],
+)
+def test_rules(classifier: TierClassifier, section: str | None, text: str, tier: Tier, must_keep: bool) -> None:
+    decision = classifier.classify(text, section)
+    assert (decision.tier, decision.must_keep) == (tier, must_keep), decision.rule_id
+    assert decision.rule_id
+
+
+def test_standing_facts_marked(classifier: TierClassifier) -> None:
+    assert classifier.classify("Penicillin anaphylaxis.", "Allergy").standing
+    assert not classifier.classify("Heart rate 90 bpm.", "Vital signs").standing
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('[[rules]]\nid = "x"\ntier = "T5"\nsections = ["a"]\n', "T1..T4"),
+        ('[[rules]]\nid = "x"\ntier = "T1"\n', "needs `sections` or `text_any`"),
+        ('[[rules]]\nid = "x"\ntier = "T1"\ntext_any = ["("]\n', "not a valid regex"),
+        ('[[rules]]\nid = "x"\ntier = "T1"\nsections = ["a"]\ncolour = 1\n', "unknown keys"),
+        ("rules = [", "not valid TOML"),
+    ],
+)
+def test_bad_rule_files_name_the_problem(tmp_path: Path, content: str, message: str) -> None:
+    path = tmp_path / "rules.toml"
+    path.write_text(content)
+    with pytest.raises(ConfigError, match=message):
+        TierClassifier(path)
+
+
+def test_round_trip(tmp_path: Path) -> None:
+    assert TierClassifier.from_dict(TierClassifier().to_dict()).to_dict() == {"rules_path": None}

@@ -1,0 +1,95 @@
+"""End to end with the real bundled model and tokenizer on the shipped demo records."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from ebmrag.demo import demo_query, demo_record_paths
+from ebmrag.evidence.embeddings import SentenceEmbedder
+from ebmrag.evidence.fragment import Tier
+from ebmrag.evidence.loaders import load_record
+from ebmrag.packing.packer import STRATEGIES, ContextPacker, make_packer
+from ebmrag.packing.types import State
+
+pytestmark = pytest.mark.model
+COLON = next(p for p in demo_record_paths() if "colon" in p.name)
+
+
+def test_buried_allergy_and_biopsy_survive_256_while_fifo_loses_them(context_packer: ContextPacker) -> None:
+    record, query = load_record(COLON), demo_query(COLON)
+    candidates = context_packer.candidates(record, query)
+    exact = make_packer("ebm-exact").pack(candidates, 256)
+    fifo = make_packer("fifo").pack(candidates, 256)
+    kept = {p.fragment_id: p.state for p in exact.packed}
+    assert "pathology-2026-03-10" in kept
+    assert kept.get("admission-2026-03-08") is State.COMPRESSED, "the allergy sentence is cut out of a long note"
+    assert "anaphylaxis to penicillin" in exact.context
+    assert {"pathology-2026-03-10", "admission-2026-03-08"} <= {d.fragment_id for d in fifo.dropped}
+    assert context_packer.token_counter.count(exact.context) <= 256
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("window", [64, 256, 1024])
+def test_every_strategy_respects_the_window_in_real_tokens(
+    context_packer: ContextPacker, strategy: str, window: int
+) -> None:
+    for path in demo_record_paths():
+        candidates = context_packer.candidates(load_record(path), demo_query(path))
+        result = make_packer(strategy, context_packer.token_counter).pack(candidates, window)
+        assert context_packer.token_counter.count(result.context) <= window
+        assert len(result.packed) + len(result.dropped) == len(candidates)
+
+
+def test_standing_facts_do_not_decay(context_packer: ContextPacker) -> None:
+    record, query = load_record(COLON), demo_query(COLON)
+    now = context_packer.candidates(record, query)
+    later = context_packer.candidates(record, query, as_of=datetime(2036, 3, 14, tzinfo=UTC))
+    utility = {c.fragment.id: c.full.utility for c in now}
+    aged = {c.fragment.id: c.full.utility for c in later}
+    assert aged["admission-2026-03-08"] == pytest.approx(utility["admission-2026-03-08"])
+    assert aged["pathology-2026-03-10"] == pytest.approx(utility["pathology-2026-03-10"])
+    assert aged["labs-2026-03-13"] < utility["labs-2026-03-13"] * 1e-6, "episodic labs fade over ten years"
+
+
+def test_compressed_state_only_for_objective_tiers(context_packer: ContextPacker) -> None:
+    for path in demo_record_paths():
+        for candidate in context_packer.candidates(load_record(path), demo_query(path)):
+            states = [o.state for o in candidate.options]
+            assert states[0] is State.FULL
+            if State.COMPRESSED in states:
+                assert candidate.tier in (Tier.T1, Tier.T2)
+                assert candidate.options[1].tokens < candidate.full.tokens
+
+
+def test_empty_query_is_an_error(context_packer: ContextPacker) -> None:
+    with pytest.raises(ValueError, match="query is empty"):
+        context_packer.run(load_record(COLON), "  ", 256)
+
+
+def test_embedding_cache_persists(tmp_path: Path) -> None:
+    embedder = SentenceEmbedder(cache_dir=tmp_path)
+    first = embedder.embed(["penicillin anaphylaxis", "creatinine 2.8 mg/dL", "penicillin anaphylaxis"])
+    assert first.shape == (3, 384)
+    assert abs(float(first[0] @ first[0]) - 1.0) < 1e-5, "normalized"
+    assert (first[0] == first[2]).all()
+    reopened = SentenceEmbedder(cache_dir=tmp_path)
+    again = reopened.embed(["creatinine 2.8 mg/dL"])
+    assert reopened._model is None, "served from the disk cache without loading the model"
+    assert (again[0] == first[1]).all()
+
+
+def test_local_model_path_loads(tmp_path: Path) -> None:
+    from ebmrag.evidence.tokens import bundled_model_dir
+
+    embedder = SentenceEmbedder(model_path=bundled_model_dir())
+    assert embedder.embed(["hello"]).shape == (1, 384)
+
+
+def test_packer_round_trips() -> None:
+    packer = ContextPacker(strategy="ebm-greedy", k_min=2)
+    assert ContextPacker.from_dict(packer.to_dict()).to_dict() == packer.to_dict()
+    with pytest.raises(ValueError, match="unknown packing strategy"):
+        ContextPacker(strategy="random")

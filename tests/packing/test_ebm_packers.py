@@ -1,0 +1,132 @@
+"""Invariants of both EBM packers on random candidate sets, and exact == brute force on small ones."""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ebmrag.packing.exact import ExactPacker
+from ebmrag.packing.greedy import GreedyPacker
+from ebmrag.packing.quota import tier_quotas
+from ebmrag.packing.types import Candidate, PackResult
+from tests.packing.strategies import candidate_sets
+
+windows = st.integers(min_value=1, max_value=200)
+k_mins = st.integers(min_value=0, max_value=3)
+
+
+def _assignments(candidates: list[Candidate]) -> itertools.product[tuple[int, ...]]:
+    """Every way to pack: -1 = dropped, j = option j."""
+    return itertools.product(*[range(-1, len(c.options)) for c in candidates])
+
+
+def _score(candidates: list[Candidate], choice: tuple[int, ...], k_min: int) -> tuple[int, int, float]:
+    """(must-keep packed, quota slots filled, utility): the lexicographic objective of ebm-exact."""
+    quotas = tier_quotas(candidates, k_min)
+    packed = Counter(c.tier for c, j in zip(candidates, choice, strict=True) if j >= 0)
+    slots = sum(min(q, packed[t]) for t, q in quotas.items())
+    must = sum(1 for c, j in zip(candidates, choice, strict=True) if j >= 0 and c.must_keep)
+    utility = sum(c.options[j].utility for c, j in zip(candidates, choice, strict=True) if j >= 0)
+    return must, slots, utility
+
+
+def _brute_force(candidates: list[Candidate], window: int, k_min: int) -> tuple[int, int, float]:
+    feasible = (
+        choice
+        for choice in _assignments(candidates)
+        if sum(c.options[j].tokens for c, j in zip(candidates, choice, strict=True) if j >= 0) <= window
+    )
+    return max(_score(candidates, choice, k_min) for choice in feasible)
+
+
+def _choice_of(result: PackResult, candidates: list[Candidate]) -> tuple[int, ...]:
+    states = {p.fragment_id: p.state for p in result.packed}
+    return tuple(
+        next((j for j, o in enumerate(c.options) if o.state is states.get(c.fragment.id)), -1) for c in candidates
+    )
+
+
+def _check_trace(result: PackResult, candidates: list[Candidate], window: int) -> None:
+    ids = [p.fragment_id for p in result.packed] + [d.fragment_id for d in result.dropped]
+    assert sorted(ids) == sorted(c.fragment.id for c in candidates), "every fragment traced exactly once"
+    assert result.tokens_used <= window
+    assert all(d.detail for d in result.dropped), "every drop has a reason text"
+
+
+@settings(max_examples=150, deadline=None)
+@given(candidate_sets(max_size=6), windows, k_mins)
+def test_exact_equals_brute_force(candidates: list[Candidate], window: int, k_min: int) -> None:
+    result = ExactPacker(k_min=k_min).pack(candidates, window)
+    _check_trace(result, candidates, window)
+    best = _brute_force(candidates, window, k_min)
+    got = _score(candidates, _choice_of(result, candidates), k_min)
+    assert got[:2] == best[:2], "must-keep count and quota slots are maximal"
+    assert got[2] == pytest.approx(best[2], abs=1e-6)
+
+
+@settings(max_examples=150, deadline=None)
+@given(candidate_sets(max_size=10), windows, k_mins)
+def test_quotas_and_must_keep_whenever_feasible(candidates: list[Candidate], window: int, k_min: int) -> None:
+    result = ExactPacker(k_min=k_min).pack(candidates, window)
+    packed = {p.fragment_id for p in result.packed}
+    cheapest = {c.fragment.id: min(o.tokens for o in c.options) for c in candidates}
+    must = [c for c in candidates if c.must_keep]
+    if sum(cheapest[c.fragment.id] for c in must) <= window:
+        assert all(c.fragment.id in packed for c in must), "all must-keep fragments fit together, so all are kept"
+    quotas = tier_quotas(candidates, k_min)
+    cheapest_per_tier = {t: sorted(cheapest[c.fragment.id] for c in candidates if c.tier is t) for t in quotas}
+    need = sum(sum(cheapest_per_tier[t][:q]) for t, q in quotas.items())
+    if not must and need <= window:
+        counts = Counter(p.tier for p in result.packed)
+        assert all(counts[t] >= q for t, q in quotas.items()), "quotas met when the cheapest quota set fits"
+
+
+@settings(max_examples=150, deadline=None)
+@given(candidate_sets(max_size=12), windows, k_mins)
+def test_exact_never_worse_than_greedy(candidates: list[Candidate], window: int, k_min: int) -> None:
+    exact = ExactPacker(k_min=k_min).pack(candidates, window)
+    greedy = GreedyPacker(k_min=k_min).pack(candidates, window)
+    _check_trace(greedy, candidates, window)
+    exact_score = _score(candidates, _choice_of(exact, candidates), k_min)
+    greedy_score = _score(candidates, _choice_of(greedy, candidates), k_min)
+    assert exact_score[:2] >= greedy_score[:2]
+    if exact_score[:2] == greedy_score[:2]:
+        assert exact_score[2] >= greedy_score[2] - 1e-9
+
+
+@settings(max_examples=100, deadline=None)
+@given(candidate_sets(max_size=10), windows)
+def test_one_state_per_fragment_and_exclusion_recorded(candidates: list[Candidate], window: int) -> None:
+    for packer in (ExactPacker(), GreedyPacker()):
+        result = packer.pack(candidates, window)
+        by_id = {c.fragment.id: c for c in candidates}
+        for p in result.packed:
+            states = {o.state for o in by_id[p.fragment_id].options}
+            assert p.state in states
+            assert set(p.excluded_states) == states - {p.state}
+
+
+def test_greedy_follows_density_and_tier_quota() -> None:
+    from tests.packing.helpers import make_candidate
+
+    dense_t4 = make_candidate("chat", "T4", tokens=10, utility=2.0)
+    sparse_t1 = make_candidate("biopsy", "T1", tokens=40, utility=1.0)
+    filler = make_candidate("note", "T4", tokens=30, utility=1.5)
+    result = GreedyPacker(k_min=1, must_keep=False).pack([dense_t4, sparse_t1, filler], window=50)
+    reasons = {p.fragment_id: p.reason.value for p in result.packed}
+    assert reasons == {"biopsy": "quota", "chat": "quota"}, "T1 quota first, then T4 quota; filler no longer fits"
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5])
+def test_bad_k_min_rejected(bad: float) -> None:
+    with pytest.raises(ValueError, match="k_min"):
+        ExactPacker(k_min=bad)  # type: ignore[arg-type]
+
+
+def test_bad_window_rejected() -> None:
+    with pytest.raises(ValueError, match="window"):
+        ExactPacker().pack([], 0)

@@ -1,0 +1,42 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ebmrag.cli import app
+from ebmrag.demo import demo_query, demo_record_paths
+
+runner = CliRunner()
+
+
+@pytest.mark.model
+def test_pack_json_shape() -> None:
+    path = next(p for p in demo_record_paths() if "colon" in p.name)
+    result = runner.invoke(app, ["pack", str(path), "--query", demo_query(path), "--window", "256", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert set(data) >= {"window", "tokens_used", "packed", "dropped", "context"}
+    assert data["tokens_used"] <= data["window"] == 256
+    assert set(data["packed"][0]) >= {"fragment_id", "state", "tier", "tokens", "utility"}
+    assert all(set(d) >= {"fragment_id", "tier", "reason"} for d in data["dropped"])
+    assert any(p["fragment_id"] == "pathology-2026-03-10" for p in data["packed"])
+
+
+def test_bad_record_is_one_clear_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"patient_id": "p", "fragments": [{"id": "a"}]}')
+    result = runner.invoke(app, ["pack", str(bad), "--query", "q"])
+    assert result.exit_code == 2
+    assert "fragments[0].text: is missing" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_bad_config_is_reported(tmp_path: Path) -> None:
+    config = tmp_path / "ebmrag.toml"
+    config.write_text("[packing]\nwindow = 'big'\n")
+    path = demo_record_paths()[0]
+    result = runner.invoke(app, ["pack", str(path), "--query", "q", "--config", str(config)])
+    assert result.exit_code == 2 and "[packing].window must be int" in result.output
