@@ -77,6 +77,7 @@ _DATE = re.compile(
     r"\b(?:in|since|from|on)\s+(?:19|20)\d{2}\b|\d{4}年(?:\d{1,2}月)?(?:\d{1,2}日)?",
     re.IGNORECASE,
 )
+_SCOPE_END = re.compile(r"\.(?!\d)|[!?。！？\n;；]|\b(?:but|however|although)\b", re.IGNORECASE)
 _CLAUSE_END = re.compile(r"[,，;；:：]|(?=\s(?:but|however|although)\s)", re.IGNORECASE)
 
 
@@ -129,28 +130,36 @@ class EntityExtractor:
             found += [(m.start(), m.end(), kind) for m in pattern.finditer(text)]
         found.sort(key=lambda item: (item[0], -(item[1] - item[0])))
         entities: list[Entity] = []
+        scopes = self.negation_scopes(text)
         last_end = -1
         for start, end, kind in found:
             if start >= last_end:
-                entities.append(Entity(kind, text[start:end], start, end, self._negated(text, start)))
+                negated = self.negation_cue_start(text, start, scopes) is not None
+                entities.append(Entity(kind, text[start:end], start, end, negated))
                 last_end = end
         return entities
 
-    def negation_cue_start(self, text: str, position: int) -> int | None:
-        """Start of the negation cue whose scope covers `position`, if any.
+    def negation_scopes(self, text: str) -> list[tuple[int, int]]:
+        """(cue start, scope end) for every negation cue in the text.
 
-        Scope runs from the cue to the end of the sentence, but stops at "but"/"however" and at a
+        A scope runs from the cue to the end of its sentence, but stops at "but"/"however" and at a
         semicolon; commas do not end it ("no fever, chills or rash" negates all three).
         """
-        sentence_start = max(text.rfind(c, 0, position) for c in ".!?。！？\n") + 1
-        window = text[sentence_start:position]
-        for stop in re.finditer(r"[;；]|\b(?:but|however|although)\b", window, re.IGNORECASE):
-            sentence_start, window = sentence_start + stop.end(), window[stop.end() :]
-        cues = list(self._negation.finditer(window))
-        return sentence_start + cues[-1].start() if cues else None
+        stops = sorted(m.start() for m in _SCOPE_END.finditer(text))
+        scopes = []
+        for cue in self._negation.finditer(text):
+            end = next((stop for stop in stops if stop >= cue.end()), len(text))
+            scopes.append((cue.start(), end))
+        return scopes
 
-    def _negated(self, text: str, position: int) -> bool:
-        return self.negation_cue_start(text, position) is not None
+    def negation_cue_start(self, text: str, position: int, scopes: list[tuple[int, int]] | None = None) -> int | None:
+        """Start of the nearest negation cue whose scope covers `position`, if any."""
+        covering = [
+            start
+            for start, end in (scopes if scopes is not None else self.negation_scopes(text))
+            if start <= position < end
+        ]
+        return max(covering) if covering else None
 
     def strip_filler(self, text: str) -> str:
         stripped = self._filler.sub("", text)

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 _ABBREVIATIONS = frozenset(
     "dr mr mrs ms prof st vs etc e.g i.e approx no fig pt pts hx dx tx rx sx q.d b.i.d t.i.d q.i.d p.o i.v i.m "
-    "yr yrs wk wks mo mos jan feb mar apr jun jul aug sep sept oct nov dec".split()  # noqa: SIM905
+    "yr yrs wk wks mo mos jan feb mar apr jun jul aug sep sept oct nov dec".split()
 )
 _EN_BOUNDARY = re.compile(r"[.!?]+[\"')\]]*\s+(?=[A-Z0-9(\[\"'])")
 _ZH_BOUNDARY = re.compile(r"[。！？；!?]+[”’」』）)]*")
