@@ -60,7 +60,7 @@ def measure_agreement(data_dir: Path, classifier: TierClassifier | None = None) 
         for record in load_records(path):
             cases += 1
             for fragment in record.fragments:
-                gold = field_label((fragment.section or "").replace(" > ", " > ", 1))
+                gold = field_label(fragment.section or "")
                 if gold is None:
                     continue
                 got = classifier.classify(fragment.text, fragment.section).tier

@@ -134,9 +134,6 @@ class TierClassifier:
     def run(self, record: PatientRecord) -> PatientRecord:
         return record.replace_fragments(self.classify_fragment(f) for f in record.fragments)
 
-    def classify_many(self, fragments: Sequence[Fragment]) -> list[Fragment]:
-        return [self.classify_fragment(f) for f in fragments]
-
     def to_dict(self) -> dict[str, Any]:
         return {"rules_path": str(self.rules_path) if self.rules_path else None}
 
