@@ -193,13 +193,14 @@ class EntityCompressor:
 
     def _compress_sentence(self, sentence: str) -> str:
         entities = self.extractor.extract(sentence)
+        scopes = self.extractor.negation_scopes(sentence)
         spans = _clause_spans(sentence)
         keep: set[int] = set()
         for entity in entities:
             if entity.kind is EntityKind.DATE:
                 continue
             index = next(i for i, (s, e) in enumerate(spans) if s <= entity.start < e)
-            cue = self.extractor.negation_cue_start(sentence, entity.start) if entity.negated else None
+            cue = self.extractor.negation_cue_start(sentence, entity.start, scopes) if entity.negated else None
             first = index if cue is None else next(i for i, (s, e) in enumerate(spans) if s <= cue < e)
             keep.update(range(first, index + 1))
         if not keep:
