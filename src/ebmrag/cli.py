@@ -186,3 +186,6 @@ def eval_tiers(
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(report, encoding="utf-8")
     typer.echo(report)
+
+
+from ebmrag import cli_kb as _cli_kb  # noqa: E402,F401  (registers the knowledge-base commands)

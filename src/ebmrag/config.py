@@ -15,6 +15,23 @@ tokenizer = "bundled"    # or "hf:/path/tokenizer.json", "tiktoken:/path/file.ti
 embedding_model = ""     # a local sentence-transformers folder; empty = bundled all-MiniLM-L6-v2
 cache_dir = ""           # empty = $XDG_CACHE_HOME/ebmrag
 tier_rules = ""          # empty = the bundled rules/tiers.toml
+
+[kb]                     # fixed when a knowledge base is created (stored in its manifest)
+embedding_model = ""     # a local sentence-transformers folder; empty = bundled all-MiniLM-L6-v2
+embedding_max_tokens = 256
+quantize = false         # dynamic int8 (faster ingest; see docs/results/retrieval.md for its cost)
+chunker = ""             # empty = by source type; or fixed | recursive | structure | sentence
+contextual_prefix = true # index each chunk headed by its document title and section
+hnsw_min_rows = 20000    # below this, dense search is an exact scan
+
+[retrieval]
+mode = "hybrid"          # bm25 | dense | hybrid
+fusion = "score"         # score (weighted min-max) | rrf (weighted reciprocal rank, k = rrf_k)
+bm25_weight = 0.3
+dense_weight = 0.7
+route_depth = 50
+rrf_k = 60
+k = 10
 """
 
 from __future__ import annotations
@@ -25,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from ebmrag.errors import ConfigError
+from ebmrag.index.kb import KnowledgeBaseConfig
 
 
 @dataclass(frozen=True)
@@ -48,9 +66,22 @@ class ModelSettings:
 
 
 @dataclass(frozen=True)
+class RetrievalSettings:
+    mode: str = "hybrid"
+    fusion: str = "score"
+    bm25_weight: float = 0.3
+    dense_weight: float = 0.7
+    route_depth: int = 50
+    rrf_k: int = 60
+    k: int = 10
+
+
+@dataclass(frozen=True)
 class Settings:
     packing: PackingSettings = field(default_factory=PackingSettings)
     models: ModelSettings = field(default_factory=ModelSettings)
+    kb: KnowledgeBaseConfig = field(default_factory=KnowledgeBaseConfig)
+    retrieval: RetrievalSettings = field(default_factory=RetrievalSettings)
 
 
 def _section(cls: type[Any], raw: Any, name: str) -> Any:
@@ -63,13 +94,18 @@ def _section(cls: type[Any], raw: Any, name: str) -> Any:
     if unknown:
         raise ConfigError(f"[{name}] has unknown keys {sorted(unknown)}; known: {sorted(known)}")
     defaults = cls()
+    values = {}
     for key, value in raw.items():
         expected = type(getattr(defaults, key))
         if expected is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
-        if not isinstance(value, expected) or isinstance(value, bool):
+        if not isinstance(value, expected) or (isinstance(value, bool) and expected is not bool):
             raise ConfigError(f"[{name}].{key} must be {expected.__name__}, got {value!r}")
-    return replace(defaults, **raw)
+        values[key] = value
+    try:
+        return replace(defaults, **values)
+    except ValueError as exc:
+        raise ConfigError(f"[{name}]: {exc}") from exc
 
 
 def load_settings(path: str | Path | None) -> Settings:
@@ -82,9 +118,12 @@ def load_settings(path: str | Path | None) -> Settings:
         raise ConfigError(f"config file not found: {path}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
-    unknown = set(data) - {"packing", "models"}
+    unknown = set(data) - {"packing", "models", "kb", "retrieval"}
     if unknown:
         raise ConfigError(f"config file {path}: unknown tables {sorted(unknown)}")
     return Settings(
-        _section(PackingSettings, data.get("packing"), "packing"), _section(ModelSettings, data.get("models"), "models")
+        _section(PackingSettings, data.get("packing"), "packing"),
+        _section(ModelSettings, data.get("models"), "models"),
+        _section(KnowledgeBaseConfig, data.get("kb"), "kb"),
+        _section(RetrievalSettings, data.get("retrieval"), "retrieval"),
     )

@@ -20,3 +20,16 @@ class ConfigError(EbmragError, ValueError):
 
 class ModelUnavailableError(EbmragError, RuntimeError):
     """A model or tokenizer could not be loaded from a local path (we never download)."""
+
+
+class IngestError(EbmragError, ValueError):
+    """One source file (or one line of it) could not be ingested; the rest of the batch goes on."""
+
+    def __init__(self, where: str, problem: str) -> None:
+        self.where = where
+        self.problem = problem
+        super().__init__(f"{where}: {problem}")
+
+
+class KnowledgeBaseError(EbmragError, RuntimeError):
+    """A knowledge-base directory is missing, locked, or was built with an incompatible configuration."""

@@ -53,6 +53,17 @@ class _DiskCache:
             )
 
 
+def _quantized(model: Any) -> Any:
+    """Dynamic int8 weights for every Linear layer: ~2.5x faster on CPU at a measured retrieval cost."""
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)  # type: ignore[no-untyped-call]
+
+
 class SentenceEmbedder:
     """Batched, normalized, cached sentence embeddings."""
 
@@ -62,16 +73,24 @@ class SentenceEmbedder:
         device: str = "cpu",
         batch_size: int = 64,
         cache_dir: str | Path | None = None,
+        max_tokens: int | None = None,
+        quantize: bool = False,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if max_tokens is not None and not 8 <= max_tokens <= 512:
+            raise ValueError(f"max_tokens must be in [8, 512], got {max_tokens}")
         if model_path is not None and not Path(model_path).is_dir():
             raise ModelUnavailableError(f"embedding model path is not a local directory: {model_path}")
         self.model_path = Path(model_path) if model_path else None
         self.device = device
         self.batch_size = batch_size
         self.cache_dir = Path(cache_dir) if cache_dir else None
-        self.model_name = str(self.model_path) if self.model_path else "bundled:all-MiniLM-L6-v2"
+        self.max_tokens = max_tokens
+        self.quantize = quantize
+        base = str(self.model_path) if self.model_path else "bundled:all-MiniLM-L6-v2"
+        profile = (f"|max_tokens={max_tokens}" if max_tokens else "") + ("|int8" if quantize else "")
+        self.model_name = base + profile
         self._model: Any = None
         self._memory: dict[str, Vectors] = {}
         self._disk = _DiskCache(self.cache_dir / "embeddings.sqlite") if self.cache_dir else None
@@ -92,6 +111,10 @@ class SentenceEmbedder:
             self._model = SentenceTransformer(str(path), device=self.device, local_files_only=True)
         except Exception as exc:  # the library raises many types for a bad folder
             raise ModelUnavailableError(f"could not load the embedding model from {path}: {exc}") from exc
+        if self.max_tokens:
+            self._model.max_seq_length = self.max_tokens
+        if self.quantize:
+            self._model = _quantized(self._model)
 
     def _key(self, text: str) -> str:
         return hashlib.sha256(f"{self.model_name}\x00{text}".encode()).hexdigest()
@@ -124,7 +147,8 @@ class SentenceEmbedder:
     @property
     def dimension(self) -> int:
         self.warm_up()
-        return int(self._model.get_sentence_embedding_dimension())
+        getter = getattr(self._model, "get_embedding_dimension", None) or self._model.get_sentence_embedding_dimension
+        return int(getter())
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -132,6 +156,8 @@ class SentenceEmbedder:
             "device": self.device,
             "batch_size": self.batch_size,
             "cache_dir": str(self.cache_dir) if self.cache_dir else None,
+            "max_tokens": self.max_tokens,
+            "quantize": self.quantize,
         }
 
     @classmethod

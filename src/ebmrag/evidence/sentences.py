@@ -27,7 +27,7 @@ class Sentence(NamedTuple):
 
 
 def _last_word(text: str, end: int) -> str:
-    match = re.search(r"([A-Za-z][A-Za-z.]*)\.*[\"')\]]*\s*$", text[:end])
+    match = re.search(r"([A-Za-z][A-Za-z.]*)\.*[\"')\]]*\s*$", text[max(0, end - 40) : end])
     return match.group(1).lower().rstrip(".") if match else ""
 
 

@@ -59,6 +59,10 @@ class HuggingFaceTokenCounter:
         encodings = self._tokenizer.encode_batch(list(texts), add_special_tokens=False)
         return [len(e.ids) for e in encodings]
 
+    def offsets(self, text: str) -> list[tuple[int, int]]:
+        """Character span of every token, for cutting text at exact token positions."""
+        return [tuple(span) for span in self._tokenizer.encode(text, add_special_tokens=False).offsets]  # type: ignore[misc]
+
 
 class TiktokenCounter:
     """Counts with a tiktoken BPE file given by local path (the hub-backed `get_encoding` fails offline)."""

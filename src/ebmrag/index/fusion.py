@@ -1,0 +1,48 @@
+"""Fusing ranked lists from several retrievers.
+
+Plain RRF (SPEC §3) ignores how confident each route is; on consumer questions BM25 is much weaker
+than dense retrieval, and RRF at equal weights lets its noise pull good dense hits down. So both
+rank fusion and score fusion take per-route weights; see docs/results/retrieval.md for the ablation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+from ebmrag.index.lexical import Rows, Scores
+
+
+class Ranked(NamedTuple):
+    rows: Rows
+    scores: Scores
+
+
+def rrf(routes: Sequence[Ranked], weights: Sequence[float], k: int = 60) -> dict[int, float]:
+    """Weighted Reciprocal Rank Fusion: sum over routes of w_r / (k + rank_r(d)), ranks from 1."""
+    fused: dict[int, float] = {}
+    for route, weight in zip(routes, weights, strict=True):
+        for rank, row in enumerate(route.rows.tolist(), start=1):
+            fused[row] = fused.get(row, 0.0) + weight / (k + rank)
+    return fused
+
+
+def score_fusion(routes: Sequence[Ranked], weights: Sequence[float]) -> dict[int, float]:
+    """Convex combination of min-max normalised route scores; a row missing from a route scores 0 there."""
+    fused: dict[int, float] = {}
+    for route, weight in zip(routes, weights, strict=True):
+        if len(route.rows) == 0:
+            continue
+        scores = route.scores.astype(np.float64)
+        low, span = float(scores.min()), float(scores.max() - scores.min())
+        normalised = (scores - low) / span if span > 0 else np.ones_like(scores)
+        for row, value in zip(route.rows.tolist(), normalised.tolist(), strict=True):
+            fused[row] = fused.get(row, 0.0) + weight * value
+    return fused
+
+
+def top(fused: dict[int, float], k: int) -> Ranked:
+    ordered = sorted(fused.items(), key=lambda item: (-item[1], item[0]))[:k]
+    return Ranked(np.asarray([r for r, _ in ordered], np.int64), np.asarray([s for _, s in ordered], np.float32))

@@ -1,0 +1,136 @@
+"""Search a knowledge base: BM25, dense or hybrid (each route top 50, then fusion), with metadata filters.
+
+Results are `SearchHit`s carrying everything a citation needs (chunk id, document, section and
+character offsets). Filters are applied inside each route (a mask), not after it, so a filtered
+search still returns k hits when k matching chunks exist.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ebmrag.index import store
+from ebmrag.index.fusion import Ranked, rrf, score_fusion, top
+from ebmrag.index.kb import KnowledgeBase
+
+MODES = ("bm25", "dense", "hybrid")
+FUSIONS = ("rrf", "score")
+
+
+@dataclass(frozen=True)
+class Filters:
+    """Each field restricts results when set: exact source / section / authority, dates as ISO prefixes."""
+
+    source: str = ""
+    section: str = ""
+    authority: str = ""
+    date_from: str = ""
+    date_to: str = ""
+
+    def sql(self) -> tuple[str, list[str]]:
+        clauses, params = [], []
+        for column in ("source", "section", "authority"):
+            value = getattr(self, column)
+            if value:
+                clauses.append(f"{column} = ?")
+                params.append(value)
+        if self.date_from:
+            clauses.append("date != '' AND date >= ?")
+            params.append(self.date_from)
+        if self.date_to:
+            clauses.append("date != '' AND date <= ?")
+            params.append(self.date_to + "\uffff")
+        return " AND ".join(clauses), params
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    chunk_id: str
+    doc_id: str
+    score: float
+    section: str
+    text: str
+    source: str
+    section_id: str
+    char_start: int
+    char_end: int
+    authority: str
+    date: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"chunk_id": self.chunk_id, "doc_id": self.doc_id, "score": round(self.score, 6),
+                "section": self.section, "text": self.text, "source": self.source}
+
+
+class HybridRetriever:
+    """Pipeline step: query text -> ranked chunks. Route depth 50 and RRF k = 60 follow SPEC §3."""
+
+    def __init__(self, kb: KnowledgeBase, mode: str = "hybrid", fusion: str = "rrf",
+                 weights: Sequence[float] = (1.0, 1.0), route_depth: int = 50, rrf_k: int = 60) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if fusion not in FUSIONS:
+            raise ValueError(f"fusion must be one of {FUSIONS}, got {fusion!r}")
+        if len(weights) != 2 or min(weights) < 0 or sum(weights) <= 0:
+            raise ValueError(f"weights are (bm25, dense), non-negative, not both 0; got {tuple(weights)}")
+        if route_depth < 1 or rrf_k < 1:
+            raise ValueError("route_depth and rrf_k must be >= 1")
+        self.kb, self.mode, self.fusion = kb, mode, fusion
+        self.weights, self.route_depth, self.rrf_k = tuple(weights), route_depth, rrf_k
+
+    def run(self, query: str, k: int = 10, filters: Filters | None = None) -> list[SearchHit]:
+        if not query.strip():
+            raise ValueError("the query is empty")
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        return self.hits(self.rank(query, k, filters))
+
+    def rank(self, query: str, k: int, filters: Filters | None = None,
+             query_vector: npt.NDArray[np.float32] | None = None) -> Ranked:
+        reader = self.kb.reader()
+        mask = self._mask(filters)
+        depth = max(self.route_depth, k) if self.mode == "hybrid" else k
+        routes: list[Ranked] = []
+        if self.mode in ("bm25", "hybrid"):
+            routes.append(Ranked(*reader.lexical.search(self.kb.analyzer.terms(query), depth, mask)))
+        if self.mode in ("dense", "hybrid"):
+            vector = query_vector if query_vector is not None else self.kb.embedder.embed([query])[0]
+            routes.append(Ranked(*reader.dense.search(vector, depth, mask)))
+        if self.mode != "hybrid":
+            return Ranked(routes[0].rows[:k], routes[0].scores[:k])
+        fused = rrf(routes, self.weights, self.rrf_k) if self.fusion == "rrf" else score_fusion(routes, self.weights)
+        return top(fused, k)
+
+    def _mask(self, filters: Filters | None) -> npt.NDArray[np.bool_] | None:
+        if filters is None:
+            return None
+        where, params = filters.sql()
+        if not where:
+            return None
+        reader = self.kb.reader()
+        mask = np.zeros(reader.size, dtype=bool)
+        mask[store.rows_matching(reader.db, where, params)] = True
+        return mask
+
+    def hits(self, ranked: Ranked) -> list[SearchHit]:
+        rows = store.chunks_by_rows(self.kb.reader().db, ranked.rows.tolist())
+        return [
+            SearchHit(c.chunk_id, c.doc_id, float(score), c.section, c.text, c.source, c.section_id, c.char_start,
+                      c.char_end, c.authority, c.date)
+            for row, score in zip(ranked.rows.tolist(), ranked.scores.tolist(), strict=True)
+            if (c := rows[row])
+        ]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kb": str(self.kb.root), "mode": self.mode, "fusion": self.fusion, "weights": list(self.weights),
+                "route_depth": self.route_depth, "rrf_k": self.rrf_k}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> HybridRetriever:
+        data = dict(data)
+        return cls(KnowledgeBase(data.pop("kb")), **data)

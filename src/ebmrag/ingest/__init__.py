@@ -1,0 +1,1 @@
+"""Knowledge sources -> normalized, hashed `Document`s -> `Chunk`s with offsets for citations."""

@@ -1,0 +1,95 @@
+"""Files and folders -> documents -> one knowledge-base write, with a per-file error report.
+
+Document ids: a file named on the command line is keyed by its name, a file found in folder D by
+"D/relative/path"; JSONL records carry their own ids. With `sync`, documents that came from a
+given folder or file and are no longer there are deleted, except those of files that failed to
+read this time (a transient error must never delete knowledge).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ebmrag.errors import IngestError
+from ebmrag.index import store
+from ebmrag.index.kb import IngestReport, KnowledgeBase, Progress
+from ebmrag.ingest.documents import Document
+from ebmrag.ingest.readers import DEFAULT_MAX_FILE_BYTES, SUFFIXES, FieldMap, read_file
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class FileBatch:
+    documents: list[Document] = field(default_factory=list)
+    origins: dict[str, str] = field(default_factory=dict)
+    errors: list[IngestError] = field(default_factory=list)
+    failed_files: set[str] = field(default_factory=set)
+
+
+def _files(path: Path) -> list[tuple[Path, str]]:
+    """(file, doc_id) pairs; hidden files and unsupported suffixes inside folders are skipped."""
+    if path.is_file():
+        return [(path, path.name)]
+    found = []
+    for file in sorted(path.rglob("*")):
+        relative = file.relative_to(path)
+        if file.is_file() and file.suffix.lower() in SUFFIXES and not any(p.startswith(".") for p in relative.parts):
+            found.append((file, f"{path.resolve().name}/{relative.as_posix()}"))
+    return found
+
+
+def collect(paths: Sequence[Path], field_map: FieldMap | None = None,
+            max_bytes: int = DEFAULT_MAX_FILE_BYTES, progress: Progress | None = None) -> FileBatch:
+    batch = FileBatch()
+    files: list[tuple[Path, str]] = []
+    for path in paths:
+        if not path.exists():
+            batch.errors.append(IngestError(str(path), "no such file or folder"))
+            continue
+        files.extend(_files(path))
+    for done, (file, doc_id) in enumerate(files):
+        if progress:
+            progress("reading", done, len(files))
+        origin = str(file.resolve())
+        try:
+            result = read_file(file, doc_id, field_map, max_bytes)
+        except IngestError as exc:
+            batch.errors.append(exc)
+            batch.failed_files.add(origin)
+            continue
+        batch.errors.extend(result.errors)
+        for document in result.documents:
+            batch.documents.append(document)
+            batch.origins[document.doc_id] = origin
+    if progress:
+        progress("reading", len(files), len(files))
+    return batch
+
+
+def stale_documents(kb: KnowledgeBase, paths: Sequence[Path], batch: FileBatch) -> list[str]:
+    """Documents whose origin lies under one of `paths` but that this batch did not read again."""
+    if not kb.exists:
+        return []
+    roots = [str(p.resolve()) for p in paths if p.exists()]
+    seen = {d.doc_id for d in batch.documents}
+    stale = []
+    for doc_id, row in store.documents(kb.reader().db).items():
+        under = any(row.origin == r or row.origin.startswith(r.rstrip("/") + "/") for r in roots)
+        if under and doc_id not in seen and row.origin not in batch.failed_files:
+            stale.append(doc_id)
+    return stale
+
+
+def ingest_paths(kb: KnowledgeBase, paths: Sequence[Path], sync: bool = False, field_map: FieldMap | None = None,
+                 max_bytes: int = DEFAULT_MAX_FILE_BYTES, progress: Progress | None = None) -> IngestReport:
+    batch = collect(paths, field_map, max_bytes, progress)
+    deletions = stale_documents(kb, paths, batch) if sync else []
+    report = kb.apply(batch.documents, deletions, batch.origins, progress)
+    report.errors[:0] = batch.errors
+    for error in report.errors:
+        log.info("%s", error)
+    return report
