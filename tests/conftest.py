@@ -22,3 +22,37 @@ def context_packer():  # type: ignore[no-untyped-def]
     packer = ContextPacker()
     packer.warm_up()
     return packer
+
+
+@pytest.fixture(scope="session")
+def embedder(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """The bundled model at the knowledge base's default profile, loaded once, with an on-disk cache."""
+    from ebmrag.index.kb import KnowledgeBaseConfig
+
+    model = KnowledgeBaseConfig().embedder(tmp_path_factory.mktemp("embedding-cache"))
+    model.warm_up()
+    return model
+
+
+def make_pdf(text: str) -> bytes:
+    """A minimal one-page PDF with a real text layer (Helvetica), offsets computed for a valid xref table."""
+    escaped = text.replace("\\", "\\\\").replace("(", "\\(").replace(")", "\\)")
+    stream = f"BT /F1 12 Tf 72 712 Td ({escaped}) Tj ET".encode()
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R "
+        b"/Resources << /Font << /F1 5 0 R >> >> >>",
+        b"<< /Length " + str(len(stream)).encode() + b" >>\nstream\n" + stream + b"\nendstream",
+        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+    ]
+    out = bytearray(b"%PDF-1.4\n")
+    offsets = []
+    for number, body in enumerate(objects, start=1):
+        offsets.append(len(out))
+        out += f"{number} 0 obj\n".encode() + body + b"\nendobj\n"
+    xref = len(out)
+    out += f"xref\n0 {len(objects) + 1}\n0000000000 65535 f \n".encode()
+    out += b"".join(f"{offset:010d} 00000 n \n".encode() for offset in offsets)
+    out += f"trailer\n<< /Size {len(objects) + 1} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n".encode()
+    return bytes(out)

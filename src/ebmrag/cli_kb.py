@@ -14,9 +14,10 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ebmrag.cli import ConfigOption, _fail, app, console
+from ebmrag.cli import ConfigOption, _fail, app, console, eval_app
 from ebmrag.config import Settings, load_settings
 from ebmrag.errors import EbmragError
+from ebmrag.evidence.embeddings import default_cache_dir
 from ebmrag.index.kb import IngestReport, KnowledgeBase, knowledge_base_stats
 from ebmrag.index.search import Filters, HybridRetriever
 from ebmrag.ingest.pipeline import ingest_paths
@@ -45,9 +46,13 @@ def _progress_callback(bar: Progress) -> Callable[[str, int, int], None]:
     return update
 
 
+def cache_dir(settings: Settings) -> Path:
+    return Path(settings.models.cache_dir) if settings.models.cache_dir else default_cache_dir()
+
+
 def open_kb(settings: Settings, kb: Path) -> KnowledgeBase:
-    return KnowledgeBase(kb, settings.kb if not (kb / "CURRENT").exists() else None,
-                         cache_dir=settings.models.cache_dir or None)
+    """The configured [kb] settings apply when the knowledge base is created; afterwards its manifest rules."""
+    return KnowledgeBase(kb, settings.kb if not (kb / "CURRENT").exists() else None, cache_dir=cache_dir(settings))
 
 
 def make_retriever(settings: Settings, kb: KnowledgeBase, mode: str | None = None) -> HybridRetriever:
@@ -127,7 +132,7 @@ def search(
     """Search the knowledge base."""
     try:
         settings = load_settings(config)
-        knowledge_base = KnowledgeBase(kb, cache_dir=settings.models.cache_dir or None)
+        knowledge_base = KnowledgeBase(kb, cache_dir=cache_dir(settings))
         retriever = make_retriever(settings, knowledge_base, mode)
         filters = Filters(source, section, authority, date_from, date_to)
         hits = retriever.run(query, k or settings.retrieval.k, filters)
@@ -159,3 +164,42 @@ def kb_stats(kb: KbOption, as_json: Annotated[bool, typer.Option("--json")] = Fa
     for key, value in asdict(stats).items():
         table.add_row(key, escape(str(value)))
     console.print(table)
+
+
+@eval_app.command("retrieval")
+def eval_retrieval(
+    dataset: Annotated[str, typer.Option(help="liveqa, pubmedqa or medquad.")],
+    data_dir: Annotated[Path, typer.Option("--data-dir", help="Folder with the questions / qrels files.")],
+    kb: KbOption,
+    corpus: Annotated[list[Path] | None, typer.Option("--corpus", help="Corpus files to ingest into a new KB.")] = None,
+    limit: Annotated[int, typer.Option(help="Evaluate a deterministic sample of this many queries (0 = all).")] = 0,
+    ablation: Annotated[bool, typer.Option(help="Also score the fusion variants.")] = False,
+    out: Annotated[Path | None, typer.Option(help="Append the markdown table to this file.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    config: ConfigOption = None,
+) -> None:
+    """Recall@10, MRR and nDCG@10 of BM25, dense and hybrid retrieval on a public benchmark."""
+    from ebmrag.eval.retrieval import evaluate_retrieval, load_queries, markdown_table
+
+    try:
+        settings = load_settings(config)
+        knowledge_base = open_kb(settings, kb)
+        if not knowledge_base.exists:
+            if not corpus:
+                raise ValueError(f"{kb} does not exist yet: give the corpus files with --corpus")
+            with progress_bar() as bar:
+                report = ingest_paths(knowledge_base, corpus, progress=_progress_callback(bar))
+            console.print(report_table(report))
+        queries = load_queries(dataset, data_dir, corpus or [], limit)
+        r = settings.retrieval
+        with console.status(f"retrieving for {len(queries)} queries..."):
+            result = evaluate_retrieval(knowledge_base, dataset, queries, r.fusion, (r.bm25_weight, r.dense_weight),
+                                        ablation)
+    except (EbmragError, ValueError, OSError) as exc:
+        raise _fail(exc) from None
+    table = markdown_table(result)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with out.open("a", encoding="utf-8") as handle:
+            handle.write(table + "\n")
+    typer.echo(json.dumps(result.to_json(), indent=2) if as_json else table)

@@ -40,7 +40,7 @@ class KnowledgeBaseConfig:
     """Fixed when a knowledge base is created and stored in every generation's manifest."""
 
     embedding_model: str = ""
-    embedding_max_tokens: int = 256
+    embedding_max_tokens: int = 128
     quantize: bool = False
     chunker: str = ""
     contextual_prefix: bool = True

@@ -74,7 +74,7 @@ class LexicalIndex:
                 continue
             start, end = int(self._indptr[column]), int(self._indptr[column + 1])
             total[self._indices[start:end]] += self._data[start:end]
-        return total
+        return total * np.float32(self.k1 + 1)  # bm25s leaves out this constant factor of the textbook formula
 
     def search(self, terms: list[str], k: int, mask: npt.NDArray[np.bool_] | None = None) -> tuple[Rows, Scores]:
         """Top-k rows by BM25 among rows where `mask` is True; rows with no query term never appear."""

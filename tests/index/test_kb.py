@@ -1,0 +1,156 @@
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ebmrag.errors import KnowledgeBaseError
+from ebmrag.index import store
+from ebmrag.index.dense import DenseIndex
+from ebmrag.index.kb import KnowledgeBase, KnowledgeBaseConfig, index_text, knowledge_base_stats
+from ebmrag.index.lexical import LexicalIndex
+from ebmrag.index.search import Filters, HybridRetriever
+from ebmrag.ingest.documents import Document
+from ebmrag.ingest.pipeline import ingest_paths
+
+pytestmark = pytest.mark.model
+
+GUIDES = {
+    "sepsis": "Start broad-spectrum antibiotics within one hour of recognising septic shock. "
+              "Give 30 mL/kg of crystalloid for hypotension or a lactate of 4 mmol/L or more.",
+    "penicillin": "A history of anaphylaxis to penicillin contraindicates all penicillins. "
+                  "Cephalosporins with dissimilar side chains may be used after specialist review.",
+    "aki": "Acute kidney injury is a rise in serum creatinine of 0.3 mg/dL within 48 hours. "
+           "Stop nephrotoxic drugs and metformin; review contrast exposure.",
+}
+
+
+def doc(doc_id: str, text: str, **extra: str) -> Document:
+    return Document(doc_id, text, extra.pop("source", "guides"), "txt", title=doc_id, **extra)  # type: ignore[arg-type]
+
+
+def chunk_rows(kb: KnowledgeBase) -> list[store.ChunkRow]:
+    return list(store.iter_chunks(kb.reader().db))
+
+
+def test_ingest_is_idempotent_and_updates_replace_chunks(tmp_path: Path, embedder) -> None:  # type: ignore[no-untyped-def]
+    kb = KnowledgeBase(tmp_path / "kb", embedder=embedder)
+    first = kb.apply([doc(k, v) for k, v in GUIDES.items()])
+    assert (first.added, first.generation) == (list(GUIDES), 1)
+    again = kb.apply([doc(k, v) for k, v in GUIDES.items()])
+    assert not again.changed and again.generation == 1 and sorted(again.unchanged) == sorted(GUIDES)
+    assert sorted(p.name for p in (tmp_path / "kb").glob("gen-*")) == ["gen-000001"]
+
+    edited = kb.apply([doc("aki", "Contrast nephropathy: hydrate with isotonic saline before the scan.")])
+    assert edited.updated == ["aki"] and edited.generation == 2
+    rows = chunk_rows(kb)
+    assert [r.row for r in rows] == list(range(len(rows)))
+    assert not any("metformin" in r.text for r in rows)
+    hits = HybridRetriever(kb).run("saline hydration before contrast", k=1)
+    assert hits[0].doc_id == "aki" and "isotonic saline" in hits[0].text
+    assert sorted(p.name for p in (tmp_path / "kb").glob("gen-*")) == ["gen-000002"]
+
+
+def test_delete_leaves_no_chunk_vector_or_posting(tmp_path: Path, embedder) -> None:  # type: ignore[no-untyped-def]
+    kb = KnowledgeBase(tmp_path / "kb", embedder=embedder)
+    kb.apply([doc(k, v) for k, v in GUIDES.items()])
+    report = kb.apply([], ["penicillin", "not-there"])
+    assert report.deleted == ["penicillin"]
+    assert [e.where for e in report.errors] == ["not-there"]
+    reader = kb.reader()
+    rows = chunk_rows(kb)
+    assert {r.doc_id for r in rows} == {"sepsis", "aki"}
+    assert DenseIndex.load(reader.path, embedder.dimension).size == len(rows) == reader.size
+    lexical = LexicalIndex.load(reader.path / "bm25", reader.size)
+    assert lexical.search(kb.analyzer.terms("anaphylaxis cephalosporins"), 10)[0].size == 0
+    documents = store.documents(reader.db)
+    expected = kb.embedder.embed([index_text(documents[r.doc_id], r, True) for r in rows])
+    assert np.allclose(np.asarray(reader.dense.vectors), expected, atol=1e-5)  # vectors follow the renumbered rows
+    assert all(h.doc_id != "penicillin" for h in HybridRetriever(kb).run("penicillin anaphylaxis", k=10))
+
+
+def test_filters_restrict_every_route(tmp_path: Path, embedder) -> None:  # type: ignore[no-untyped-def]
+    kb = KnowledgeBase(tmp_path / "kb", embedder=embedder)
+    kb.apply([doc("old", GUIDES["sepsis"], date="2015-02-01", authority="textbook"),
+              doc("new", GUIDES["sepsis"].replace("one hour", "the first hour"), date="2024-06-01",
+                  authority="guideline", source="ssc")])
+    for mode in ("bm25", "dense", "hybrid"):
+        retriever = HybridRetriever(kb, mode)
+        assert {h.doc_id for h in retriever.run("antibiotics septic shock", 5, Filters(authority="guideline"))} == {"new"}
+        assert {h.doc_id for h in retriever.run("antibiotics septic shock", 5, Filters(date_to="2016"))} == {"old"}
+        assert {h.doc_id for h in retriever.run("antibiotics septic shock", 5, Filters(source="ssc"))} == {"new"}
+    with pytest.raises(ValueError, match="query is empty"):
+        HybridRetriever(kb).run("   ")
+
+
+def test_sync_removes_documents_of_vanished_files_only(tmp_path: Path, embedder) -> None:  # type: ignore[no-untyped-def]
+    folder = tmp_path / "guides"
+    folder.mkdir()
+    for name, text in GUIDES.items():
+        (folder / f"{name}.md").write_text(f"# {name}\n\n{text}\n", encoding="utf-8")
+    kb = KnowledgeBase(tmp_path / "kb", embedder=embedder)
+    assert len(ingest_paths(kb, [folder]).added) == 3
+    (folder / "sepsis.md").unlink()
+    (folder / "aki.md").write_bytes(b"\xff broken")  # unreadable this time: must not be deleted
+    report = ingest_paths(kb, [folder], sync=True)
+    assert report.deleted == ["guides/sepsis.md"]
+    assert "guides/aki.md" in {d.doc_id for d in store.documents(kb.reader().db).values()}
+    stats = knowledge_base_stats(kb)
+    assert (stats.documents, stats.generation, stats.by_source_type) == (2, 2, {"markdown": 2})
+
+
+def test_a_second_writer_is_refused_and_configs_must_match(tmp_path: Path, embedder) -> None:  # type: ignore[no-untyped-def]
+    from ebmrag.index.generations import writer_lock
+
+    kb = KnowledgeBase(tmp_path / "kb", embedder=embedder)
+    kb.apply([doc("sepsis", GUIDES["sepsis"])])
+    with writer_lock(tmp_path / "kb"), pytest.raises(KnowledgeBaseError, match="another process"):
+        kb.apply([doc("aki", GUIDES["aki"])])
+    with pytest.raises(KnowledgeBaseError, match="cannot be opened with"):
+        KnowledgeBase(tmp_path / "kb", KnowledgeBaseConfig(embedding_max_tokens=256), embedder=embedder)
+    with pytest.raises(KnowledgeBaseError, match="not a knowledge base yet"):
+        KnowledgeBase(tmp_path / "empty", embedder=embedder).reader()
+
+
+CRASHING_INGEST = textwrap.dedent("""
+    import sys
+    from ebmrag.index.kb import KnowledgeBase
+    from ebmrag.ingest.documents import Document
+    words = "patient presented with fever cough and a rising creatinine after contrast".split()
+    docs = [Document(f"bulk-{i}", " ".join(words[(i + j) % len(words)] for j in range(160)) + f" case {i}.",
+                     "bulk", "txt") for i in range(3000)]
+    KnowledgeBase(sys.argv[1], cache_dir=sys.argv[2]).apply(docs)
+""")
+
+
+def test_kill_9_mid_ingest_keeps_the_last_generation(tmp_path: Path, embedder) -> None:  # type: ignore[no-untyped-def]
+    root = tmp_path / "kb"
+    kb = KnowledgeBase(root, embedder=embedder)
+    kb.apply([doc(k, v) for k, v in GUIDES.items()])
+    process = subprocess.Popen([sys.executable, "-c", CRASHING_INGEST, str(root), str(tmp_path / "cache")])
+    deadline = time.monotonic() + 120
+    while not (root / "gen-000002.partial").exists():
+        assert process.poll() is None and time.monotonic() < deadline, "the ingest ended before it could be killed"
+        time.sleep(0.05)
+    time.sleep(1.0)  # well inside chunking/embedding of 3000 documents
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+
+    reopened = KnowledgeBase(root, embedder=embedder)
+    assert reopened.reader().path.name == "gen-000001"
+    assert HybridRetriever(reopened).run("penicillin anaphylaxis", k=1)[0].doc_id == "penicillin"
+
+    rerun = reopened.apply([doc(k, v) for k, v in GUIDES.items()] + [doc("extra", "Gout flares respond to colchicine.")])
+    assert rerun.added == ["extra"] and rerun.generation == 2
+    assert not list(root.glob("*.partial"))
+    rows = chunk_rows(reopened)
+    assert len({r.chunk_id for r in rows}) == len(rows)
+    assert {r.doc_id for r in rows} == {*GUIDES, "extra"}
+    assert reopened.reader().dense.size == len(rows)
