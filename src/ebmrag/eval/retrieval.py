@@ -71,7 +71,7 @@ def liveqa_queries(data_dir: Path) -> list[Query]:
     for row in _jsonl(_find(data_dir, "*questions*.jsonl")):
         qnum = str(row["qnum"])
         if qnum in gains:
-            text = f"{row.get('subject') or ''}. {row.get('message') or ''}".strip(". ")
+            text = ". ".join(str(part).strip() for part in (row.get("subject"), row.get("message")) if part)
             queries.append(Query(str(row["qid"]), text, gains[qnum]))
     return queries
 

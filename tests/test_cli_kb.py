@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ebmrag.cli import app
+
+runner = CliRunner()
+
+
+@pytest.mark.model
+def test_ingest_search_stats_delete(tmp_path: Path) -> None:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "allergy.md").write_text("# Penicillin allergy\n\nAnaphylaxis to penicillin: avoid all penicillins.\n")
+    (docs / "kidney.md").write_text("# Acute kidney injury\n\nCreatinine rise of 0.3 mg/dL in 48 hours.\n")
+    (docs / "broken.txt").write_bytes(b"\xff\xfe")
+    config = tmp_path / "ebmrag.toml"
+    config.write_text(f'[models]\ncache_dir = "{tmp_path / "cache"}"\n')
+    kb = str(tmp_path / "kb")
+
+    ingested = runner.invoke(app, ["ingest", str(docs), "--kb", kb, "--config", str(config)])
+    assert ingested.exit_code == 0, ingested.output
+    assert "not valid UTF-8" in ingested.output and "broken.txt" in ingested.output
+
+    found = runner.invoke(app, ["search", "penicillin anaphylaxis", "--kb", kb, "--k", "2", "--json",
+                                "--config", str(config)])
+    hits = json.loads(found.output)
+    assert [set(h) for h in hits] == [{"chunk_id", "doc_id", "score", "section", "text", "source"}] * 2
+    assert hits[0]["doc_id"] == "docs/allergy.md" and hits[0]["score"] >= hits[1]["score"]
+
+    stats = json.loads(runner.invoke(app, ["kb", "stats", "--kb", kb, "--json"]).output)
+    assert (stats["documents"], stats["chunks"], stats["generation"]) == (2, 2, 1)
+
+    removed = runner.invoke(app, ["delete", "docs/allergy.md", "--kb", kb, "--config", str(config)])
+    assert removed.exit_code == 0, removed.output
+    after = json.loads(runner.invoke(app, ["search", "penicillin", "--kb", kb, "--json", "--mode", "bm25"]).output)
+    assert all(h["doc_id"] != "docs/allergy.md" for h in after)
+
+
+def test_search_on_a_missing_kb_is_one_clear_line(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["search", "anything", "--kb", str(tmp_path / "nowhere")])
+    assert result.exit_code == 2
+    assert "not a knowledge base yet" in result.output and "Traceback" not in result.output
+    bad_mode = runner.invoke(app, ["search", "x", "--kb", str(tmp_path), "--mode", "fuzzy"])
+    assert bad_mode.exit_code == 2 and "mode must be one of" in bad_mode.output
