@@ -83,7 +83,8 @@ def test_filters_restrict_every_route(tmp_path: Path, embedder) -> None:  # type
                   authority="guideline", source="ssc")])
     for mode in ("bm25", "dense", "hybrid"):
         retriever = HybridRetriever(kb, mode)
-        assert {h.doc_id for h in retriever.run("antibiotics septic shock", 5, Filters(authority="guideline"))} == {"new"}
+        guideline = Filters(authority="guideline")
+        assert {h.doc_id for h in retriever.run("antibiotics septic shock", 5, guideline)} == {"new"}
         assert {h.doc_id for h in retriever.run("antibiotics septic shock", 5, Filters(date_to="2016"))} == {"old"}
         assert {h.doc_id for h in retriever.run("antibiotics septic shock", 5, Filters(source="ssc"))} == {"new"}
     with pytest.raises(ValueError, match="query is empty"):
@@ -147,7 +148,8 @@ def test_kill_9_mid_ingest_keeps_the_last_generation(tmp_path: Path, embedder) -
     assert reopened.reader().path.name == "gen-000001"
     assert HybridRetriever(reopened).run("penicillin anaphylaxis", k=1)[0].doc_id == "penicillin"
 
-    rerun = reopened.apply([doc(k, v) for k, v in GUIDES.items()] + [doc("extra", "Gout flares respond to colchicine.")])
+    extra = doc("extra", "Gout flares respond to colchicine.")
+    rerun = reopened.apply([*(doc(k, v) for k, v in GUIDES.items()), extra])
     assert rerun.added == ["extra"] and rerun.generation == 2
     assert not list(root.glob("*.partial"))
     rows = chunk_rows(reopened)

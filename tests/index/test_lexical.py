@@ -16,7 +16,8 @@ from ebmrag.index.lexical import LexicalIndex
 def abstracts(shared_data: Path) -> list[list[str]]:
     analyzer = Analyzer()
     with (shared_data / "pubmedqa" / "pubmedqa_corpus_contexts.jsonl").open(encoding="utf-8") as handle:
-        return [analyzer.terms(" ".join(json.loads(line)["contexts"])) for _, line in zip(range(300), handle)]
+        lines = [line for _, line in zip(range(300), handle, strict=False)]
+    return [analyzer.terms(" ".join(json.loads(line)["contexts"])) for line in lines]
 
 
 @pytest.mark.data
