@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint bench tiers clean
+.PHONY: setup demo test lint bench tiers clean retrieval bench-retrieval
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -27,6 +27,17 @@ test: lint
 
 bench: $(STAMP)
 	$(PY) bench/packing.py --out docs/benchmarks.md
+
+KB ?= /tmp/kb-liveqa
+DATA ?= ../shared/data
+
+# Builds the LiveQA-Med knowledge base on first use (~12 min of embedding), then scores it.
+retrieval: $(STAMP)
+	$(VENV)/bin/ebmrag eval retrieval --dataset liveqa --data-dir $(DATA)/liveqa_med_2017 --kb $(KB) --ablation \
+	  --corpus $(DATA)/medquad/medquad_docs.jsonl --corpus $(DATA)/liveqa_med_2017/judged_answers_medquad_2479.jsonl
+
+bench-retrieval: $(STAMP)
+	$(PY) bench/retrieval.py --base-kb $(KB) --sizes 10000,100000,1000000 --out docs/benchmarks.md
 
 tiers: $(STAMP)
 	$(VENV)/bin/ebmrag eval tiers --data-dir ../shared/data/agentclinic --out docs/tier_agreement.md

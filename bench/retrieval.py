@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import re
 import resource
 import statistics
 import subprocess
@@ -49,9 +50,10 @@ class ScaledEmbedder:
     def embed(self, texts: list[str]) -> npt.NDArray[np.float32]:
         out = np.empty((len(texts), self.dimension), np.float32)
         for i, text in enumerate(texts):
-            body, _, copy = text.rpartition(" copy")
-            base = self.vectors[self.base_text.get(body, 0)]
-            noise = np.random.default_rng(int(copy or 0)).normal(0, 0.02, self.dimension).astype(np.float32)
+            match = re.search(r" copy(\d+)$", text)
+            body, copy = (text[:match.start()], int(match.group(1))) if match else (text, len(text))
+            base = self.vectors[self.base_text.get(body, hash(body) % len(self.vectors))]
+            noise = np.random.default_rng(copy).normal(0, 0.02, self.dimension).astype(np.float32)
             vector = base + noise
             out[i] = vector / np.linalg.norm(vector)
         return out
