@@ -12,6 +12,7 @@ import json
 import shutil
 import sqlite3
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -191,8 +192,9 @@ class _GenerationWriter:
         new_rows, new_vectors = self._new_chunks(fresh, start_row=len(kept_terms))
         report.seconds_embedding = time.perf_counter() - started
         started = time.perf_counter()
-        store.insert_documents(db, [_document_row(d, origins.get(d.doc_id, d.source),
-                                                  sum(r.doc_id == d.doc_id for r in new_rows)) for d in fresh])
+        per_document = Counter(row.doc_id for row in new_rows)
+        store.insert_documents(db, [_document_row(d, origins.get(d.doc_id, d.source), per_document[d.doc_id])
+                                    for d in fresh])
         store.insert_chunks(db, new_rows)
         terms = kept_terms + [row.terms.split(" ") if row.terms else [] for row in new_rows]
         vectors = np.concatenate([kept_vectors, new_vectors]) if len(new_vectors) else kept_vectors
