@@ -185,7 +185,7 @@ def main() -> None:
             print(json.dumps(run_size(args.base_kb, args.one_size, Path(workdir))))
         return
     sizes = []
-    for size in (int(s) for s in args.sizes.split(",")):
+    for size in (int(s) for s in args.sizes.split(",") if s):
         output = subprocess.run([sys.executable, __file__, "--base-kb", str(args.base_kb), "--one-size", str(size)],
                                 check=True, capture_output=True, text=True).stdout
         sizes.append(json.loads(output.strip().splitlines()[-1]))

@@ -5,13 +5,17 @@ class EbmragError(Exception):
     """Base class of every error ebmrag raises on purpose."""
 
 
-class RecordError(EbmragError, ValueError):
-    """A patient record is malformed; the message names the file and the field."""
+class _LocatedError(EbmragError, ValueError):
+    """An error about one place in the input (`where`), with the `problem` kept apart for reports."""
 
     def __init__(self, where: str, problem: str) -> None:
         self.where = where
         self.problem = problem
         super().__init__(f"{where}: {problem}")
+
+
+class RecordError(_LocatedError):
+    """A patient record is malformed; the message names the file and the field."""
 
 
 class ConfigError(EbmragError, ValueError):
@@ -22,13 +26,8 @@ class ModelUnavailableError(EbmragError, RuntimeError):
     """A model or tokenizer could not be loaded from a local path (we never download)."""
 
 
-class IngestError(EbmragError, ValueError):
+class IngestError(_LocatedError):
     """One source file (or one line of it) could not be ingested; the rest of the batch goes on."""
-
-    def __init__(self, where: str, problem: str) -> None:
-        self.where = where
-        self.problem = problem
-        super().__init__(f"{where}: {problem}")
 
 
 class KnowledgeBaseError(EbmragError, RuntimeError):

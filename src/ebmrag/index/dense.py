@@ -64,8 +64,7 @@ class DenseIndex:
             return self._exact(query, k, allowed)
         return self._approximate(query, k, mask)
 
-    def _exact(self, query: Vectors, k: int, allowed: Rows | None) -> tuple[Rows, Scores]:
-        rows = allowed if allowed is not None else None
+    def _exact(self, query: Vectors, k: int, rows: Rows | None) -> tuple[Rows, Scores]:
         matrix = self.vectors if rows is None else self.vectors[rows]
         scores = matrix @ query.astype(np.float32)
         k = min(k, scores.shape[0])

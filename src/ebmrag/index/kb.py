@@ -14,7 +14,7 @@ import sqlite3
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -219,7 +219,7 @@ class _GenerationWriter:
         for chunk in store.iter_chunks(old_db):
             if chunk.doc_id in replaced:
                 continue
-            batch.append(store.ChunkRow(len(terms), *list(chunk.__dict__.values())[1:]))
+            batch.append(replace(chunk, row=len(terms)))
             kept_old_rows.append(chunk.row)
             terms.append(chunk.terms.split(" ") if chunk.terms else [])
             if len(batch) >= 5000:
