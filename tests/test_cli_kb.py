@@ -32,6 +32,14 @@ def test_ingest_search_stats_delete(tmp_path: Path) -> None:
     assert [set(h) for h in hits] == [{"chunk_id", "doc_id", "score", "section", "text", "source"}] * 2
     assert hits[0]["doc_id"] == "docs/allergy.md" and hits[0]["score"] >= hits[1]["score"]
 
+    voted = runner.invoke(app, ["search", "Anaphylaxis after penicillin. Creatinine rose in 48 hours.", "--kb", kb,
+                                "--by-document", "--mode", "bm25", "--json", "--config", str(config)])
+    documents = json.loads(voted.output)
+    assert sorted(d["doc_id"] for d in documents) == ["docs/allergy.md", "docs/kidney.md"]
+    assert all(d["votes"] == 1 and d["chunks"][0]["doc_id"] == d["doc_id"] for d in documents)
+    no_model = runner.invoke(app, ["search", "x", "--kb", kb, "--rerank-model", str(tmp_path / "none")])
+    assert no_model.exit_code == 2 and "not a local directory" in no_model.output
+
     stats = json.loads(runner.invoke(app, ["kb", "stats", "--kb", kb, "--json"]).output)
     assert (stats["documents"], stats["chunks"], stats["generation"]) == (2, 2, 1)
 

@@ -18,7 +18,9 @@ from ebmrag.cli import ConfigOption, _fail, app, console, eval_app
 from ebmrag.config import Settings, load_settings
 from ebmrag.errors import EbmragError
 from ebmrag.evidence.embeddings import default_cache_dir
+from ebmrag.evidence.sentences import split_sentences
 from ebmrag.index.kb import IngestReport, KnowledgeBase, knowledge_base_stats
+from ebmrag.index.rerank import CrossEncoderReranker, DocumentHit, DocumentVoter
 from ebmrag.index.search import Filters, HybridRetriever
 from ebmrag.ingest.pipeline import ingest_paths
 from ebmrag.ingest.readers import FieldMap
@@ -55,9 +57,13 @@ def open_kb(settings: Settings, kb: Path) -> KnowledgeBase:
     return KnowledgeBase(kb, settings.kb if not (kb / "CURRENT").exists() else None, cache_dir=cache_dir(settings))
 
 
-def make_retriever(settings: Settings, kb: KnowledgeBase, mode: str | None = None) -> HybridRetriever:
+def make_retriever(settings: Settings, kb: KnowledgeBase, mode: str | None = None,
+                   rerank_model: str | None = None) -> HybridRetriever:
     r = settings.retrieval
-    return HybridRetriever(kb, mode or r.mode, r.fusion, (r.bm25_weight, r.dense_weight), r.route_depth, r.rrf_k)
+    model = rerank_model if rerank_model is not None else r.rerank_model
+    reranker = CrossEncoderReranker(model) if model else None
+    return HybridRetriever(kb, mode or r.mode, r.fusion, (r.bm25_weight, r.dense_weight), r.route_depth, r.rrf_k,
+                           reranker)
 
 
 def report_table(report: IngestReport) -> Table:
@@ -126,6 +132,9 @@ def search(
     authority: Annotated[str, typer.Option(help="Only this authority level.")] = "",
     date_from: Annotated[str, typer.Option(help="ISO date prefix, inclusive.")] = "",
     date_to: Annotated[str, typer.Option(help="ISO date prefix, inclusive.")] = "",
+    rerank_model: Annotated[str | None, typer.Option(help="Local cross-encoder folder to rerank chunks.")] = None,
+    by_document: Annotated[bool, typer.Option(
+        help="ICA-RAG: every sentence of the query votes with its chunks; prints documents.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     config: ConfigOption = None,
 ) -> None:
@@ -133,11 +142,19 @@ def search(
     try:
         settings = load_settings(config)
         knowledge_base = KnowledgeBase(kb, cache_dir=cache_dir(settings))
-        retriever = make_retriever(settings, knowledge_base, mode)
+        retriever = make_retriever(settings, knowledge_base, mode, rerank_model)
         filters = Filters(source, section, authority, date_from, date_to)
-        hits = retriever.run(query, k or settings.retrieval.k, filters)
+        if by_document:
+            r = settings.retrieval
+            voter = DocumentVoter(retriever, r.vote_chunks, k or r.vote_documents, r.vote_min_score)
+            documents = voter.run([s.text for s in split_sentences(query)] or [query], filters)
+        else:
+            hits = retriever.run(query, k or settings.retrieval.k, filters)
     except (EbmragError, ValueError) as exc:
         raise _fail(exc) from None
+    if by_document:
+        _print_documents(documents, as_json)
+        return
     if as_json:
         typer.echo(json.dumps([h.to_json() for h in hits], ensure_ascii=False, indent=2))
         return
@@ -147,6 +164,20 @@ def search(
     for rank, hit in enumerate(hits, start=1):
         snippet = hit.text if len(hit.text) < 160 else hit.text[:157] + "..."
         table.add_row(str(rank), f"{hit.score:.4f}", escape(hit.chunk_id), escape(hit.section), escape(snippet))
+    console.print(table)
+
+
+def _print_documents(documents: list[DocumentHit], as_json: bool) -> None:
+    if as_json:
+        typer.echo(json.dumps([d.to_json() for d in documents], ensure_ascii=False, indent=2))
+        return
+    table = Table(title=f"documents by sentence votes · {len(documents)}", title_justify="left")
+    for column in ("#", "votes", "document", "best chunk"):
+        table.add_column(column)
+    for rank, doc in enumerate(documents, start=1):
+        best = doc.chunks[0].text
+        table.add_row(str(rank), str(doc.votes), escape(doc.doc_id), escape(best[:157] + "..." if len(best) > 160
+                                                                             else best))
     console.print(table)
 
 

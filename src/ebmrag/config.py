@@ -74,6 +74,10 @@ class RetrievalSettings:
     route_depth: int = 50
     rrf_k: int = 60
     k: int = 10
+    rerank_model: str = ""  # a local cross-encoder folder; empty = no chunk reranker
+    vote_chunks: int = 100  # ICA-RAG document vote: chunks per sentence (m)
+    vote_documents: int = 5  # documents kept (k)
+    vote_min_score: float = 0.5  # chunks below this share of the sentence's best score do not vote
 
 
 @dataclass(frozen=True)

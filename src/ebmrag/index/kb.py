@@ -136,8 +136,9 @@ class KnowledgeBase:
                 bucket = report.added if previous is None else (
                     report.unchanged if previous.content_hash == doc.content_hash else report.updated)
                 bucket.append(doc.doc_id)
+            incoming_ids = {d.doc_id for d in incoming}
             for doc_id in dict.fromkeys(delete_ids):
-                if doc_id in old_docs and doc_id not in {d.doc_id for d in incoming}:
+                if doc_id in old_docs and doc_id not in incoming_ids:
                     report.deleted.append(doc_id)
                 elif doc_id not in old_docs:
                     report.errors.append(IngestError(doc_id, "not in the knowledge base; nothing to delete"))
@@ -145,7 +146,8 @@ class KnowledgeBase:
             if not report.changed:
                 report.chunks_total = sum(d.n_chunks for d in old_docs.values())
                 return report
-            fresh = [d for d in incoming if d.doc_id in set(report.added) | set(report.updated)]
+            changed = set(report.added) | set(report.updated)
+            fresh = [d for d in incoming if d.doc_id in changed]
             partial = generations.new_partial(self.root)
             try:
                 _GenerationWriter(self, partial, live, progress).write(old_docs, fresh, report, origins or {})

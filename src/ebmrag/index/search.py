@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -67,11 +67,23 @@ class SearchHit:
                 "section": self.section, "text": self.text, "source": self.source}
 
 
+class Reranker(Protocol):
+    """Reorders the hits of one query, best first; may drop hits, never invents them (see index.rerank)."""
+
+    def rerank(self, query: str, hits: Sequence[SearchHit]) -> list[SearchHit]: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
 class HybridRetriever:
-    """Pipeline step: query text -> ranked chunks. Route depth 50 and RRF k = 60 follow SPEC §3."""
+    """Pipeline step: query text -> ranked chunks. Route depth 50 and RRF k = 60 follow SPEC §3.
+
+    With a reranker, the top `route_depth` fused chunks are reranked and the best k returned.
+    """
 
     def __init__(self, kb: KnowledgeBase, mode: str = "hybrid", fusion: str = "rrf",
-                 weights: Sequence[float] = (1.0, 1.0), route_depth: int = 50, rrf_k: int = 60) -> None:
+                 weights: Sequence[float] = (1.0, 1.0), route_depth: int = 50, rrf_k: int = 60,
+                 reranker: Reranker | None = None) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if fusion not in FUSIONS:
@@ -82,13 +94,17 @@ class HybridRetriever:
             raise ValueError("route_depth and rrf_k must be >= 1")
         self.kb, self.mode, self.fusion = kb, mode, fusion
         self.weights, self.route_depth, self.rrf_k = tuple(weights), route_depth, rrf_k
+        self.reranker = reranker
 
     def run(self, query: str, k: int = 10, filters: Filters | None = None) -> list[SearchHit]:
         if not query.strip():
             raise ValueError("the query is empty")
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
-        return self.hits(self.rank(query, k, filters))
+        if self.reranker is None:
+            return self.hits(self.rank(query, k, filters))
+        candidates = self.hits(self.rank(query, max(k, self.route_depth), filters))
+        return self.reranker.rerank(query, candidates)[:k]
 
     def rank(self, query: str, k: int, filters: Filters | None = None,
              query_vector: npt.NDArray[np.float32] | None = None) -> Ranked:
@@ -128,9 +144,13 @@ class HybridRetriever:
 
     def to_dict(self) -> dict[str, Any]:
         return {"kb": str(self.kb.root), "mode": self.mode, "fusion": self.fusion, "weights": list(self.weights),
-                "route_depth": self.route_depth, "rrf_k": self.rrf_k}
+                "route_depth": self.route_depth, "rrf_k": self.rrf_k,
+                "reranker": self.reranker.to_dict() if self.reranker else None}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> HybridRetriever:
+        from ebmrag.index.rerank import reranker_from_dict  # rerank builds on this module
+
         data = dict(data)
-        return cls(KnowledgeBase(data.pop("kb")), **data)
+        reranker = data.pop("reranker", None)
+        return cls(KnowledgeBase(data.pop("kb")), reranker=reranker_from_dict(reranker) if reranker else None, **data)

@@ -1,0 +1,130 @@
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ebmrag.errors import ModelUnavailableError
+from ebmrag.evidence.tokens import bundled_model_dir
+from ebmrag.index.kb import KnowledgeBase
+from ebmrag.index.rerank import CrossEncoderReranker, DocumentVoter, reranker_from_dict
+from ebmrag.index.search import HybridRetriever, SearchHit
+from ebmrag.ingest.documents import Document, DocumentBuilder
+
+pytestmark = pytest.mark.model
+
+GUIDES = {
+    "sepsis": ["Septic shock needs broad-spectrum antibiotics within one hour.",
+               "Give 30 mL/kg crystalloid for hypotension or raised lactate in sepsis.",
+               "Norepinephrine is the first vasopressor in septic shock."],
+    "penicillin": ["Anaphylaxis to penicillin contraindicates all penicillins.",
+                   "Cephalosporins with dissimilar side chains may follow specialist review."],
+    "aki": ["Acute kidney injury is a creatinine rise of 0.3 mg/dL in 48 hours.",
+            "Stop metformin and nephrotoxic drugs in acute kidney injury."],
+}
+
+
+@pytest.fixture(scope="module")
+def kb(tmp_path_factory: pytest.TempPathFactory, embedder: Any) -> KnowledgeBase:
+    """One document per guide, one section per sentence: chunks are section-bounded, so one chunk each."""
+    base = KnowledgeBase(tmp_path_factory.mktemp("kb") / "kb", embedder=embedder)
+    base.apply([_guide(doc_id, parts) for doc_id, parts in GUIDES.items()])
+    return base
+
+
+def _guide(doc_id: str, parts: list[str]) -> Document:
+    builder = DocumentBuilder()
+    for number, part in enumerate(parts):
+        builder.add(f"part {number}", part, f"{doc_id}_{number}")
+    return Document(doc_id, builder.text, "guides", "jsonl", title=doc_id, sections=builder.sections)
+
+
+class PreferWord:
+    """A reranker written for this test: hits containing the word first, order otherwise kept."""
+
+    def __init__(self, word: str) -> None:
+        self.word = word
+
+    def rerank(self, query: str, hits: Sequence[SearchHit]) -> list[SearchHit]:
+        return sorted(hits, key=lambda h: self.word not in h.text.lower())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "prefer-word", "word": self.word}
+
+
+def test_retriever_applies_a_pluggable_reranker_to_the_route_depth(kb: KnowledgeBase) -> None:
+    plain = HybridRetriever(kb).run("antibiotics for septic shock", k=1)
+    reranked = HybridRetriever(kb, reranker=PreferWord("metformin")).run("antibiotics for septic shock", k=1)
+    assert "metformin" not in plain[0].text.lower()
+    assert "metformin" in reranked[0].text.lower()
+
+
+def test_document_vote_counts_distinct_chunks_across_sentences(kb: KnowledgeBase) -> None:
+    voter = DocumentVoter(HybridRetriever(kb, "bm25"), chunks_per_query=10, top_documents=2, min_relative_score=0.5)
+    sentences = ["Hypotension with a raised lactate.", "Which vasopressor in shock?", "Antibiotics within an hour.",
+                 "Creatinine rose over 48 hours."]
+    documents = voter.run(sentences)
+    assert [d.doc_id for d in documents] == ["sepsis", "aki"]
+    assert documents[0].votes == 3 and documents[1].votes == 1
+    assert all(hit.doc_id == d.doc_id for d in documents for hit in d.chunks)
+    assert len({hit.chunk_id for hit in documents[0].chunks}) == 3
+    # the same sentence twice adds no vote: the merged chunk set is a union
+    assert voter.run(sentences + sentences)[0].votes == 3
+
+
+def test_document_vote_floor_drops_weak_chunks(kb: KnowledgeBase) -> None:
+    strict = DocumentVoter(HybridRetriever(kb, "bm25"), chunks_per_query=10, top_documents=3, min_relative_score=1.0)
+    loose = DocumentVoter(HybridRetriever(kb, "bm25"), chunks_per_query=10, top_documents=3, min_relative_score=0.0)
+    query = ["septic shock antibiotics and penicillin anaphylaxis"]
+    assert sum(d.votes for d in strict.run(query)) == 1
+    assert sum(d.votes for d in loose.run(query)) > 1
+    assert strict.run(["zzzz unknownword"]) == []
+    with pytest.raises(ValueError, match="no non-empty query"):
+        strict.run(["  "])
+    with pytest.raises(ValueError, match="min_relative_score"):
+        DocumentVoter(HybridRetriever(kb), min_relative_score=1.5)
+    assert DocumentVoter.from_dict(strict.to_dict()).to_dict() == strict.to_dict()
+
+
+@pytest.fixture(scope="module")
+def cross_encoder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small real cross-encoder folder: the bundled MiniLM body with a one-logit head, saved to disk."""
+    import torch
+    from sentence_transformers import CrossEncoder
+
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("cross-encoder")
+    CrossEncoder(str(bundled_model_dir()), num_labels=1, device="cpu", local_files_only=True).save(str(folder))
+    return folder
+
+
+def test_cross_encoder_reranker_loads_a_local_folder_and_orders_by_its_scores(
+        kb: KnowledgeBase, cross_encoder_dir: Path) -> None:
+    reranker = CrossEncoderReranker(cross_encoder_dir, batch_size=2)
+    hits = HybridRetriever(kb).run("kidney injury after contrast", k=5)
+    reranked = reranker.rerank("kidney injury after contrast", hits)
+    expected = reranker.scores("kidney injury after contrast", [h.text for h in hits])
+    assert sorted(h.chunk_id for h in reranked) == sorted(h.chunk_id for h in hits)
+    assert [h.score for h in reranked] == sorted(expected, reverse=True)
+    again = reranker_from_dict(reranker.to_dict())
+    assert [h.chunk_id for h in again.rerank("kidney injury after contrast", hits)] == [h.chunk_id for h in reranked]
+    retriever = HybridRetriever(kb, reranker=reranker)
+    assert HybridRetriever.from_dict(retriever.to_dict()).to_dict() == retriever.to_dict()
+
+
+def test_cross_encoder_reranker_rejects_missing_or_broken_folders(tmp_path: Path) -> None:
+    with pytest.raises(ModelUnavailableError, match="not a local directory"):
+        CrossEncoderReranker(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelUnavailableError, match="could not load the reranker"):
+        CrossEncoderReranker(tmp_path / "empty").rerank("q", [_hit()])
+    with pytest.raises(ValueError, match="unknown reranker type"):
+        reranker_from_dict({"type": "llm"})
+
+
+def _hit() -> SearchHit:
+    hit = SearchHit("d#0", "d", 1.0, "", "text", "s", "", 0, 4, "", "")
+    return replace(hit, score=0.5)
