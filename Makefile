@@ -3,14 +3,14 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint bench tiers clean retrieval bench-retrieval
+.PHONY: setup demo test lint bench tiers clean retrieval bench-retrieval packing-suite
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch first, pinned: the CPU wheel is local; any looser spec pulls gigabytes of CUDA packages.
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[embed,fhir,kb,dev]'
+	$(PY) -m pip install --quiet -e '.[embed,fhir,kb,eval,dev]'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -38,6 +38,10 @@ retrieval: $(STAMP)
 
 bench-retrieval: $(STAMP)
 	$(PY) bench/retrieval.py --base-kb $(KB) --sizes 10000,100000,1000000 --out docs/benchmarks.md
+
+# Every EBM-Pack experiment (docs/results/README.md); a few minutes, most of it embedding on a cold cache.
+packing-suite: $(STAMP)
+	$(VENV)/bin/ebmrag eval packing-suite --data-root $(DATA) --out docs/results/packing
 
 tiers: $(STAMP)
 	$(VENV)/bin/ebmrag eval tiers --data-dir ../shared/data/agentclinic --out docs/tier_agreement.md

@@ -45,7 +45,7 @@ def _fail(exc: Exception) -> typer.Exit:
 
 def build_packer(settings: Settings, strategy: str | None = None, k_min: int | None = None) -> ContextPacker:
     p, m = settings.packing, settings.models
-    params = UtilityParams(TierWeights(p.alpha, p.beta, p.gamma), p.decay_lambda, p.epsilon)
+    params = UtilityParams(TierWeights(p.alpha, p.beta, p.gamma), p.decay_lambda, p.epsilon, p.similarity_floor)
     return ContextPacker(
         strategy or p.strategy,
         k_min if k_min is not None else p.k_min,
@@ -188,4 +188,5 @@ def eval_tiers(
     typer.echo(report)
 
 
+from ebmrag import cli_eval as _cli_eval  # noqa: E402,F401  (registers the packing evaluation commands)
 from ebmrag import cli_kb as _cli_kb  # noqa: E402,F401  (registers the knowledge-base commands)

@@ -55,6 +55,7 @@ class PackingSettings:
     gamma: float = 1.0
     decay_lambda: float = 5.0
     epsilon: float = 0.0
+    similarity_floor: float = 0.05
 
 
 @dataclass(frozen=True)

@@ -6,15 +6,18 @@ Choices the paper leaves open, made here:
   finding halves in value every ~50 days.
 - Standing facts (tier rule `standing = true`: allergies, pathology, genetics, chronic diagnoses) and
   fragments without a timestamp do not decay: Δt = 0. A ten-year-old anaphylaxis keeps its weight.
-- Sim is the cosine of normalized MiniLM embeddings clipped at 0: a fragment that points away from
-  the query is worth nothing, not less than nothing.
+- Sim is the cosine of normalized MiniLM embeddings clipped to [similarity_floor, 1] (floor 0.05).
+  Without a floor, a fragment orthogonal to the query has utility exactly 0, and the exact solver,
+  which gains nothing by packing it, dropped T2 results with free room left in the window (measured
+  on MedQA: 4 of 51 critical fragments at 2048 tokens). The floor keeps relevance dominant while
+  every fragment stays worth its tier; floor 0 is the paper's pure form.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -56,12 +59,15 @@ class UtilityParams:
     weights: TierWeights = field(default_factory=TierWeights)
     decay_lambda: float = 5.0  # per year
     epsilon: float = 0.0
+    similarity_floor: float = 0.05
 
     def __post_init__(self) -> None:
         if self.decay_lambda < 0:
             raise ValueError(f"decay_lambda must be >= 0, got {self.decay_lambda}")
         if not 0 <= self.epsilon <= 1:
             raise ValueError(f"epsilon must be in [0, 1], got {self.epsilon}")
+        if not 0 <= self.similarity_floor < 1:
+            raise ValueError(f"similarity_floor must be in [0, 1), got {self.similarity_floor}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -69,7 +75,8 @@ class UtilityParams:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> UtilityParams:
         weights = TierWeights(**data.get("weights", {}))
-        return cls(weights, float(data.get("decay_lambda", 5.0)), float(data.get("epsilon", 0.0)))
+        return cls(weights, float(data.get("decay_lambda", 5.0)), float(data.get("epsilon", 0.0)),
+                   float(data.get("similarity_floor", 0.05)))
 
 
 def age_in_years(fragment: Fragment, as_of: datetime | None) -> float:
@@ -81,6 +88,25 @@ def age_in_years(fragment: Fragment, as_of: datetime | None) -> float:
 def fragment_header(fragment: Fragment) -> str:
     date = f"|{fragment.timestamp.date().isoformat()}" if fragment.timestamp else ""
     return f"[{fragment.id}|{fragment.tier.value}{date}]"
+
+
+@dataclass(frozen=True)
+class MeasuredFragment:
+    """The expensive, parameter-free part of a candidate: rendered states, token costs, similarities, age.
+
+    Utility is cheap to recompute from it, so a parameter sweep (tier weights, ε, λ) measures once.
+    """
+
+    fragment: Fragment
+    header: str
+    line: str
+    tokens: int
+    similarity: float
+    age_years: float
+    compressed_line: str | None = None
+    compressed_tokens: int = 0
+    compressed_similarity: float = 0.0
+    fidelity_ratio: float = 1.0
 
 
 class CandidateBuilder:
@@ -99,6 +125,9 @@ class CandidateBuilder:
         self.compressor = compressor or EntityCompressor()
 
     def build(self, record: PatientRecord, query: str, as_of: datetime | None = None) -> list[Candidate]:
+        return score_candidates(self.measure(record, query, as_of), self.params)
+
+    def measure(self, record: PatientRecord, query: str, as_of: datetime | None = None) -> list[MeasuredFragment]:
         if not query.strip():
             raise ValueError("query is empty: utility needs a question to measure similarity against")
         fragments = record.fragments
@@ -116,32 +145,32 @@ class CandidateBuilder:
         lines_b = [render_line(h, b) for h, b in zip(headers, bodies_b, strict=True) if b]
         costs = self.token_counter.count_many(lines + lines_b)
         cost_b = iter(costs[len(fragments) :])
-        candidates = []
+        line_b = iter(lines_b)
+        measured = []
         for order, fragment in enumerate(fragments):
-            base = self.params.weights.of(fragment.tier) * math.exp(
-                -self.params.decay_lambda * age_in_years(fragment, as_of)
-            )
-            options = [PackOption(State.FULL, lines[order], costs[order], base * float(sims[order]))]
-            compression, body_b = compressions[order], bodies_b[order]
-            if compression and body_b:
-                fidelity = min(1.0, compression.fidelity_ratio + self.params.epsilon)
-                option_b = PackOption(
-                    State.COMPRESSED,
-                    render_line(headers[order], body_b),
-                    next(cost_b),
-                    fidelity * base * float(next(sim_b)),
-                    fidelity,
-                )
-                if option_b.tokens < options[0].tokens:
-                    options.append(option_b)
-            candidates.append(
-                Candidate(
-                    fragment,
-                    headers[order],
-                    tuple(options),
-                    float(sims[order]),
-                    bool(fragment.decision and fragment.decision.must_keep),
-                    order,
-                )
-            )
-        return candidates
+            item = MeasuredFragment(fragment, headers[order], lines[order], costs[order], float(sims[order]),
+                                    age_in_years(fragment, as_of))
+            compression = compressions[order]
+            if compression and bodies_b[order]:
+                item = replace(item, compressed_line=next(line_b), compressed_tokens=next(cost_b),
+                               compressed_similarity=float(next(sim_b)), fidelity_ratio=compression.fidelity_ratio)
+            measured.append(item)
+        return measured
+
+
+def score_candidates(measured: Sequence[MeasuredFragment], params: UtilityParams) -> list[Candidate]:
+    """U_ij = F(j) · W(i) · Sim · exp(-λ·Δt); state B only when it is cheaper than A."""
+    candidates = []
+    for order, item in enumerate(measured):
+        fragment = item.fragment
+        base = params.weights.of(fragment.tier) * math.exp(-params.decay_lambda * item.age_years)
+        similarity = max(item.similarity, params.similarity_floor)
+        options = [PackOption(State.FULL, item.line, item.tokens, base * similarity)]
+        if item.compressed_line is not None and item.compressed_tokens < item.tokens:
+            fidelity = min(1.0, item.fidelity_ratio + params.epsilon)
+            options.append(PackOption(State.COMPRESSED, item.compressed_line, item.compressed_tokens,
+                                      fidelity * base * max(item.compressed_similarity, params.similarity_floor),
+                                      fidelity))
+        must_keep = bool(fragment.decision and fragment.decision.must_keep)
+        candidates.append(Candidate(fragment, item.header, tuple(options), item.similarity, must_keep, order))
+    return candidates

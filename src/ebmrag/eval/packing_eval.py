@@ -1,0 +1,177 @@
+"""Packing evaluation: RRCE, entity-level RRCE and its ceiling, T1 retention, utility ratio, time per pack.
+
+Definitions (percentages, pooled over all critical fragments of all cases):
+- critical fragment: a signal fragment whose gold tier is T1 or T2 (gold = field label or classifier,
+  see eval.cases); noise is never critical.
+- RRCE (seed 000): share of critical fragments packed in any state.
+- entity RRCE: share of critical fragments packed with every key entity intact (all non-date
+  entities of the fragment appear in its packed text); catches a fragment kept but cut.
+- entity ceiling: the best entity RRCE any packing can reach in the window. Every critical fragment
+  is worth 1 if packed in a state that keeps all its entities, at that state's token cost; with
+  equal values, taking the cheapest first is optimal, so a sort solves it exactly.
+- T1 retention: share of gold-T1 fragments packed (None when the cases hold no T1 fragment).
+- utility ratio: mean over cases of the strategy's utility / the ebm-exact utility (the optimum under
+  the same must-keep and quota constraints; a strategy that ignores them can exceed 100).
+- ms per pack: median time of the packing step alone; candidate building is shared by all strategies.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+
+from ebmrag.eval.cases import EvalCase
+from ebmrag.evidence.entities import EntityExtractor, EntityKind, default_extractor
+from ebmrag.evidence.fragment import Tier
+from ebmrag.evidence.tiers import TierClassifier
+from ebmrag.packing.exact import ExactPacker
+from ebmrag.packing.packer import Packer
+from ebmrag.packing.types import Candidate, PackResult
+from ebmrag.packing.utility import CandidateBuilder, MeasuredFragment, UtilityParams, score_candidates
+
+
+def entity_keys(text: str, extractor: EntityExtractor | None = None) -> frozenset[tuple[str, str, bool]]:
+    extractor = extractor or default_extractor()
+    return frozenset(e.key for e in extractor.extract(text) if e.kind is not EntityKind.DATE)
+
+
+@dataclass(frozen=True)
+class PreparedCase:
+    """A noisy case classified and measured once; any utility parameters can then be applied cheaply."""
+
+    case: EvalCase
+    measured: tuple[MeasuredFragment, ...]
+    critical_keys: dict[str, frozenset[tuple[str, str, bool]]]
+
+    def candidates(self, params: UtilityParams) -> list[Candidate]:
+        return score_candidates(self.measured, params)
+
+
+def prepare(cases: Iterable[EvalCase], builder: CandidateBuilder,
+            classifier: TierClassifier | None = None) -> list[PreparedCase]:
+    classifier = classifier or TierClassifier()
+    prepared = []
+    for case in cases:
+        record = classifier.run(case.record)
+        measured = builder.measure(record, case.question)
+        texts = {f.id: f.text for f in case.record.fragments}
+        keys = {fid: entity_keys(texts[fid]) for fid in case.critical_ids}
+        prepared.append(PreparedCase(case, tuple(measured), keys))
+    return prepared
+
+
+@dataclass
+class CaseScore:
+    critical: int = 0
+    kept: int = 0
+    entity_kept: int = 0
+    ceiling: int = 0
+    t1: int = 0
+    t1_kept: int = 0
+    utility_ratio: float = 100.0
+    ms: float = 0.0
+
+
+def _body(candidate: Candidate, line: str) -> str:
+    return line[len(candidate.header) + 1 :] if line.startswith(candidate.header) else line
+
+
+def entity_ceiling(prepared: PreparedCase, candidates: Sequence[Candidate], window: int) -> int:
+    """How many critical fragments some packing can hold with all entities intact (cheapest-first is exact)."""
+    costs = []
+    for candidate in candidates:
+        keys = prepared.critical_keys.get(candidate.fragment.id)
+        if keys is None:
+            continue
+        complete = [o.tokens for o in candidate.options if keys <= entity_keys(_body(candidate, o.text))]
+        if complete:
+            costs.append(min(complete))
+    fitted, room = 0, window
+    for cost in sorted(costs):
+        if cost > room:
+            break
+        room -= cost
+        fitted += 1
+    return fitted
+
+
+def score_pack(prepared: PreparedCase, candidates: Sequence[Candidate], result: PackResult) -> CaseScore:
+    by_id = {c.fragment.id: c for c in candidates}
+    packed = {p.fragment_id: p for p in result.packed}
+    score = CaseScore()
+    for fragment_id, tier in prepared.case.gold_tiers.items():
+        if tier not in (Tier.T1, Tier.T2):
+            continue
+        entry = packed.get(fragment_id)
+        score.critical += 1
+        score.t1 += tier is Tier.T1
+        if entry is None:
+            continue
+        score.kept += 1
+        score.t1_kept += tier is Tier.T1
+        body = _body(by_id[fragment_id], entry.text)
+        score.entity_kept += prepared.critical_keys[fragment_id] <= entity_keys(body)
+    return score
+
+
+@dataclass(frozen=True)
+class PackingRow:
+    """One line of `results.json` (the shape is fixed by issue 3)."""
+
+    dataset: str
+    strategy: str
+    window: int
+    cases: int
+    rrce: float
+    entity_rrce: float
+    entity_ceiling: float
+    t1_retention: float | None
+    utility_ratio: float
+    ms_per_pack: float
+
+    def to_json(self) -> dict[str, object]:
+        row = asdict(self)
+        for key, value in row.items():
+            if isinstance(value, float):
+                row[key] = round(value, 3)
+        return row
+
+
+def _share(part: int, whole: int) -> float:
+    return 100.0 * part / whole if whole else 100.0
+
+
+def summarize(dataset: str, strategy: str, window: int, scores: Sequence[CaseScore]) -> PackingRow:
+    critical = sum(s.critical for s in scores)
+    t1 = sum(s.t1 for s in scores)
+    return PackingRow(
+        dataset, strategy, window, len(scores), _share(sum(s.kept for s in scores), critical),
+        _share(sum(s.entity_kept for s in scores), critical), _share(sum(s.ceiling for s in scores), critical),
+        _share(sum(s.t1_kept for s in scores), t1) if t1 else None,
+        statistics.fmean(s.utility_ratio for s in scores) if scores else 100.0,
+        statistics.median(s.ms for s in scores) if scores else 0.0)
+
+
+def evaluate(prepared: Sequence[PreparedCase], packers: Sequence[Packer], windows: Sequence[int],
+             params: UtilityParams | None = None, k_min: int = 1) -> list[PackingRow]:
+    """Every packer at every window on every case; one row per (packer, window)."""
+    params = params or UtilityParams()
+    reference = ExactPacker(k_min=k_min)
+    dataset = prepared[0].case.dataset if prepared else ""
+    scores: dict[tuple[str, int], list[CaseScore]] = {(p.name, w): [] for p in packers for w in windows}
+    for item in prepared:
+        candidates = item.candidates(params)
+        for window in windows:
+            optimum = reference.pack(candidates, window).utility
+            ceiling = entity_ceiling(item, candidates, window)
+            for packer in packers:
+                started = time.perf_counter()
+                result = packer.pack(candidates, window)
+                elapsed = (time.perf_counter() - started) * 1000
+                score = score_pack(item, candidates, result)
+                score.ms, score.ceiling = elapsed, ceiling
+                score.utility_ratio = 100.0 * result.utility / optimum if optimum > 0 else 100.0
+                scores[(packer.name, window)].append(score)
+    return [summarize(dataset, name, window, rows) for (name, window), rows in scores.items()]

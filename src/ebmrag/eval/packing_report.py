@@ -1,0 +1,132 @@
+"""Runs the whole packing suite into a results folder: JSON + markdown + PNG per experiment.
+
+`run_suite` is what `ebmrag eval packing-suite` calls; `run_packing` is `ebmrag eval packing`. Both
+find their input files by pattern under the folders they are given, so they run unchanged on a
+held-out copy of the data with the same layout.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from ebmrag.eval import plots
+from ebmrag.eval.cases import DATASETS, EvalCase, load_cases
+from ebmrag.eval.noise import NoiseConfig, noisy_cases
+from ebmrag.eval.packing_eval import PackingRow, PreparedCase, evaluate, prepare
+from ebmrag.eval.packing_suite import Suite, Table, greedy_vs_exact, rows_table, write_table
+from ebmrag.packing.packer import make_packer
+from ebmrag.packing.utility import UtilityParams
+
+log = logging.getLogger(__name__)
+PATTERNS = {"medqa": "benchmark*.json", "agentclinic": "agentclinic_medqa*.jsonl", "cmb": "cmb_clin*.json"}
+Progress = Callable[[str, int, int], None]
+
+
+def dataset_dir(data_root: Path, dataset: str) -> Path | None:
+    """The folder under `data_root` (or itself) holding the dataset's file pattern, if any."""
+    pattern = PATTERNS[dataset]
+    if any(data_root.glob(pattern)):
+        return data_root
+    found = sorted(data_root.rglob(pattern))
+    return found[0].parent if found else None
+
+
+def prepare_cases(suite: Suite, dataset: str, clean: Sequence[EvalCase], noise: NoiseConfig,
+                  progress: Progress | None = None) -> list[PreparedCase]:
+    cases = noisy_cases(clean, noise)
+    prepared = []
+    for done, case in enumerate(cases):
+        if progress:
+            progress(f"measuring {dataset}", done, len(cases))
+        prepared.extend(prepare([case], suite.builder))
+    if progress:
+        progress(f"measuring {dataset}", len(cases), len(cases))
+    return prepared
+
+
+def write_results(rows: Sequence[PackingRow], out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps([r.to_json() for r in rows], indent=1) + "\n", encoding="utf-8")
+    (out / "results.md").write_text(rows_table("results", "Packing results", rows).markdown(), encoding="utf-8")
+
+
+def run_packing(suite: Suite, dataset: str, data_dir: Path, windows: Sequence[int], strategies: Sequence[str],
+                out: Path, limit: int = 0, k_min: int = 1, params: UtilityParams | None = None,
+                progress: Progress | None = None) -> list[PackingRow]:
+    prepared = prepare_cases(suite, dataset, load_cases(dataset, data_dir, limit), suite.noise, progress)
+    packers = [make_packer(s, suite.token_counter, k_min) for s in strategies]
+    rows = evaluate(prepared, packers, windows, params or UtilityParams(), k_min)
+    write_results(rows, out)
+    return rows
+
+
+def _save(table: Table, out: Path, plot: Callable[[Table, Path], None] | None = None) -> None:
+    write_table(table, out)
+    if plot:
+        plot(table, out / f"{table.name}.png")
+
+
+def run_suite(suite: Suite, data_root: Path, out: Path, limit: int = 0, sweep_cases: int = 60,
+              progress: Progress | None = None) -> dict[str, float]:
+    """All experiments; returns seconds per step so the command can report where the time went."""
+    seconds: dict[str, float] = {}
+    started = time.perf_counter()
+    clean: dict[str, list[EvalCase]] = {}
+    prepared: dict[str, list[PreparedCase]] = {}
+    for dataset in DATASETS:
+        folder = dataset_dir(data_root, dataset)
+        if folder is None:
+            log.warning("no %s files under %s; skipped", dataset, data_root)
+            continue
+        clean[dataset] = load_cases(dataset, folder, limit)
+        prepared[dataset] = prepare_cases(suite, dataset, clean[dataset], suite.noise, progress)
+    seconds["measure"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    window_rows = [row for items in prepared.values() for row in suite.windows_table(items)]
+    write_results(window_rows, out)
+    for dataset in prepared:
+        table = rows_table(f"windows_{dataset}", f"(a) RRCE by window, {dataset}",
+                           [r for r in window_rows if r.dataset == dataset])
+        _save(table, out, lambda t, p: plots.line_plot(t.rows, "window", ("rrce", "entity_rrce"), "strategy",
+                                                        t.title, p, log_x=True))
+    _save(greedy_vs_exact(window_rows), out)
+    seconds["windows"] = time.perf_counter() - started
+
+    main_sets = {d: p for d, p in prepared.items() if d in ("medqa", "agentclinic")}
+    started = time.perf_counter()
+    kmin = Table("kmin", "(c) k_min at W = 256", [r for p in main_sets.values() for r in suite.k_min_table(p).rows])
+    _save(kmin, out, lambda t, p: plots.bar_plot(
+        [{**r, "label": f"{r['dataset']} {r['strategy']} k={r['k_min']}"} for r in t.rows], "label",
+        ("rrce", "entity_rrce", "t1_retention"), t.title, p))
+    weights = [suite.weights_table(p) for p in main_sets.values()]
+    _save(Table("weights", "(d) tier weights at W = 256 (chosen on validation, reported on test)",
+                [r for t in weights for r in t.rows], [n for t in weights for n in t.notes]), out,
+          lambda t, p: plots.bar_plot([{**r, "label": f"{r['dataset']} {r['weights']} {r['strategy']}"}
+                                       for r in t.rows], "label", ("rrce", "entity_rrce"), t.title, p))
+    grid = Table("epsilon_lambda", "(e) ε × λ at W = 512",
+                 [r for p in main_sets.values() for r in suite.epsilon_lambda_table(p).rows])
+    _save(grid, out, lambda t, p: plots.heatmap([r for r in t.rows if r["strategy"] == "ebm-greedy"
+                                                 and r["dataset"] == "medqa"] or t.rows,
+                                                "lambda", "epsilon", "rrce", "ebm-greedy RRCE, medqa", p))
+    seconds["sweeps"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    noise_rows = []
+    for dataset in main_sets:
+        noise_rows += suite.noise_sweep(clean[dataset][:sweep_cases]).rows
+    _save(Table("noise", f"(b) noise sweep at W = 512 (first {sweep_cases} cases)", noise_rows), out,
+          lambda t, p: plots.line_plot([{**r, "series": f"{r['dataset']} {r['strategy']}"} for r in t.rows],
+                                       "noise", ("rrce", "entity_rrce"), "series", t.title, p))
+    hard = replace(suite.noise, recent_share=0.25)
+    hard_rows = [row for dataset in main_sets
+                 for row in suite.windows_table(suite.prepare(clean[dataset], hard), (256, 512))]
+    _save(rows_table("concurrent_noise", "Past the paper: a quarter of the noise on the encounter day",
+                     hard_rows), out)
+    seconds["noise"] = time.perf_counter() - started
+    return seconds
