@@ -137,9 +137,11 @@ def embedding_throughput(base_kb: Path, n: int = 256) -> list[dict[str, Any]]:
     long_texts = [t for t in texts if len(t.split()) >= 150][:n]
     reference = None
     rows = []
-    for label, max_tokens, quantize in (("fp32, 256 tokens", 256, False), ("fp32, 128 tokens", 128, False),
-                                        ("int8, 128 tokens", 128, True)):
-        embedder = SentenceEmbedder(max_tokens=max_tokens, quantize=quantize)
+    for label, max_tokens, precision, batch in (
+            ("fp32, 256 tokens", 256, "fp32", 64), ("fp32, 128 tokens", 128, "fp32", 64),
+            ("int8, 128 tokens", 128, "int8", 64), ("bf16, 128 tokens", 128, "bf16", 64),
+            ("bf16, 128 tokens, batch 32", 128, "bf16", 32)):
+        embedder = SentenceEmbedder(max_tokens=max_tokens, precision=precision, batch_size=batch)
         embedder.warm_up()
         t0 = time.perf_counter()
         vectors = embedder.embed(long_texts)

@@ -13,13 +13,19 @@ from ebmrag.cli_kb import _progress_callback, progress_bar
 from ebmrag.config import Settings, load_settings
 from ebmrag.errors import EbmragError
 from ebmrag.eval.cases import DATASETS
+from ebmrag.eval.diagnosis import IcdIndex
+from ebmrag.eval.llm_eval import diagnosis_f1, mirage_accuracy, packing_accuracy, rows_json
 from ebmrag.eval.noise import NoiseConfig
 from ebmrag.eval.packing_suite import Suite, rows_table
 from ebmrag.evidence.embeddings import SentenceEmbedder, default_cache_dir
 from ebmrag.evidence.tokens import make_token_counter
-from ebmrag.packing.packer import STRATEGIES
+from ebmrag.generate.llm import OpenAIChatClient
+from ebmrag.packing.packer import STRATEGIES, make_packer
 from ebmrag.packing.utility import CandidateBuilder, TierWeights, UtilityParams
 
+LlmOption = Annotated[str | None, typer.Option("--llm", help="'openai' to also score answers with a model.")]
+ModelOption = Annotated[str | None, typer.Option("--model", help="Model name at the endpoint.")]
+BaseUrlOption = Annotated[str | None, typer.Option("--base-url", help="OpenAI-compatible endpoint, e.g. .../v1")]
 NoiseRatio = Annotated[int, typer.Option(help="Noise fragments per signal fragment (the paper: 12).")]
 RecentShare = Annotated[float, typer.Option(help="Share of the noise dated on the encounter day (paper: 0).")]
 Seed = Annotated[int, typer.Option(help="Seed of the noise generator.")]
@@ -32,6 +38,30 @@ def make_suite(settings: Settings, noise: NoiseConfig) -> Suite:
     token_counter = make_token_counter(m.tokenizer)
     neutral = UtilityParams(TierWeights(1.0, 1.0, 1.0), 0.0, 0.0)
     return Suite(CandidateBuilder(embedder, token_counter, neutral), token_counter, noise)
+
+
+def make_llm_client(settings: Settings, llm: str | None, model: str | None,
+                    base_url: str | None) -> OpenAIChatClient | None:
+    """The flags override the [llm] table; None when no model is asked for (the offline default)."""
+    backend = llm or settings.llm.backend
+    if backend == "extractive":
+        return None
+    if backend != "openai":
+        raise ValueError(f"--llm must be 'openai' (or leave it out), got {backend!r}")
+    s = settings.llm
+    url, name = base_url or s.base_url, model or s.model
+    if not url or not name:
+        raise ValueError("--llm openai needs --base-url and --model (or [llm] base_url and model)")
+    cache = settings.models.cache_dir or default_cache_dir()
+    return OpenAIChatClient(url, name, s.api_key or None, s.timeout, s.max_retries, cache_dir=cache)
+
+
+def _write_llm(out: Path, rows: list[dict[str, object]], client: OpenAIChatClient) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "llm_results.json").write_text(json.dumps(rows, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    (out / "llm_usage.json").write_text(json.dumps({"model": client.model, **client.usage.to_json()}, indent=1)
+                                        + "\n", encoding="utf-8")
+    console.print(f"LLM spend: {client.usage.to_json()} -> {out / 'llm_results.json'}")
 
 
 def _ints(text: str, name: str) -> list[int]:
@@ -56,9 +86,16 @@ def eval_packing(
     noise_ratio: NoiseRatio = 12,
     recent_share: RecentShare = 0.0,
     seed: Seed = 0,
+    llm: LlmOption = None,
+    model: ModelOption = None,
+    base_url: BaseUrlOption = None,
+    icd10_dir: Annotated[Path | None, typer.Option(help="ICD-10 tables for diagnosis F1 (icd10*.tsv).")] = None,
     config: ConfigOption = None,
 ) -> None:
-    """RRCE, entity RRCE and its ceiling, T1 retention, utility ratio and time per pack on real cases."""
+    """RRCE, entity RRCE and its ceiling, T1 retention, utility ratio and time per pack on real cases.
+
+    With --llm openai: MedQA accuracy and APR per strategy and window, or diagnosis F1 (AgentClinic, CMB).
+    """
     from ebmrag.eval.packing_report import run_packing
 
     try:
@@ -70,13 +107,57 @@ def eval_packing(
         suite = make_suite(settings, NoiseConfig(ratio=noise_ratio, recent_share=recent_share, seed=seed))
         p = settings.packing
         params = UtilityParams(TierWeights(p.alpha, p.beta, p.gamma), p.decay_lambda, p.epsilon, p.similarity_floor)
+        client = make_llm_client(settings, llm, model, base_url)
+        if client and dataset != "medqa" and icd10_dir is None:
+            raise ValueError("diagnosis F1 needs --icd10-dir (a folder with icd10*.tsv tables)")
+        window_list = _ints(windows, "windows")
         with progress_bar() as bar:
-            rows = run_packing(suite, dataset, data_dir, _ints(windows, "windows"), names, out, limit, k_min, params,
-                               _progress_callback(bar))
+            rows, prepared = run_packing(suite, dataset, data_dir, window_list, names, out, limit, k_min, params,
+                                         _progress_callback(bar))
+        typer.echo(rows_table("results", f"{dataset}: packing results", rows).markdown())
+        console.print(f"wrote {out / 'results.json'}")
+        if client:
+            packers = [make_packer(n, suite.token_counter, k_min) for n in names]
+            if dataset == "medqa":
+                llm_rows = rows_json(packing_accuracy(client, prepared, packers, window_list, params))
+            else:
+                index = IcdIndex.from_dir(icd10_dir) if icd10_dir else None
+                assert index is not None
+                llm_rows = rows_json(diagnosis_f1(client, prepared, packers, window_list, params, index))
+            _write_llm(out, llm_rows, client)
     except (EbmragError, ValueError, OSError, json.JSONDecodeError) as exc:
         raise _fail(exc) from None
-    typer.echo(rows_table("results", f"{dataset}: packing results", rows).markdown())
-    console.print(f"wrote {out / 'results.json'}")
+
+
+@eval_app.command("mirage")
+def eval_mirage(
+    benchmark: Annotated[Path, typer.Option(help="MIRAGE benchmark JSON (benchmark*.json).")],
+    out: Annotated[Path, typer.Option(help="Folder for llm_results.json and llm_usage.json.")],
+    llm: LlmOption = "openai",
+    model: ModelOption = None,
+    base_url: BaseUrlOption = None,
+    subsets: Annotated[str, typer.Option(help="Comma-separated subsets.")] = "medqa,medmcqa,pubmedqa,bioasq,mmlu",
+    kb: Annotated[Path | None, typer.Option("--kb", help="Also answer with the top-k chunks of this KB.")] = None,
+    k: Annotated[int, typer.Option("--k", help="Chunks given as context with --kb.")] = 5,
+    limit: Annotated[int, typer.Option(help="First N questions per subset (0 = all).")] = 0,
+    config: ConfigOption = None,
+) -> None:
+    """MIRAGE multiple-choice accuracy of a model, with and without retrieval from a knowledge base."""
+    from ebmrag.cli_kb import make_retriever
+    from ebmrag.index.kb import KnowledgeBase
+
+    try:
+        settings = load_settings(config)
+        client = make_llm_client(settings, llm, model, base_url)
+        if client is None:
+            raise ValueError("eval mirage needs a model: --llm openai --base-url URL --model M")
+        retriever = make_retriever(settings, KnowledgeBase(kb, cache_dir=default_cache_dir())) if kb else None
+        names = [s.strip() for s in subsets.split(",") if s.strip()]
+        rows = rows_json(mirage_accuracy(client, benchmark, names, limit, retriever, k))
+        _write_llm(out, rows, client)
+    except (EbmragError, ValueError, OSError, json.JSONDecodeError) as exc:
+        raise _fail(exc) from None
+    typer.echo(json.dumps(rows, indent=1))
 
 
 @eval_app.command("packing-suite")

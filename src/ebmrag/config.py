@@ -19,7 +19,7 @@ tier_rules = ""          # empty = the bundled rules/tiers.toml
 [kb]                     # fixed when a knowledge base is created (stored in its manifest)
 embedding_model = ""     # a local sentence-transformers folder; empty = bundled all-MiniLM-L6-v2
 embedding_max_tokens = 128   # the length all-MiniLM-L6-v2 was trained at; 256 is ~2.5x slower
-quantize = false         # dynamic int8 (faster ingest; see docs/results/retrieval.md for its cost)
+embedding_precision = "fp32"  # or bf16 (2x faster on CPUs with native bf16) or int8; see docs/benchmarks.md
 chunker = ""             # empty = by source type; or fixed | recursive | structure | sentence
 contextual_prefix = true # index each chunk headed by its document title and section
 hnsw_min_rows = 20000    # below this, dense search is an exact scan
@@ -82,11 +82,28 @@ class RetrievalSettings:
 
 
 @dataclass(frozen=True)
+class LLMSettings:
+    """The answering model. The key is better left out of the file: OPENAI_API_KEY is read when it is empty."""
+
+    backend: str = "extractive"  # or "openai": any OpenAI-compatible endpoint
+    base_url: str = ""
+    model: str = ""
+    api_key: str = ""
+    timeout: float = 60.0
+    max_retries: int = 2
+
+    def __post_init__(self) -> None:
+        if self.backend not in ("extractive", "openai"):
+            raise ValueError(f"backend must be 'extractive' or 'openai', got {self.backend!r}")
+
+
+@dataclass(frozen=True)
 class Settings:
     packing: PackingSettings = field(default_factory=PackingSettings)
     models: ModelSettings = field(default_factory=ModelSettings)
     kb: KnowledgeBaseConfig = field(default_factory=KnowledgeBaseConfig)
     retrieval: RetrievalSettings = field(default_factory=RetrievalSettings)
+    llm: LLMSettings = field(default_factory=LLMSettings)
 
 
 def _section(cls: type[Any], raw: Any, name: str) -> Any:
@@ -123,7 +140,7 @@ def load_settings(path: str | Path | None) -> Settings:
         raise ConfigError(f"config file not found: {path}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
-    unknown = set(data) - {"packing", "models", "kb", "retrieval"}
+    unknown = set(data) - {"packing", "models", "kb", "retrieval", "llm"}
     if unknown:
         raise ConfigError(f"config file {path}: unknown tables {sorted(unknown)}")
     return Settings(
@@ -131,4 +148,5 @@ def load_settings(path: str | Path | None) -> Settings:
         _section(ModelSettings, data.get("models"), "models"),
         _section(KnowledgeBaseConfig, data.get("kb"), "kb"),
         _section(RetrievalSettings, data.get("retrieval"), "retrieval"),
+        _section(LLMSettings, data.get("llm"), "llm"),
     )

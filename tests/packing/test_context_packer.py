@@ -93,3 +93,17 @@ def test_packer_round_trips() -> None:
     assert ContextPacker.from_dict(packer.to_dict()).to_dict() == packer.to_dict()
     with pytest.raises(ValueError, match="unknown packing strategy"):
         ContextPacker(strategy="random")
+
+
+def test_bf16_and_int8_profiles_stay_close_to_fp32_and_cache_apart(tmp_path: Path) -> None:
+    texts = ["Biopsy of the cervical node shows diffuse large B-cell lymphoma.", "Penicillin causes anaphylaxis."]
+    fp32 = SentenceEmbedder(max_tokens=128, cache_dir=tmp_path)
+    bf16 = SentenceEmbedder(max_tokens=128, precision="bf16", cache_dir=tmp_path)
+    int8 = SentenceEmbedder(max_tokens=128, precision="int8", cache_dir=tmp_path)
+    reference = fp32.embed(texts)
+    assert len({fp32.model_name, bf16.model_name, int8.model_name}) == 3, "profiles never share cache entries"
+    assert (reference * bf16.embed(texts)).sum(axis=1).min() > 0.999
+    assert (reference * int8.embed(texts)).sum(axis=1).min() > 0.9
+    assert SentenceEmbedder.from_dict(bf16.to_dict()).model_name == bf16.model_name
+    with pytest.raises(ValueError, match="precision must be one of"):
+        SentenceEmbedder(precision="fp8")

@@ -8,7 +8,8 @@ Three sources, each found in a data folder by file pattern so the same code runs
 - AgentClinic OSCE cases (`agentclinic_medqa*.jsonl`): one fragment per typed field; gold tiers come
   from the field (`field_label`), independent of the classifier: the honest check.
 - CMB-Clin Chinese cases (`cmb_clin*.json`): fragments from the 现病史 / 体格检查 / 辅助检查 parts and
-  their numbered items; gold tiers from the part. The `title` names the diagnosis and is never used.
+  their numbered items; gold tiers from the part. The `title` names the diagnosis: it becomes the
+  gold answer and never enters a fragment.
 
 Every signal fragment is stamped at the encounter time so noise (eval.noise) can be spread around it.
 """
@@ -184,9 +185,9 @@ def cmb_case(raw: Mapping[str, Any]) -> EvalCase | None:
     pairs = raw.get("QA_pairs") or []
     if not fragments or not pairs or not any(t in (Tier.T1, Tier.T2) for t in gold.values()):
         return None
-    first = pairs[0]
-    return EvalCase(patient, "cmb", PatientRecord(patient, _stamped(fragments), "cmb-clin"), str(first["question"]),
-                    gold, "field", "zh", str(first.get("answer", "")))
+    diagnosis = re.split(r"案例分析\s*[-－—]\s*", str(raw.get("title", "")))[-1].strip()
+    return EvalCase(patient, "cmb", PatientRecord(patient, _stamped(fragments), "cmb-clin"), str(pairs[0]["question"]),
+                    gold, "field", "zh", diagnosis)
 
 
 def cmb_cases(data_dir: Path) -> list[EvalCase]:

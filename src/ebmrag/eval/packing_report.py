@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -49,6 +50,26 @@ def prepare_cases(suite: Suite, dataset: str, clean: Sequence[EvalCase], noise: 
     return prepared
 
 
+def protocol_table(prepared: dict[str, list[PreparedCase]]) -> Table:
+    """What the noise protocol produced: fragment counts and candidate volume against the signal."""
+    rows = []
+    for dataset, items in prepared.items():
+        ratios, signal_tokens, fragments, critical = [], [], [], []
+        for item in items:
+            signal = sum(m.tokens for m in item.measured if m.fragment.source != "noise")
+            total = sum(m.tokens for m in item.measured)
+            ratios.append(total / signal if signal else 0.0)
+            signal_tokens.append(signal)
+            fragments.append(len(item.measured))
+            critical.append(len(item.case.critical_ids))
+        rows.append({"dataset": dataset, "cases": len(items), "labels": items[0].case.label_source if items else "",
+                     "fragments_per_case": statistics.fmean(fragments), "critical_per_case": statistics.fmean(critical),
+                     "signal_tokens_median": statistics.median(signal_tokens),
+                     "volume_over_signal_mean": statistics.fmean(ratios),
+                     "volume_over_signal_min": min(ratios), "volume_over_signal_max": max(ratios)})
+    return Table("protocol", "Cases and noise protocol (candidate tokens / signal tokens)", rows)
+
+
 def write_results(rows: Sequence[PackingRow], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps([r.to_json() for r in rows], indent=1) + "\n", encoding="utf-8")
@@ -57,12 +78,12 @@ def write_results(rows: Sequence[PackingRow], out: Path) -> None:
 
 def run_packing(suite: Suite, dataset: str, data_dir: Path, windows: Sequence[int], strategies: Sequence[str],
                 out: Path, limit: int = 0, k_min: int = 1, params: UtilityParams | None = None,
-                progress: Progress | None = None) -> list[PackingRow]:
+                progress: Progress | None = None) -> tuple[list[PackingRow], list[PreparedCase]]:
     prepared = prepare_cases(suite, dataset, load_cases(dataset, data_dir, limit), suite.noise, progress)
     packers = [make_packer(s, suite.token_counter, k_min) for s in strategies]
     rows = evaluate(prepared, packers, windows, params or UtilityParams(), k_min)
     write_results(rows, out)
-    return rows
+    return rows, prepared
 
 
 def _save(table: Table, out: Path, plot: Callable[[Table, Path], None] | None = None) -> None:
@@ -86,6 +107,7 @@ def run_suite(suite: Suite, data_root: Path, out: Path, limit: int = 0, sweep_ca
         clean[dataset] = load_cases(dataset, folder, limit)
         prepared[dataset] = prepare_cases(suite, dataset, clean[dataset], suite.noise, progress)
     seconds["measure"] = time.perf_counter() - started
+    _save(protocol_table(prepared), out)
 
     started = time.perf_counter()
     window_rows = [row for items in prepared.values() for row in suite.windows_table(items)]

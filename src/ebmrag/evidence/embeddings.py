@@ -53,8 +53,11 @@ class _DiskCache:
             )
 
 
+PRECISIONS = ("fp32", "bf16", "int8")
+
+
 def _quantized(model: Any) -> Any:
-    """Dynamic int8 weights for every Linear layer: ~2.5x faster on CPU at a measured retrieval cost."""
+    """Dynamic int8 weights for every Linear layer: ~1.8x faster on CPU at a measured retrieval cost."""
     import warnings
 
     import torch
@@ -74,12 +77,14 @@ class SentenceEmbedder:
         batch_size: int = 64,
         cache_dir: str | Path | None = None,
         max_tokens: int | None = None,
-        quantize: bool = False,
+        precision: str = "fp32",
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if max_tokens is not None and not 8 <= max_tokens <= 512:
             raise ValueError(f"max_tokens must be in [8, 512], got {max_tokens}")
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
         if model_path is not None and not Path(model_path).is_dir():
             raise ModelUnavailableError(f"embedding model path is not a local directory: {model_path}")
         self.model_path = Path(model_path) if model_path else None
@@ -87,9 +92,9 @@ class SentenceEmbedder:
         self.batch_size = batch_size
         self.cache_dir = Path(cache_dir) if cache_dir else None
         self.max_tokens = max_tokens
-        self.quantize = quantize
+        self.precision = precision
         base = str(self.model_path) if self.model_path else "bundled:all-MiniLM-L6-v2"
-        profile = (f"|max_tokens={max_tokens}" if max_tokens else "") + ("|int8" if quantize else "")
+        profile = (f"|max_tokens={max_tokens}" if max_tokens else "") + ("" if precision == "fp32" else f"|{precision}")
         self.model_name = base + profile
         self._model: Any = None
         self._memory: dict[str, Vectors] = {}
@@ -113,7 +118,7 @@ class SentenceEmbedder:
             raise ModelUnavailableError(f"could not load the embedding model from {path}: {exc}") from exc
         if self.max_tokens:
             self._model.max_seq_length = self.max_tokens
-        if self.quantize:
+        if self.precision == "int8":
             self._model = _quantized(self._model)
 
     def _key(self, text: str) -> str:
@@ -138,11 +143,14 @@ class SentenceEmbedder:
         return np.stack([self._memory[k] for k in keys])
 
     def _encode(self, texts: list[str]) -> Vectors:
+        """bf16 runs under autocast: weights stay fp32, matrix products use the CPU's bf16 units."""
+        import torch
+
         self.warm_up()
-        vectors = self._model.encode(
-            texts, batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
-        )
-        return np.asarray(vectors, dtype=np.float32)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.precision == "bf16"):
+            vectors = self._model.encode(texts, batch_size=self.batch_size, normalize_embeddings=True,
+                                         convert_to_numpy=False, convert_to_tensor=True, show_progress_bar=False)
+        return np.asarray(vectors.float().numpy(), dtype=np.float32)
 
     @property
     def dimension(self) -> int:
@@ -157,7 +165,7 @@ class SentenceEmbedder:
             "batch_size": self.batch_size,
             "cache_dir": str(self.cache_dir) if self.cache_dir else None,
             "max_tokens": self.max_tokens,
-            "quantize": self.quantize,
+            "precision": self.precision,
         }
 
     @classmethod

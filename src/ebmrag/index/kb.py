@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ebmrag.errors import IngestError, KnowledgeBaseError
-from ebmrag.evidence.embeddings import SentenceEmbedder, Vectors
+from ebmrag.evidence.embeddings import PRECISIONS, SentenceEmbedder, Vectors
 from ebmrag.evidence.tokens import HuggingFaceTokenCounter
 from ebmrag.index import generations, store
 from ebmrag.index.analyzer import Analyzer
@@ -42,7 +42,7 @@ class KnowledgeBaseConfig:
 
     embedding_model: str = ""
     embedding_max_tokens: int = 128
-    quantize: bool = False
+    embedding_precision: str = "fp32"
     chunker: str = ""
     contextual_prefix: bool = True
     k1: float = 1.5
@@ -52,12 +52,14 @@ class KnowledgeBaseConfig:
     def __post_init__(self) -> None:
         if self.chunker not in ("", "fixed", "recursive", "structure", "sentence"):
             raise ValueError(f"unknown chunker {self.chunker!r}")
+        if self.embedding_precision not in PRECISIONS:
+            raise ValueError(f"embedding_precision must be one of {PRECISIONS}, got {self.embedding_precision!r}")
         if self.hnsw_min_rows < 0:
             raise ValueError("hnsw_min_rows must be >= 0")
 
     def embedder(self, cache_dir: str | Path | None = None) -> SentenceEmbedder:
         return SentenceEmbedder(self.embedding_model or None, cache_dir=cache_dir,
-                                max_tokens=self.embedding_max_tokens, quantize=self.quantize)
+                                max_tokens=self.embedding_max_tokens, precision=self.embedding_precision)
 
 
 @dataclass

@@ -1,0 +1,186 @@
+"""An OpenAI-compatible chat client with retries, a reply cache on disk and token accounting.
+
+Standard library only (urllib): a hospital deployment points `base_url` at its own gateway, and an
+evaluation rerun must cost nothing, so every reply is cached under sha256 of the exact request
+(model, messages, temperature, max_tokens). Transient failures (timeouts, connection errors, 429,
+5xx) are retried with exponential backoff; anything else fails at once with the server's message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import sqlite3
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ebmrag.errors import EbmragError
+
+log = logging.getLogger(__name__)
+RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
+
+
+class LLMError(EbmragError):
+    """The model could not give a usable reply; the message says why (status, timeout, bad JSON)."""
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: str
+    content: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"role": self.role, "content": self.content}
+
+
+@dataclass(frozen=True)
+class LLMReply:
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    cached: bool
+    model: str
+
+
+@dataclass
+class Usage:
+    """Token spend of this client: cache hits cost nothing and are counted apart."""
+
+    calls: int = 0
+    cache_hits: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    retries: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, reply: LLMReply) -> None:
+        with self._lock:
+            if reply.cached:
+                self.cache_hits += 1
+                return
+            self.calls += 1
+            self.prompt_tokens += reply.prompt_tokens
+            self.completion_tokens += reply.completion_tokens
+
+    def to_json(self) -> dict[str, int]:
+        return {"calls": self.calls, "cache_hits": self.cache_hits, "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": self.completion_tokens, "retries": self.retries}
+
+
+class ReplyCache:
+    """sha256(request) -> reply, in one SQLite file; safe to share between runs."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(str(path), check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("CREATE TABLE IF NOT EXISTS replies (key TEXT PRIMARY KEY, reply TEXT NOT NULL)")
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        with self._lock:
+            row = self._db.execute("SELECT reply FROM replies WHERE key = ?", (key,)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def put(self, key: str, reply: dict[str, Any]) -> None:
+        with self._lock, self._db:
+            self._db.execute("INSERT OR REPLACE INTO replies VALUES (?, ?)", (key, json.dumps(reply)))
+
+
+class OpenAIChatClient:
+    """POST {base_url}/chat/completions; the API key comes from the argument or OPENAI_API_KEY."""
+
+    def __init__(self, base_url: str, model: str, api_key: str | None = None, timeout: float = 60.0,
+                 max_retries: int = 2, backoff: float = 0.5, cache_dir: str | Path | None = None) -> None:
+        if not base_url.startswith(("http://", "https://")):
+            raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
+        if not model.strip():
+            raise ValueError("model is empty: name the model the endpoint serves")
+        if timeout <= 0 or max_retries < 0 or backoff < 0:
+            raise ValueError("timeout must be > 0, max_retries and backoff >= 0")
+        self.base_url, self.model = base_url.rstrip("/"), model
+        self.api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY", "")
+        self.timeout, self.max_retries, self.backoff = timeout, max_retries, backoff
+        self.cache = ReplyCache(Path(cache_dir) / "llm_replies.sqlite") if cache_dir else None
+        self.usage = Usage()
+
+    def request_key(self, messages: Sequence[ChatMessage], temperature: float, max_tokens: int) -> str:
+        payload = {"model": self.model, "messages": [m.to_json() for m in messages], "temperature": temperature,
+                   "max_tokens": max_tokens}
+        return hashlib.sha256(json.dumps(payload, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+    def complete(self, messages: Sequence[ChatMessage], temperature: float = 0.0, max_tokens: int = 512) -> LLMReply:
+        if not messages:
+            raise ValueError("no messages to send")
+        key = self.request_key(messages, temperature, max_tokens)
+        cached = self.cache.get(key) if self.cache else None
+        if cached is not None:
+            reply = LLMReply(cached["text"], cached["prompt_tokens"], cached["completion_tokens"], True, self.model)
+        else:
+            body = {"model": self.model, "messages": [m.to_json() for m in messages], "temperature": temperature,
+                    "max_tokens": max_tokens}
+            reply = _parse_reply(self._post(body), self.model)
+            if self.cache:
+                self.cache.put(key, {"text": reply.text, "prompt_tokens": reply.prompt_tokens,
+                                     "completion_tokens": reply.completion_tokens})
+        self.usage.add(reply)
+        return reply
+
+    def _post(self, body: dict[str, Any]) -> dict[str, Any]:
+        data = json.dumps(body).encode()
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        url = f"{self.base_url}/chat/completions"
+        last = ""
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                self.usage.retries += 1
+                time.sleep(self.backoff * 2 ** (attempt - 1))
+            try:
+                request = urllib.request.Request(url, data=data, headers=headers, method="POST")
+                with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                    return _json_body(response.read(), url)
+            except urllib.error.HTTPError as exc:
+                detail = exc.read().decode("utf-8", "replace")[:300]
+                last = f"HTTP {exc.code} from {url}: {detail}"
+                if exc.code not in RETRY_STATUS:
+                    raise LLMError(last) from None
+            except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
+                reason = getattr(exc, "reason", exc)
+                last = f"no reply from {url} within {self.timeout:g} s: {reason}"
+            log.warning("LLM request failed (attempt %d of %d): %s", attempt + 1, self.max_retries + 1, last)
+        raise LLMError(f"{last} (gave up after {self.max_retries + 1} attempts)")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"base_url": self.base_url, "model": self.model, "timeout": self.timeout,
+                "max_retries": self.max_retries, "backoff": self.backoff}
+
+
+def _json_body(raw: bytes, url: str) -> dict[str, Any]:
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError:
+        raise LLMError(f"{url} answered with a body that is not JSON: {raw[:200]!r}") from None
+    if not isinstance(data, dict):
+        raise LLMError(f"{url} answered with JSON that is not an object")
+    return data
+
+
+def _parse_reply(data: dict[str, Any], model: str) -> LLMReply:
+    try:
+        text = data["choices"][0]["message"]["content"]
+    except (KeyError, IndexError, TypeError):
+        raise LLMError(f"the reply has no choices[0].message.content: {json.dumps(data)[:200]}") from None
+    if not isinstance(text, str):
+        raise LLMError("choices[0].message.content is not a string")
+    usage = data.get("usage") or {}
+    return LLMReply(text, int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0)), False, model)
