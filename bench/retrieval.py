@@ -179,19 +179,22 @@ def main() -> None:
     parser.add_argument("--base-kb", type=Path, required=True)
     parser.add_argument("--sizes", default="10000,100000")
     parser.add_argument("--bm25-compare-size", type=int, default=100_000)
-    parser.add_argument("--one-size", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--one-size", type=int, help="measure one size and print its JSON line (what --sizes runs)")
+    parser.add_argument("--size-json", type=Path, action="append", default=[],
+                        help="include a size measured earlier with --one-size (its JSON output file)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     if args.one_size:
         with tempfile.TemporaryDirectory() as workdir:
             print(json.dumps(run_size(args.base_kb, args.one_size, Path(workdir))))
         return
-    sizes = []
+    sizes = [json.loads(path.read_text().strip().splitlines()[-1]) for path in args.size_json]
     for size in (int(s) for s in args.sizes.split(",") if s):
         output = subprocess.run([sys.executable, __file__, "--base-kb", str(args.base_kb), "--one-size", str(size)],
                                 check=True, capture_output=True, text=True).stdout
         sizes.append(json.loads(output.strip().splitlines()[-1]))
         print(json.dumps(sizes[-1]), flush=True)
+    sizes.sort(key=lambda row: row["size"])
     bm25 = rank_bm25_comparison(args.base_kb, args.bm25_compare_size)
     embedding = embedding_throughput(args.base_kb)
     text = markdown(sizes, bm25, embedding)

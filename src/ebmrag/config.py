@@ -19,7 +19,7 @@ tier_rules = ""          # empty = the bundled rules/tiers.toml
 [kb]                     # fixed when a knowledge base is created (stored in its manifest)
 embedding_model = ""     # a local sentence-transformers folder; empty = bundled all-MiniLM-L6-v2
 embedding_max_tokens = 128   # the length all-MiniLM-L6-v2 was trained at; 256 is ~2.5x slower
-embedding_precision = "fp32"  # or bf16 (2x faster on CPUs with native bf16) or int8; see docs/benchmarks.md
+embedding_precision = "auto" # bf16 on CPUs with native bf16 (2x faster, same nDCG), else fp32; or fp32 | bf16 | int8
 chunker = ""             # empty = by source type; or fixed | recursive | structure | sentence
 contextual_prefix = true # index each chunk headed by its document title and section
 hnsw_min_rows = 20000    # below this, dense search is an exact scan

@@ -97,7 +97,7 @@ def test_packer_round_trips() -> None:
 
 def test_bf16_and_int8_profiles_stay_close_to_fp32_and_cache_apart(tmp_path: Path) -> None:
     texts = ["Biopsy of the cervical node shows diffuse large B-cell lymphoma.", "Penicillin causes anaphylaxis."]
-    fp32 = SentenceEmbedder(max_tokens=128, cache_dir=tmp_path)
+    fp32 = SentenceEmbedder(max_tokens=128, precision="fp32", cache_dir=tmp_path)
     bf16 = SentenceEmbedder(max_tokens=128, precision="bf16", cache_dir=tmp_path)
     int8 = SentenceEmbedder(max_tokens=128, precision="int8", cache_dir=tmp_path)
     reference = fp32.embed(texts)

@@ -58,8 +58,10 @@ class IcdIndex:
 
     def key(self, diagnosis: str) -> str:
         """'ICD:K40' for a confident match, else 'TEXT:<lower-cased name>'."""
-        from rapidfuzz import fuzz, process, utils
-
+        try:
+            from rapidfuzz import fuzz, process, utils
+        except ImportError as exc:
+            raise EbmragError("diagnosis matching needs rapidfuzz: pip install 'ebmrag[eval]'") from exc
         text = _LIST_MARK.sub("", diagnosis).strip().strip("。.;；")
         if not text:
             return ""

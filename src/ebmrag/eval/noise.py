@@ -2,8 +2,10 @@
 
 Per case, N noise fragments are added (default N = 12 per signal fragment, the paper's 1:12):
 40 % templated filler (routine follow-up and administrative lines, generated here from our own
-templates), 30 % sentence pieces of other cases, 30 % cross-department splices (the start of one
-other case's fragment joined to the end of another's). Noise is timestamped over the
+templates), 30 % pieces of other cases (consecutive sentences, sometimes cut mid-sentence), 30 %
+cross-department splices (the first half of one other case's passage joined to the second half of
+another's). Each noise fragment is shaped like the case's own signal (a random signal fragment's
+length x 0.5-1.0), so the candidate volume lands in the paper's 10-15x the signal. Noise is dated over the
 `history_days` before the encounter day, so time decay has something to act on; `recent_share` puts
 that share of it on the encounter day itself, where it competes with the signal on equal terms (a
 harder protocol than the paper's). The record order, which is all FIFO truncation sees, is a seeded
@@ -114,10 +116,27 @@ def _sentences(case: EvalCase) -> list[str]:
     return [s.text for f in case.record.fragments for s in split_sentences(f.text)]
 
 
-def _piece(rng: random.Random, sentence: str) -> str:
-    """A sentence, or its first part cut after a clause boundary: the paper's 'broken sentence fragments'."""
-    cuts = [i + 1 for i, ch in enumerate(sentence) if ch in ",;，；" and 20 <= i < len(sentence) - 10]
-    return sentence[: rng.choice(cuts)].rstrip(",;，； ") if cuts and rng.random() < 0.5 else sentence
+def _join(parts: Sequence[str]) -> str:
+    text = ""
+    for part in parts:
+        text += part if not text or not text[-1].isascii() else " " + part
+    return text
+
+
+def _span(rng: random.Random, pool: Sequence[str], target: int) -> str:
+    """Consecutive sentences of one donor case from a random start, until about `target` characters."""
+    index, parts, length = rng.randrange(len(pool)), [], 0
+    while index < len(pool) and (not parts or length < target):
+        parts.append(pool[index])
+        length += len(pool[index])
+        index += 1
+    return _join(parts)
+
+
+def _piece(rng: random.Random, text: str) -> str:
+    """The text, or cut after a clause boundary in its last third: the paper's 'broken sentence fragments'."""
+    cuts = [i + 1 for i, ch in enumerate(text) if ch in ",;，；" and 2 * len(text) // 3 <= i < len(text) - 10]
+    return text[: rng.choice(cuts)].rstrip(",;，； ") if cuts and rng.random() < 0.5 else text
 
 
 def _splice(rng: random.Random, first: str, second: str) -> str:
@@ -146,16 +165,21 @@ def inject_noise(case: EvalCase, others: Sequence[EvalCase], config: NoiseConfig
     pools = [_sentences(o) for o in donors]
     pools = [p for p in pools if p]
     patient, signal = case.record.patient_id, len(case.record.fragments)
+    lengths = [len(f.text) for f in case.record.fragments]
     noise = []
     for index in range(config.noise_count(len(case.record.fragments))):
+        target = max(20, int(rng.choice(lengths) * rng.uniform(0.5, 1.0)))  # noise shaped like the signal
         draw = rng.random()
         if draw < config.filler_share or not pools:
-            text = filler_line(rng, case.language)
+            lines = [filler_line(rng, case.language)]
+            while sum(map(len, lines)) < target:
+                lines.append(filler_line(rng, case.language))
+            text = _join(lines)
         elif draw < config.filler_share + config.other_case_share or len(pools) < 2:
-            text = _piece(rng, rng.choice(rng.choice(pools)))
+            text = _piece(rng, _span(rng, rng.choice(pools), target))
         else:
             first_pool, second_pool = rng.sample(pools, 2)
-            text = _splice(rng, rng.choice(first_pool), rng.choice(second_pool))
+            text = _splice(rng, _span(rng, first_pool, target), _span(rng, second_pool, target))
         noise.append(Fragment(f"{patient}-n{index}", patient, text, None, _stamp(clock, config, signal), "noise"))
     fragments = [*case.record.fragments, *noise]
     if config.order == "time":

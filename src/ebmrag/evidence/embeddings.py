@@ -53,7 +53,20 @@ class _DiskCache:
             )
 
 
-PRECISIONS = ("fp32", "bf16", "int8")
+PRECISIONS = ("auto", "fp32", "bf16", "int8")
+
+
+def native_bf16() -> bool:
+    """True when the CPU multiplies bf16 in hardware (AVX512-BF16 or AMX); elsewhere bf16 is emulated and slow."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    return " avx512_bf16" in flags or " amx_bf16" in flags
+
+
+def resolve_precision(precision: str) -> str:
+    return ("bf16" if native_bf16() else "fp32") if precision == "auto" else precision
 
 
 def _quantized(model: Any) -> Any:
@@ -77,7 +90,7 @@ class SentenceEmbedder:
         batch_size: int = 64,
         cache_dir: str | Path | None = None,
         max_tokens: int | None = None,
-        precision: str = "fp32",
+        precision: str = "auto",
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -92,9 +105,10 @@ class SentenceEmbedder:
         self.batch_size = batch_size
         self.cache_dir = Path(cache_dir) if cache_dir else None
         self.max_tokens = max_tokens
-        self.precision = precision
+        self.precision = resolve_precision(precision)
         base = str(self.model_path) if self.model_path else "bundled:all-MiniLM-L6-v2"
-        profile = (f"|max_tokens={max_tokens}" if max_tokens else "") + ("" if precision == "fp32" else f"|{precision}")
+        profile = (f"|max_tokens={max_tokens}" if max_tokens else "") + (
+            "" if self.precision == "fp32" else f"|{self.precision}")
         self.model_name = base + profile
         self._model: Any = None
         self._memory: dict[str, Vectors] = {}
