@@ -107,7 +107,7 @@ def test_small_suite_writes_every_table_and_plot(suite: Suite, shared_data: Path
     seconds = run_suite(suite, shared_data, tmp_path, limit=2, sweep_cases=2)
     assert set(seconds) == {"measure", "windows", "sweeps", "noise"}
     for name in ("windows_medqa", "windows_agentclinic", "windows_cmb", "kmin", "weights", "epsilon_lambda",
-                 "noise"):
+                 "noise", "decay"):
         assert (tmp_path / f"{name}.json").is_file() and (tmp_path / f"{name}.png").stat().st_size > 5000
     rows = json.loads((tmp_path / "results.json").read_text())
     assert {r["dataset"] for r in rows} == {"medqa", "agentclinic", "cmb"}

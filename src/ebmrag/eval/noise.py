@@ -125,7 +125,8 @@ def _join(parts: Sequence[str]) -> str:
 
 def _span(rng: random.Random, pool: Sequence[str], target: int) -> str:
     """Consecutive sentences of one donor case from a random start, until about `target` characters."""
-    index, parts, length = rng.randrange(len(pool)), [], 0
+    index, length = rng.randrange(len(pool)), 0
+    parts: list[str] = []
     while index < len(pool) and (not parts or length < target):
         parts.append(pool[index])
         length += len(pool[index])

@@ -122,12 +122,13 @@ def run_suite(suite: Suite, data_root: Path, out: Path, limit: int = 0, sweep_ca
 
     main_sets = {d: p for d, p in prepared.items() if d in ("medqa", "agentclinic")}
     started = time.perf_counter()
-    kmin = Table("kmin", "(c) k_min at W = 256", [r for p in main_sets.values() for r in suite.k_min_table(p).rows])
-    _save(kmin, out, lambda t, p: plots.bar_plot(
-        [{**r, "label": f"{r['dataset']} {r['strategy']} k={r['k_min']}"} for r in t.rows], "label",
-        ("rrce", "entity_rrce", "t1_retention"), t.title, p))
+    kmin = Table("kmin", "(c) k_min at W = 256 and 512",
+                 [r for p in main_sets.values() for r in suite.k_min_table(p).rows])
+    _save(kmin, out, lambda t, p: plots.line_plot(
+        [{**r, "series": f"{r['dataset']} {r['strategy']} W={r['window']}"} for r in t.rows], "k_min",
+        ("rrce", "entity_rrce"), "series", t.title, p))
     weights = [suite.weights_table(p) for p in main_sets.values()]
-    _save(Table("weights", "(d) tier weights at W = 256 (chosen on validation, reported on test)",
+    _save(Table("weights", "(d) tier weights at W = 512 (chosen on validation, reported on test)",
                 [r for t in weights for r in t.rows], [n for t in weights for n in t.notes]), out,
           lambda t, p: plots.bar_plot([{**r, "label": f"{r['dataset']} {r['weights']} {r['strategy']}"}
                                        for r in t.rows], "label", ("rrce", "entity_rrce"), t.title, p))
@@ -136,6 +137,11 @@ def run_suite(suite: Suite, data_root: Path, out: Path, limit: int = 0, sweep_ca
     _save(grid, out, lambda t, p: plots.heatmap([r for r in t.rows if r["strategy"] == "ebm-greedy"
                                                  and r["dataset"] == "medqa"] or t.rows,
                                                 "lambda", "epsilon", "rrce", "ebm-greedy RRCE, medqa", p))
+    decay = Table("decay", "Past the paper: λ beyond its grid (per year), W = 256 and 512",
+                  [r for p in main_sets.values() for r in suite.decay_table(p).rows])
+    _save(decay, out, lambda t, p: plots.line_plot(
+        [{**r, "series": f"{r['dataset']} {r['strategy']} W={r['window']}"} for r in t.rows], "lambda",
+        ("rrce",), "series", t.title, p))
     seconds["sweeps"] = time.perf_counter() - started
 
     started = time.perf_counter()

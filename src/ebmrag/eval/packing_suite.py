@@ -31,6 +31,7 @@ NOISE_LEVELS = (20, 40, 80, 120, 200)
 K_MINS = (0, 1, 2, 3)
 ALPHAS, BETAS, GAMMAS = (1.5, 2.0, 2.5, 3.0), (1.2, 1.5, 2.0, 2.5), (1.0, 1.2, 1.5)
 EPSILONS, LAMBDAS = (0.0, 0.02, 0.05, 0.1, 0.2), (0.0, 0.1, 0.5, 1.0, 2.0, 5.0)
+DECAYS_PAST_THE_PAPER = (5.0, 10.0, 20.0, 50.0, 100.0, 365.0)
 NEUTRAL = UtilityParams(TierWeights(1.0, 1.0, 1.0), decay_lambda=0.0, epsilon=0.0)
 
 
@@ -98,15 +99,15 @@ class Suite:
                 rows.append({"noise": level, **_short(row)})
         return Table("noise", f"Noise sweep at W = {window} ({len(cases)} cases)", rows)
 
-    def k_min_table(self, prepared: Sequence[PreparedCase], window: int = 256) -> Table:
+    def k_min_table(self, prepared: Sequence[PreparedCase], windows: Sequence[int] = (256, 512)) -> Table:
         rows = []
         for k_min in K_MINS:
             packers: list[Packer] = [GreedyPacker(k_min=k_min), ExactPacker(k_min=k_min)]
-            for row in evaluate(prepared, packers, [window], UtilityParams(), k_min=k_min):
+            for row in evaluate(prepared, packers, windows, UtilityParams(), k_min=k_min):
                 rows.append({"k_min": k_min, **_short(row)})
-        return Table("kmin", f"k_min at W = {window}", rows)
+        return Table("kmin", f"k_min at W = {', '.join(map(str, windows))}", rows)
 
-    def weights_table(self, prepared: Sequence[PreparedCase], window: int = 256) -> Table:
+    def weights_table(self, prepared: Sequence[PreparedCase], window: int = 512) -> Table:
         """Grid search on the validation split by RRCE (ties: entity RRCE, then the paper's θ*), then the test split."""
         validation = [p for p in prepared if split_of(p.case.case_id) == "validation"]
         test = [p for p in prepared if split_of(p.case.case_id) == "test"]
@@ -135,6 +136,16 @@ class Suite:
             for row in evaluate(prepared, [GreedyPacker(), ExactPacker()], [window], params):
                 rows.append({"epsilon": epsilon, "lambda": decay, **_short(row)})
         return Table("epsilon_lambda", f"ε × λ at W = {window}", rows)
+
+
+    def decay_table(self, prepared: Sequence[PreparedCase], windows: Sequence[int] = (256, 512)) -> Table:
+        """Past the paper's grid: how strong must decay be (λ per year) before old noise stops competing?"""
+        rows = []
+        for decay in DECAYS_PAST_THE_PAPER:
+            params = UtilityParams(TierWeights(), decay)
+            for row in evaluate(prepared, [GreedyPacker(), ExactPacker()], windows, params):
+                rows.append({"lambda": decay, "half_life_days": round(365.25 * 0.693 / decay, 1), **_short(row)})
+        return Table("decay", "λ beyond the paper's grid (per year)", rows)
 
 
 def _short(row: PackingRow) -> dict[str, Any]:
