@@ -9,28 +9,15 @@ is what free text and MedQA vignettes get).
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 from ebmrag.errors import RecordError
+from ebmrag.eval.cases import field_label
 from ebmrag.evidence.fragment import Tier
 from ebmrag.evidence.loaders import load_records
 from ebmrag.evidence.tiers import TierClassifier
-
-_T1_TEST = re.compile(r"biops|patholog|histolog|cytolog|genetic|karyotyp|molecular|bone.marrow|sequenc", re.I)
-
-
-def field_label(section: str) -> Tier | None:
-    group, _, field = section.partition(" > ")
-    if group == "Patient_Actor":
-        return Tier.T4
-    if group == "Physical_Examination_Findings":
-        return Tier.T3
-    if group == "Test_Results":
-        return Tier.T1 if _T1_TEST.search(field) else Tier.T2
-    return None
 
 
 @dataclass(frozen=True)
