@@ -1,4 +1,5 @@
-"""Packing evaluation commands: `ebmrag eval packing` (one dataset) and `ebmrag eval packing-suite` (all)."""
+"""Evaluation commands: `eval packing` (one dataset), `eval packing-suite` (every experiment),
+`eval mirage` (multiple-choice accuracy with a model) and `eval gate` (the retrieval gate on real cases)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from ebmrag.eval.cases import DATASETS
 from ebmrag.eval.diagnosis import IcdIndex
 from ebmrag.eval.llm_eval import diagnosis_f1, mirage_accuracy, packing_accuracy, rows_json
 from ebmrag.eval.noise import NoiseConfig
+from ebmrag.eval.packing_report import dataset_dir
 from ebmrag.eval.packing_suite import Suite, rows_table
 from ebmrag.evidence.embeddings import SentenceEmbedder, default_cache_dir
 from ebmrag.evidence.tokens import make_token_counter
@@ -108,8 +110,11 @@ def eval_packing(
         p = settings.packing
         params = UtilityParams(TierWeights(p.alpha, p.beta, p.gamma), p.decay_lambda, p.epsilon, p.similarity_floor)
         client = make_llm_client(settings, llm, model, base_url)
-        if client and dataset != "medqa" and icd10_dir is None:
-            raise ValueError("diagnosis F1 needs --icd10-dir (a folder with icd10*.tsv tables)")
+        index = None
+        if client and dataset != "medqa":
+            if icd10_dir is None:
+                raise ValueError("diagnosis F1 needs --icd10-dir (a folder with icd10*.tsv tables)")
+            index = IcdIndex.from_dir(icd10_dir)
         window_list = _ints(windows, "windows")
         with progress_bar() as bar:
             rows, prepared = run_packing(suite, dataset, data_dir, window_list, names, out, limit, k_min, params,
@@ -118,11 +123,9 @@ def eval_packing(
         console.print(f"wrote {out / 'results.json'}")
         if client:
             packers = [make_packer(n, suite.token_counter, k_min) for n in names]
-            if dataset == "medqa":
+            if index is None:
                 llm_rows = rows_json(packing_accuracy(client, prepared, packers, window_list, params))
             else:
-                index = IcdIndex.from_dir(icd10_dir) if icd10_dir else None
-                assert index is not None
                 llm_rows = rows_json(diagnosis_f1(client, prepared, packers, window_list, params, index))
             _write_llm(out, llm_rows, client)
     except (EbmragError, ValueError, OSError, json.JSONDecodeError) as exc:
@@ -166,7 +169,7 @@ def eval_packing_suite(
                                             "CMB-Clin files (found by pattern, in subfolders too).")],
     out: Annotated[Path, typer.Option(help="Results folder.")] = Path("docs/results/packing"),
     limit: Annotated[int, typer.Option(help="Use the first N cases of each dataset (0 = all).")] = 0,
-    sweep_cases: Annotated[int, typer.Option(help="Cases per dataset in the noise sweep.")] = 60,
+    sweep_cases: Annotated[int, typer.Option(help="Cases per dataset in the noise sweep.")] = 50,
     seed: Seed = 0,
     config: ConfigOption = None,
 ) -> None:
@@ -181,3 +184,25 @@ def eval_packing_suite(
         raise _fail(exc) from None
     timing = ", ".join(f"{step} {value:.0f} s" for step, value in seconds.items())
     console.print(f"wrote {out}: {timing}")
+
+
+@eval_app.command("gate")
+def eval_gate(
+    data_root: Annotated[Path, typer.Option("--data-root", help="Folder holding AgentClinic / CMB-Clin files.")],
+    out: Annotated[Path | None, typer.Option(help="Write the markdown report here.")] = None,
+) -> None:
+    """Retrieval-gate decisions and sentence labels on full records and history-only cuts."""
+    from ebmrag.agent.gate import RetrievalGate
+    from ebmrag.eval.gate_report import PATTERNS, gate_report
+
+    try:
+        folders = {d: f for d in PATTERNS if (f := dataset_dir(data_root, d)) is not None}
+        if not folders:
+            raise ValueError(f"no AgentClinic or CMB-Clin files under {data_root}")
+        report = gate_report(RetrievalGate(), folders)
+    except (EbmragError, ValueError, OSError, json.JSONDecodeError) as exc:
+        raise _fail(exc) from None
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(report, encoding="utf-8")
+    typer.echo(report)

@@ -2,8 +2,9 @@
 
 - fifo: the candidate queue in record order, full text, until the first fragment that does not fit.
 - semantic: the same, ordered by cosine similarity to the query.
-- uniform: the first r share of every fragment's words, r = window / total tokens, lowered until the
-  rendered lines fit (token counts are not proportional to word counts, so one pass can overflow).
+- uniform: the first r share of every fragment's words, r = window / total tokens, lowered by
+  bisection to the largest share whose rendered lines fit (token counts are not proportional to
+  word counts, and every kept line pays its header, so one pass can overflow).
 """
 
 from __future__ import annotations
@@ -75,12 +76,11 @@ class SemanticPacker:
 class UniformPacker:
     name = "uniform"
 
-    def __init__(self, token_counter: TokenCounter, shrink: float = 0.95, max_rounds: int = 200) -> None:
-        if not 0 < shrink < 1:
-            raise ValueError(f"shrink must be in (0, 1), got {shrink}")
+    def __init__(self, token_counter: TokenCounter, search_steps: int = 20) -> None:
+        if search_steps < 1:
+            raise ValueError(f"search_steps must be >= 1, got {search_steps}")
         self.token_counter = token_counter
-        self.shrink = shrink
-        self.max_rounds = max_rounds
+        self.search_steps = search_steps
 
     def _truncate(self, candidates: Sequence[Candidate], share: float) -> list[PackOption | None]:
         bodies = [truncate_words(c.fragment.text, share) for c in candidates]
@@ -101,15 +101,7 @@ class UniformPacker:
                 tuple(pack_entry(c, c.full, PackReason.UNIFORM_SHARE, "everything fits") for c in candidates),
                 (),
             )
-        share = window / total
-        options = self._truncate(candidates, share)
-        for _ in range(self.max_rounds):
-            if sum(o.tokens for o in options if o) <= window:
-                break
-            share *= self.shrink
-            options = self._truncate(candidates, share)
-        else:
-            options = [None] * len(candidates)
+        share, options = self._largest_share(candidates, window, window / total)
         packed = [
             pack_entry(c, o, PackReason.UNIFORM_SHARE, f"first {share:.0%} of its words")
             for c, o in zip(candidates, options, strict=True)
@@ -122,5 +114,22 @@ class UniformPacker:
         ]
         return PackResult(self.name, window, tuple(packed), tuple(dropped))
 
+    def _largest_share(self, candidates: Sequence[Candidate], window: int,
+                       start: float) -> tuple[float, list[PackOption | None]]:
+        """Bisection on the share: a share of 0 keeps no word and always fits."""
+        options = self._truncate(candidates, start)
+        if sum(o.tokens for o in options if o) <= window:
+            return start, options
+        low, high = 0.0, start
+        best: list[PackOption | None] = [None] * len(candidates)
+        for _ in range(self.search_steps):
+            middle = (low + high) / 2
+            trial = self._truncate(candidates, middle)
+            if sum(o.tokens for o in trial if o) <= window:
+                low, best = middle, trial
+            else:
+                high = middle
+        return low, best
+
     def to_dict(self) -> dict[str, Any]:
-        return {"strategy": self.name, "shrink": self.shrink}
+        return {"strategy": self.name, "search_steps": self.search_steps}
