@@ -18,7 +18,7 @@ from ebmrag.index.search import HybridRetriever
 from ebmrag.ingest.documents import Document
 from ebmrag.packing.exact import ExactPacker
 from ebmrag.packing.utility import UtilityParams
-from tests.eval.test_packing_eval import _measured, _prepared
+from tests.eval.helpers import measured, prepared_case
 from tests.fake_openai import FakeOpenAI, serve
 
 ICD = IcdIndex([("C81", "Hodgkin lymphoma"), ("A15", "Respiratory tuberculosis"), ("K35", "Acute appendicitis"),
@@ -62,9 +62,9 @@ def test_mirage_accuracy_with_and_without_retrieval(tmp_path: Path, embedder: An
 
 
 def test_diagnosis_f1_averages_set_scores_and_survives_failures(tmp_path: Path) -> None:
-    items = [_measured("lab", Tier.T2, "Biopsy shows Reed-Sternberg cells.", 12),
-             _measured("chat", Tier.T4, "Night sweats for a month.", 8)]
-    toy = _prepared(items, {"lab": Tier.T2, "chat": Tier.T4})
+    items = [measured("lab", Tier.T2, "Biopsy shows Reed-Sternberg cells.", 12),
+             measured("chat", Tier.T4, "Night sweats for a month.", 8)]
+    toy = prepared_case(items, {"lab": Tier.T2, "chat": Tier.T4})
     cases = [replace(toy, case=replace(toy.case, answer="Hodgkin lymphoma"))]
     fake = FakeOpenAI(("text", "1. Hodgkin lymphoma\n2. Tuberculosis"))
     with serve(fake) as url:

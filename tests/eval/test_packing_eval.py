@@ -8,52 +8,32 @@ import pytest
 from typer.testing import CliRunner
 
 from ebmrag.cli import app
-from ebmrag.eval.cases import EvalCase, load_cases
+from ebmrag.eval.cases import load_cases
 from ebmrag.eval.noise import NoiseConfig
-from ebmrag.eval.packing_eval import PreparedCase, entity_ceiling, entity_keys, evaluate, score_pack
+from ebmrag.eval.packing_eval import entity_ceiling, evaluate, score_pack
 from ebmrag.eval.packing_report import dataset_dir, prepare_cases, run_suite
 from ebmrag.eval.packing_suite import NEUTRAL, Suite, split_of, tier_weight_grid
-from ebmrag.evidence.fragment import Fragment, PatientRecord, Tier, TierDecision
+from ebmrag.evidence.fragment import Tier
 from ebmrag.evidence.tokens import make_token_counter
 from ebmrag.packing.exact import ExactPacker
 from ebmrag.packing.packer import STRATEGIES, make_packer
-from ebmrag.packing.utility import CandidateBuilder, MeasuredFragment, UtilityParams
+from ebmrag.packing.utility import CandidateBuilder, UtilityParams
+from tests.eval.helpers import measured, prepared_case
 
 ROW_KEYS = {"dataset", "strategy", "window", "cases", "rrce", "entity_rrce", "entity_ceiling", "t1_retention",
             "utility_ratio", "ms_per_pack"}
 
 
-def _measured(fid: str, tier: Tier, text: str, tokens: int, compressed: tuple[str, int] | None = None,
-              similarity: float = 0.5) -> MeasuredFragment:
-    fragment = Fragment(fid, "p", text, decision=TierDecision(tier, "test"))
-    header = f"[{fid}]"
-    item = MeasuredFragment(fragment, header, f"{header} {text}", tokens, similarity, 0.0)
-    if compressed:
-        from dataclasses import replace
-
-        item = replace(item, compressed_line=f"{header} {compressed[0]}", compressed_tokens=compressed[1],
-                       compressed_similarity=similarity, fidelity_ratio=1.0)
-    return item
-
-
-def _prepared(items: list[MeasuredFragment], gold: dict[str, Tier]) -> PreparedCase:
-    record = PatientRecord("p", tuple(i.fragment for i in items))
-    case = EvalCase("p", "toy", record, "q?", gold, "field")
-    keys = {fid: entity_keys(next(i.fragment.text for i in items if i.fragment.id == fid))
-            for fid, tier in gold.items() if tier in (Tier.T1, Tier.T2)}
-    return PreparedCase(case, tuple(items), keys)
-
-
 def test_entity_ceiling_takes_the_cheapest_complete_state_and_bounds_every_packer() -> None:
     items = [
-        _measured("lab", Tier.T2, "Creatinine 2.8 mg/dL, up from 1.1 mg/dL last week, patient feels tired.", 30,
-                  ("Creatinine 2.8 mg/dL, up from 1.1 mg/dL.", 14)),
-        _measured("path", Tier.T1, "Biopsy shows adenocarcinoma of the colon.", 20),
-        _measured("cut", Tier.T2, "Potassium 6.1 mmol/L and sodium 131 mmol/L on the morning panel.", 25,
-                  ("Potassium 6.1 mmol/L.", 8)),
-        _measured("chat", Tier.T4, "Patient watched television.", 40, similarity=0.9),
+        measured("lab", Tier.T2, "Creatinine 2.8 mg/dL, up from 1.1 mg/dL last week, patient feels tired.", 30,
+                 ("Creatinine 2.8 mg/dL, up from 1.1 mg/dL.", 14)),
+        measured("path", Tier.T1, "Biopsy shows adenocarcinoma of the colon.", 20),
+        measured("cut", Tier.T2, "Potassium 6.1 mmol/L and sodium 131 mmol/L on the morning panel.", 25,
+                 ("Potassium 6.1 mmol/L.", 8)),
+        measured("chat", Tier.T4, "Patient watched television.", 40, similarity=0.9),
     ]
-    prepared = _prepared(items, {"lab": Tier.T2, "path": Tier.T1, "cut": Tier.T2, "chat": Tier.T4})
+    prepared = prepared_case(items, {"lab": Tier.T2, "path": Tier.T1, "cut": Tier.T2, "chat": Tier.T4})
     candidates = prepared.candidates(UtilityParams())
     # "cut" loses the sodium in its compressed state, so only its full 25 tokens keep every entity
     assert entity_ceiling(prepared, candidates, 34) == 2  # 14 (lab, compressed) + 20 (path)
