@@ -182,6 +182,11 @@ def eval_tiers(
         report = agreement_report(measure_agreement(data_dir))
     except (EbmragError, ValueError) as exc:
         raise _fail(exc) from None
+    write_report(report, out)
+
+
+def write_report(report: str, out: Path | None) -> None:
+    """Print a markdown report and, with --out, also save it."""
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(report, encoding="utf-8")

@@ -9,8 +9,8 @@ from typing import Annotated
 
 import typer
 
-from ebmrag.cli import ConfigOption, _fail, console, eval_app
-from ebmrag.cli_kb import _progress_callback, progress_bar
+from ebmrag.cli import ConfigOption, _fail, console, eval_app, write_report
+from ebmrag.cli_kb import _progress_callback, cache_dir, progress_bar
 from ebmrag.config import Settings, load_settings
 from ebmrag.errors import EbmragError
 from ebmrag.eval.cases import DATASETS
@@ -18,8 +18,8 @@ from ebmrag.eval.diagnosis import IcdIndex
 from ebmrag.eval.llm_eval import diagnosis_f1, mirage_accuracy, packing_accuracy, rows_json
 from ebmrag.eval.noise import NoiseConfig
 from ebmrag.eval.packing_report import dataset_dir
-from ebmrag.eval.packing_suite import Suite, rows_table
-from ebmrag.evidence.embeddings import SentenceEmbedder, default_cache_dir
+from ebmrag.eval.packing_suite import NEUTRAL, Suite, rows_table
+from ebmrag.evidence.embeddings import SentenceEmbedder
 from ebmrag.evidence.tokens import make_token_counter
 from ebmrag.generate.llm import OpenAIChatClient
 from ebmrag.packing.packer import STRATEGIES, make_packer
@@ -36,10 +36,9 @@ Seed = Annotated[int, typer.Option(help="Seed of the noise generator.")]
 def make_suite(settings: Settings, noise: NoiseConfig) -> Suite:
     """Measures with neutral utility parameters; each experiment applies its own when it scores."""
     m = settings.models
-    embedder = SentenceEmbedder(m.embedding_model or None, cache_dir=m.cache_dir or default_cache_dir())
+    embedder = SentenceEmbedder(m.embedding_model or None, cache_dir=cache_dir(settings))
     token_counter = make_token_counter(m.tokenizer)
-    neutral = UtilityParams(TierWeights(1.0, 1.0, 1.0), 0.0, 0.0)
-    return Suite(CandidateBuilder(embedder, token_counter, neutral), token_counter, noise)
+    return Suite(CandidateBuilder(embedder, token_counter, NEUTRAL), token_counter, noise)
 
 
 def make_llm_client(settings: Settings, llm: str | None, model: str | None,
@@ -54,8 +53,7 @@ def make_llm_client(settings: Settings, llm: str | None, model: str | None,
     url, name = base_url or s.base_url, model or s.model
     if not url or not name:
         raise ValueError("--llm openai needs --base-url and --model (or [llm] base_url and model)")
-    cache = settings.models.cache_dir or default_cache_dir()
-    return OpenAIChatClient(url, name, s.api_key or None, s.timeout, s.max_retries, cache_dir=cache)
+    return OpenAIChatClient(url, name, s.api_key or None, s.timeout, s.max_retries, cache_dir=cache_dir(settings))
 
 
 def _write_llm(out: Path, rows: list[dict[str, object]], client: OpenAIChatClient) -> None:
@@ -154,7 +152,7 @@ def eval_mirage(
         client = make_llm_client(settings, llm, model, base_url)
         if client is None:
             raise ValueError("eval mirage needs a model: --llm openai --base-url URL --model M")
-        retriever = make_retriever(settings, KnowledgeBase(kb, cache_dir=default_cache_dir())) if kb else None
+        retriever = make_retriever(settings, KnowledgeBase(kb, cache_dir=cache_dir(settings))) if kb else None
         names = [s.strip() for s in subsets.split(",") if s.strip()]
         rows = rows_json(mirage_accuracy(client, benchmark, names, limit, retriever, k))
         _write_llm(out, rows, client)
@@ -193,16 +191,13 @@ def eval_gate(
 ) -> None:
     """Retrieval-gate decisions and sentence labels on full records and history-only cuts."""
     from ebmrag.agent.gate import RetrievalGate
-    from ebmrag.eval.gate_report import PATTERNS, gate_report
+    from ebmrag.eval.gate_report import HISTORY_SECTIONS, gate_report
 
     try:
-        folders = {d: f for d in PATTERNS if (f := dataset_dir(data_root, d)) is not None}
+        folders = {d: f for d in HISTORY_SECTIONS if (f := dataset_dir(data_root, d)) is not None}
         if not folders:
             raise ValueError(f"no AgentClinic or CMB-Clin files under {data_root}")
         report = gate_report(RetrievalGate(), folders)
     except (EbmragError, ValueError, OSError, json.JSONDecodeError) as exc:
         raise _fail(exc) from None
-    if out:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(report, encoding="utf-8")
-    typer.echo(report)
+    write_report(report, out)

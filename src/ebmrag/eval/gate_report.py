@@ -18,7 +18,6 @@ from ebmrag.eval.cases import EvalCase, load_cases
 from ebmrag.evidence.fragment import PatientRecord
 
 HISTORY_SECTIONS = {"agentclinic": "Patient_Actor", "cmb": "现病史"}
-PATTERNS = {"agentclinic": "agentclinic_medqa*.jsonl", "cmb": "cmb_clin*.json"}
 
 
 @dataclass(frozen=True)

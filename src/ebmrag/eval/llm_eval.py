@@ -10,6 +10,7 @@ APR (seed 000): accuracy with the packed window / accuracy on the clean full vig
 from __future__ import annotations
 
 import json
+import logging
 import re
 import statistics
 from collections.abc import Mapping, Sequence
@@ -25,6 +26,7 @@ from ebmrag.index.search import HybridRetriever
 from ebmrag.packing.packer import Packer
 from ebmrag.packing.utility import UtilityParams
 
+log = logging.getLogger(__name__)
 MC_SYSTEM = ("You are a careful physician answering a multiple-choice exam question. Use the context when it "
              "helps. Reply with the letter of the single best option and nothing else.")
 DX_SYSTEM = {"en": "You are a diagnostician. From the patient information, list the most likely diagnoses, most "
@@ -74,7 +76,8 @@ def parse_choice(reply: str, letters: Sequence[str]) -> str | None:
 def _ask_choice(client: OpenAIChatClient, question: str, options: Mapping[str, str], context: str) -> str | None:
     try:
         reply = client.complete(choice_messages(question, options, context), temperature=0.0, max_tokens=8)
-    except LLMError:
+    except LLMError as exc:  # counted as unparsed in the row; the reason goes to the log
+        log.warning("no answer to %r: %s", question[:60], exc)
         return None
     return parse_choice(reply.text, list(options))
 
@@ -141,7 +144,8 @@ def diagnosis_f1(client: OpenAIChatClient, prepared: Sequence[PreparedCase], pac
                 messages = [ChatMessage("system", DX_SYSTEM[language]), ChatMessage("user", context)]
                 try:
                     reply = client.complete(messages, temperature=0.0, max_tokens=80).text
-                except LLMError:
+                except LLMError as exc:  # counted in the row's `failed`; the reason goes to the log
+                    log.warning("no diagnosis for %s: %s", item.case.case_id, exc)
                     failed += 1
                     reply = ""
                 scores.append(set_scores(diagnosis_lines(reply, 3), [item.case.answer], index))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 
 from ebmrag.eval.cases import EvalCase
@@ -49,28 +49,38 @@ class PreparedCase:
         return score_candidates(self.measured, params)
 
 
-def prefetch_embeddings(cases: Sequence[EvalCase], builder: CandidateBuilder, batch: int = 2048) -> Iterator[int]:
-    """Embeds every question and fragment of all cases up front, yielding progress; measuring then hits the
-    embedder's cache. Large calls let the embedder batch texts of similar length across cases."""
+Progress = Callable[[str, int, int], None]
+
+
+def _prefetch_embeddings(cases: Sequence[EvalCase], builder: CandidateBuilder, label: str,
+                         progress: Progress | None, batch: int = 2048) -> None:
+    """Embeds every question and fragment up front in large calls (the embedder then batches similar
+    lengths across cases); measuring each case afterwards hits the embedder's cache."""
     texts = list(dict.fromkeys([*(c.question for c in cases), *(f.text for c in cases for f in c.record.fragments)]))
     for start in range(0, len(texts), batch):
+        if progress:
+            progress(f"embedding {label}", start, len(texts))
         builder.embedder.embed(texts[start:start + batch])
-        yield min(start + batch, len(texts))
+    if progress:
+        progress(f"embedding {label}", len(texts), len(texts))
 
 
-def prepare(cases: Iterable[EvalCase], builder: CandidateBuilder,
-            classifier: TierClassifier | None = None) -> list[PreparedCase]:
+def prepare(cases: Iterable[EvalCase], builder: CandidateBuilder, classifier: TierClassifier | None = None,
+            progress: Progress | None = None, label: str = "cases") -> list[PreparedCase]:
     classifier = classifier or TierClassifier()
     cases = list(cases)
-    for _ in prefetch_embeddings(cases, builder):
-        pass
+    _prefetch_embeddings(cases, builder, label, progress)
     prepared = []
-    for case in cases:
+    for done, case in enumerate(cases):
+        if progress:
+            progress(f"measuring {label}", done, len(cases))
         record = classifier.run(case.record)
         measured = builder.measure(record, case.question)
         texts = {f.id: f.text for f in case.record.fragments}
         keys = {fid: entity_keys(texts[fid]) for fid in case.critical_ids}
         prepared.append(PreparedCase(case, tuple(measured), keys))
+    if progress:
+        progress(f"measuring {label}", len(cases), len(cases))
     return prepared
 
 

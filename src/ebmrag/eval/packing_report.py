@@ -19,14 +19,13 @@ from typing import Any
 from ebmrag.eval import plots
 from ebmrag.eval.cases import DATASETS, EvalCase, load_cases
 from ebmrag.eval.noise import NoiseConfig, noisy_cases
-from ebmrag.eval.packing_eval import PackingRow, PreparedCase, evaluate, prefetch_embeddings, prepare
+from ebmrag.eval.packing_eval import PackingRow, PreparedCase, Progress, evaluate, prepare
 from ebmrag.eval.packing_suite import Suite, Table, greedy_vs_exact, rows_table, write_table
 from ebmrag.packing.packer import make_packer
 from ebmrag.packing.utility import UtilityParams
 
 log = logging.getLogger(__name__)
 PATTERNS = {"medqa": "benchmark*.json", "agentclinic": "agentclinic_medqa*.jsonl", "cmb": "cmb_clin*.json"}
-Progress = Callable[[str, int, int], None]
 
 
 def dataset_dir(data_root: Path, dataset: str) -> Path | None:
@@ -40,19 +39,7 @@ def dataset_dir(data_root: Path, dataset: str) -> Path | None:
 
 def prepare_cases(suite: Suite, dataset: str, clean: Sequence[EvalCase], noise: NoiseConfig,
                   progress: Progress | None = None) -> list[PreparedCase]:
-    cases = noisy_cases(clean, noise)
-    total = len({*(c.question for c in cases), *(f.text for c in cases for f in c.record.fragments)})
-    for done in prefetch_embeddings(cases, suite.builder):
-        if progress:
-            progress(f"embedding {dataset}", done, total)
-    prepared = []
-    for done, case in enumerate(cases):
-        if progress:
-            progress(f"measuring {dataset}", done, len(cases))
-        prepared.extend(prepare([case], suite.builder))
-    if progress:
-        progress(f"measuring {dataset}", len(cases), len(cases))
-    return prepared
+    return prepare(noisy_cases(clean, noise), suite.builder, progress=progress, label=dataset)
 
 
 def protocol_table(prepared: dict[str, list[PreparedCase]]) -> Table:

@@ -12,12 +12,12 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ebmrag.eval.cases import EvalCase, load_cases
+from ebmrag.eval.cases import EvalCase
 from ebmrag.eval.noise import NoiseConfig, noisy_cases
 from ebmrag.eval.packing_eval import PackingRow, PreparedCase, evaluate, prepare
 from ebmrag.evidence.tokens import TokenCounter
@@ -79,7 +79,6 @@ class Suite:
     builder: CandidateBuilder
     token_counter: TokenCounter
     noise: NoiseConfig = field(default_factory=NoiseConfig)
-    progress: Callable[[str], None] = lambda message: None
 
     def prepare(self, cases: Sequence[EvalCase], noise: NoiseConfig | None = None) -> list[PreparedCase]:
         return prepare(noisy_cases(cases, noise or self.noise), self.builder)
@@ -93,7 +92,6 @@ class Suite:
                     window: int = 512) -> Table:
         rows = []
         for level in levels:
-            self.progress(f"noise N = {level}")
             prepared = self.prepare(cases, replace(self.noise, count=level))
             for row in self.windows_table(prepared, [window], ("fifo", "ebm-greedy", "ebm-exact")):
                 rows.append({"noise": level, **_short(row)})
@@ -177,7 +175,3 @@ def write_table(table: Table, out_dir: Path) -> None:
     (out_dir / f"{table.name}.json").write_text(json.dumps(table.rows, indent=1, ensure_ascii=False) + "\n",
                                                 encoding="utf-8")
     (out_dir / f"{table.name}.md").write_text(table.markdown(), encoding="utf-8")
-
-
-def load_dataset(dataset: str, data_dir: Path, limit: int) -> list[EvalCase]:
-    return load_cases(dataset, data_dir, limit)

@@ -61,6 +61,10 @@ class Usage:
     retries: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
+    def add_retry(self) -> None:
+        with self._lock:
+            self.retries += 1
+
     def add(self, reply: LLMReply) -> None:
         with self._lock:
             if reply.cached:
@@ -112,21 +116,20 @@ class OpenAIChatClient:
         self.cache = ReplyCache(Path(cache_dir) / "llm_replies.sqlite") if cache_dir else None
         self.usage = Usage()
 
-    def request_key(self, messages: Sequence[ChatMessage], temperature: float, max_tokens: int) -> str:
-        payload = {"model": self.model, "messages": [m.to_json() for m in messages], "temperature": temperature,
-                   "max_tokens": max_tokens}
-        return hashlib.sha256(json.dumps(payload, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+    def payload(self, messages: Sequence[ChatMessage], temperature: float, max_tokens: int) -> dict[str, Any]:
+        """The request body; the cache key is its hash, so an identical request never reaches the model twice."""
+        return {"model": self.model, "messages": [m.to_json() for m in messages], "temperature": temperature,
+                "max_tokens": max_tokens}
 
     def complete(self, messages: Sequence[ChatMessage], temperature: float = 0.0, max_tokens: int = 512) -> LLMReply:
         if not messages:
             raise ValueError("no messages to send")
-        key = self.request_key(messages, temperature, max_tokens)
+        body = self.payload(messages, temperature, max_tokens)
+        key = hashlib.sha256(json.dumps(body, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
         cached = self.cache.get(key) if self.cache else None
         if cached is not None:
             reply = LLMReply(cached["text"], cached["prompt_tokens"], cached["completion_tokens"], True, self.model)
         else:
-            body = {"model": self.model, "messages": [m.to_json() for m in messages], "temperature": temperature,
-                    "max_tokens": max_tokens}
             reply = _parse_reply(self._post(body), self.model)
             if self.cache:
                 self.cache.put(key, {"text": reply.text, "prompt_tokens": reply.prompt_tokens,
@@ -143,7 +146,7 @@ class OpenAIChatClient:
         last = ""
         for attempt in range(self.max_retries + 1):
             if attempt:
-                self.usage.retries += 1
+                self.usage.add_retry()
                 time.sleep(self.backoff * 2 ** (attempt - 1))
             try:
                 request = urllib.request.Request(url, data=data, headers=headers, method="POST")
