@@ -6,21 +6,21 @@ import json
 import logging
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ebmrag.config import Settings, load_settings
+from ebmrag.config import load_settings
 from ebmrag.demo import demo_query, demo_record_paths
 from ebmrag.errors import EbmragError
 from ebmrag.evidence.fragment import Tier
 from ebmrag.evidence.loaders import load_record, parse_timestamp
-from ebmrag.packing.packer import STRATEGIES, ContextPacker
+from ebmrag.factory import build_packer
+from ebmrag.packing.packer import STRATEGIES
 from ebmrag.packing.types import PackResult
-from ebmrag.packing.utility import TierWeights, UtilityParams
 
 app = typer.Typer(help="Evidence-graded retrieval and context packing for medical LLMs.", no_args_is_help=True)
 eval_app = typer.Typer(help="Measure ebmrag on public data.", no_args_is_help=True)
@@ -41,46 +41,6 @@ def main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log prog
 def _fail(exc: Exception) -> typer.Exit:
     console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
     return typer.Exit(code=2)
-
-
-def build_packer(settings: Settings, strategy: str | None = None, k_min: int | None = None) -> ContextPacker:
-    p, m = settings.packing, settings.models
-    params = UtilityParams(TierWeights(p.alpha, p.beta, p.gamma), p.decay_lambda, p.epsilon, p.similarity_floor)
-    return ContextPacker(
-        strategy or p.strategy,
-        k_min if k_min is not None else p.k_min,
-        params,
-        m.tokenizer,
-        m.embedding_model or None,
-        m.cache_dir or None,
-        m.tier_rules or None,
-    )
-
-
-def result_to_json(result: PackResult) -> dict[str, Any]:
-    """The fixed JSON shape of `ebmrag pack --json`."""
-    return {
-        "window": result.window,
-        "tokens_used": result.tokens_used,
-        "strategy": result.strategy,
-        "packed": [
-            {
-                "fragment_id": p.fragment_id,
-                "state": p.state.value,
-                "tier": p.tier.value,
-                "tokens": p.tokens,
-                "utility": round(p.utility, 6),
-                "reason": p.reason.value,
-                "excluded_states": [s.value for s in p.excluded_states],
-            }
-            for p in result.packed
-        ],
-        "dropped": [
-            {"fragment_id": d.fragment_id, "tier": d.tier.value, "reason": d.reason.value, "detail": d.detail}
-            for d in result.dropped
-        ],
-        "context": result.context,
-    }
 
 
 def trace_table(result: PackResult, title: str) -> Table:
@@ -134,7 +94,7 @@ def pack(
     except (EbmragError, ValueError) as exc:
         raise _fail(exc) from None
     if as_json:
-        typer.echo(json.dumps(result_to_json(result), ensure_ascii=False, indent=2))
+        typer.echo(json.dumps(result.to_json(), ensure_ascii=False, indent=2))
         return
     console.print(trace_table(result, f"{result.strategy} · {patient.patient_id} · window {result.window}"))
     console.rule("packed context")
@@ -193,5 +153,6 @@ def write_report(report: str, out: Path | None) -> None:
     typer.echo(report)
 
 
+from ebmrag import cli_ask as _cli_ask  # noqa: E402,F401  (registers `ebmrag ask`)
 from ebmrag import cli_eval as _cli_eval  # noqa: E402,F401  (registers the packing evaluation commands)
 from ebmrag import cli_kb as _cli_kb  # noqa: E402,F401  (registers the knowledge-base commands)

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from ebmrag.cli import ConfigOption, _fail, console, eval_app, write_report
-from ebmrag.cli_kb import _progress_callback, cache_dir, progress_bar
+from ebmrag.cli_kb import _progress_callback, progress_bar
 from ebmrag.config import Settings, load_settings
 from ebmrag.errors import EbmragError
 from ebmrag.eval.cases import DATASETS
@@ -21,6 +21,7 @@ from ebmrag.eval.packing_report import dataset_dir
 from ebmrag.eval.packing_suite import NEUTRAL, Suite, rows_table
 from ebmrag.evidence.embeddings import SentenceEmbedder
 from ebmrag.evidence.tokens import make_token_counter
+from ebmrag.factory import cache_dir, make_llm_client
 from ebmrag.generate.llm import OpenAIChatClient
 from ebmrag.packing.packer import STRATEGIES, make_packer
 from ebmrag.packing.utility import CandidateBuilder, TierWeights, UtilityParams
@@ -39,21 +40,6 @@ def make_suite(settings: Settings, noise: NoiseConfig) -> Suite:
     embedder = SentenceEmbedder(m.embedding_model or None, cache_dir=cache_dir(settings))
     token_counter = make_token_counter(m.tokenizer)
     return Suite(CandidateBuilder(embedder, token_counter, NEUTRAL), token_counter, noise)
-
-
-def make_llm_client(settings: Settings, llm: str | None, model: str | None,
-                    base_url: str | None) -> OpenAIChatClient | None:
-    """The flags override the [llm] table; None when no model is asked for (the offline default)."""
-    backend = llm or settings.llm.backend
-    if backend == "extractive":
-        return None
-    if backend != "openai":
-        raise ValueError(f"--llm must be 'openai' (or leave it out), got {backend!r}")
-    s = settings.llm
-    url, name = base_url or s.base_url, model or s.model
-    if not url or not name:
-        raise ValueError("--llm openai needs --base-url and --model (or [llm] base_url and model)")
-    return OpenAIChatClient(url, name, s.api_key or None, s.timeout, s.max_retries, cache_dir=cache_dir(settings))
 
 
 def _write_llm(out: Path, rows: list[dict[str, object]], client: OpenAIChatClient) -> None:
@@ -144,7 +130,7 @@ def eval_mirage(
     config: ConfigOption = None,
 ) -> None:
     """MIRAGE multiple-choice accuracy of a model, with and without retrieval from a knowledge base."""
-    from ebmrag.cli_kb import make_retriever
+    from ebmrag.factory import make_retriever
     from ebmrag.index.kb import KnowledgeBase
 
     try:

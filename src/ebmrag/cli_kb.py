@@ -15,13 +15,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.table import Table
 
 from ebmrag.cli import ConfigOption, _fail, app, console, eval_app
-from ebmrag.config import Settings, load_settings
+from ebmrag.config import load_settings
 from ebmrag.errors import EbmragError
-from ebmrag.evidence.embeddings import default_cache_dir
 from ebmrag.evidence.sentences import split_sentences
+from ebmrag.factory import cache_dir, make_retriever, open_kb
 from ebmrag.index.kb import IngestReport, KnowledgeBase, knowledge_base_stats
-from ebmrag.index.rerank import CrossEncoderReranker, DocumentHit, DocumentVoter
-from ebmrag.index.search import Filters, HybridRetriever
+from ebmrag.index.rerank import DocumentHit, DocumentVoter
+from ebmrag.index.search import Filters
 from ebmrag.ingest.pipeline import ingest_paths
 from ebmrag.ingest.readers import FieldMap
 
@@ -46,24 +46,6 @@ def _progress_callback(bar: Progress) -> Callable[[str, int, int], None]:
         bar.update(tasks[stage], completed=done, total=total)
 
     return update
-
-
-def cache_dir(settings: Settings) -> Path:
-    return Path(settings.models.cache_dir) if settings.models.cache_dir else default_cache_dir()
-
-
-def open_kb(settings: Settings, kb: Path) -> KnowledgeBase:
-    """The configured [kb] settings apply when the knowledge base is created; afterwards its manifest rules."""
-    return KnowledgeBase(kb, settings.kb if not (kb / "CURRENT").exists() else None, cache_dir=cache_dir(settings))
-
-
-def make_retriever(settings: Settings, kb: KnowledgeBase, mode: str | None = None,
-                   rerank_model: str | None = None) -> HybridRetriever:
-    r = settings.retrieval
-    model = rerank_model if rerank_model is not None else r.rerank_model
-    reranker = CrossEncoderReranker(model) if model else None
-    return HybridRetriever(kb, mode or r.mode, r.fusion, (r.bm25_weight, r.dense_weight), r.route_depth, r.rrf_k,
-                           reranker)
 
 
 def report_table(report: IngestReport) -> Table:

@@ -32,6 +32,15 @@ dense_weight = 0.7
 route_depth = 50
 rrf_k = 60
 k = 10
+
+[llm]
+backend = "extractive"   # or "openai": any OpenAI-compatible endpoint (base_url, model; key from OPENAI_API_KEY)
+
+[answer]                 # ebmrag ask
+window = 4096            # the whole prompt budget: system + context + history + question + output reserve
+retrieval = "auto"       # auto (the retrieval gate decides) | always | never
+ordering = "relevance_first"   # or edges_first
+relevance_filter = false # LLM judges each retrieved document (needs --llm openai)
 """
 
 from __future__ import annotations
@@ -98,12 +107,37 @@ class LLMSettings:
 
 
 @dataclass(frozen=True)
+class AnswerSettings:
+    """`ebmrag ask`: the window is the whole prompt budget of the answering model (see generate.budget)."""
+
+    window: int = 4096
+    retrieval: str = "auto"  # auto (the gate decides) | always | never
+    ordering: str = "relevance_first"  # or edges_first
+    max_queries: int = 24  # A/B sentences that vote for documents, A first
+    relevance_filter: bool = False  # ask the model about each retrieved document (needs an LLM)
+    grounding_threshold: float = 0.6
+    prompts: str = ""  # a TOML file with the four stages; empty = the bundled set for the question's language
+    evidence_share: float = 0.5  # the most of the context that knowledge-base evidence may take
+
+    def __post_init__(self) -> None:
+        if self.window < 1 or self.max_queries < 1:
+            raise ValueError("window and max_queries must be >= 1")
+        if not 0 < self.evidence_share <= 1:
+            raise ValueError(f"evidence_share must be in (0, 1], got {self.evidence_share}")
+        if self.retrieval not in ("auto", "always", "never"):
+            raise ValueError(f"retrieval must be auto, always or never, got {self.retrieval!r}")
+        if self.ordering not in ("relevance_first", "edges_first"):
+            raise ValueError(f"ordering must be relevance_first or edges_first, got {self.ordering!r}")
+
+
+@dataclass(frozen=True)
 class Settings:
     packing: PackingSettings = field(default_factory=PackingSettings)
     models: ModelSettings = field(default_factory=ModelSettings)
     kb: KnowledgeBaseConfig = field(default_factory=KnowledgeBaseConfig)
     retrieval: RetrievalSettings = field(default_factory=RetrievalSettings)
     llm: LLMSettings = field(default_factory=LLMSettings)
+    answer: AnswerSettings = field(default_factory=AnswerSettings)
 
 
 def _section(cls: type[Any], raw: Any, name: str) -> Any:
@@ -140,7 +174,7 @@ def load_settings(path: str | Path | None) -> Settings:
         raise ConfigError(f"config file not found: {path}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
-    unknown = set(data) - {"packing", "models", "kb", "retrieval", "llm"}
+    unknown = set(data) - {"packing", "models", "kb", "retrieval", "llm", "answer"}
     if unknown:
         raise ConfigError(f"config file {path}: unknown tables {sorted(unknown)}")
     return Settings(
@@ -149,4 +183,5 @@ def load_settings(path: str | Path | None) -> Settings:
         _section(KnowledgeBaseConfig, data.get("kb"), "kb"),
         _section(RetrievalSettings, data.get("retrieval"), "retrieval"),
         _section(LLMSettings, data.get("llm"), "llm"),
+        _section(AnswerSettings, data.get("answer"), "answer"),
     )

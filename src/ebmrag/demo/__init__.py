@@ -1,17 +1,49 @@
-"""Synthetic demo patients that ship with ebmrag (written for this project; no real patient data)."""
+"""Synthetic demo patients and a small demo knowledge base that ship with ebmrag (written for this project;
+no real patient data, no text copied from elsewhere)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 from pathlib import Path
 
 RECORDS_DIR = Path(__file__).parent / "records"
+DEMO_CORPUS = Path(__file__).parent / "kb" / "guidelines.jsonl"
+log = logging.getLogger(__name__)
 
 
 def demo_record_paths() -> list[Path]:
     return sorted(RECORDS_DIR.glob("*.json"))
 
 
+def demo_record_path(name: str) -> Path | None:
+    """A bundled record by its file stem ("demo-colon"), or None when there is none of that name."""
+    path = RECORDS_DIR / f"{name}.json"
+    return path if path.is_file() and path.parent == RECORDS_DIR else None
+
+
 def demo_query(path: Path) -> str:
     """Each demo record carries the clinical question it was written for."""
     return str(json.loads(path.read_text(encoding="utf-8"))["query"])
+
+
+def demo_kb_path(cache_dir: Path) -> Path:
+    """Where the demo knowledge base lives: keyed by the corpus hash, so an upgraded corpus gets a fresh build."""
+    digest = hashlib.sha256(DEMO_CORPUS.read_bytes()).hexdigest()[:12]
+    return cache_dir / f"demo-kb-{digest}"
+
+
+def ensure_demo_kb(cache_dir: Path) -> Path:
+    """Build the demo knowledge base on first use (a few seconds of embedding); later calls only open it."""
+    from ebmrag.index.kb import KnowledgeBase
+    from ebmrag.ingest.pipeline import ingest_paths
+
+    root = demo_kb_path(cache_dir)
+    kb = KnowledgeBase(root, cache_dir=cache_dir)
+    if not kb.exists:
+        log.warning("building the demo knowledge base in %s (first use only)", root)
+        report = ingest_paths(kb, [DEMO_CORPUS])
+        if report.errors:
+            raise RuntimeError(f"the bundled demo corpus failed to ingest: {report.errors[0]}")
+    return root

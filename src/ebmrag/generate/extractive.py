@@ -1,10 +1,9 @@
 """The offline answer: an evidence brief built only from packed text, grouped by tier, every sentence cited.
 
 No model runs, so nothing may be said that is not in the input: each line of the brief is a sentence
-copied from a packed patient fragment or a selected evidence chunk, followed by its citation [n].
-Headings name the groups and carry no claim; the gate's warning, when there is one, comes first.
-Citations number the evidence chunks first (as the assembler numbered them) and then the patient
-fragments, and each maps to a chunk id or a fragment id.
+copied from a packed patient fragment or evidence chunk, followed by its citation [n]. Headings name
+the groups and carry no claim; the gate's warning, when there is one, comes first. The numbers are
+the context's own (`generate.context`), so the brief cites exactly what a model would have seen.
 """
 
 from __future__ import annotations
@@ -15,12 +14,12 @@ from typing import Any
 
 from ebmrag.evidence.fragment import Tier
 from ebmrag.evidence.sentences import split_sentences
-from ebmrag.generate.assembler import SelectedChunk
-from ebmrag.packing.types import PackedFragment
+from ebmrag.generate.context import EVIDENCE, PATIENT, ContextItem
 
 TIER_HEADINGS = {Tier.T1: "Decisive findings (pathology, genetics, high-risk allergies)",
                  Tier.T2: "Objective results (laboratory, imaging)", Tier.T3: "Examination",
                  Tier.T4: "History and complaints"}
+EVIDENCE_HEADINGS = {Tier.T3: "Guidelines and systematic reviews", Tier.T4: "Trials, textbooks and other sources"}
 
 
 @dataclass(frozen=True)
@@ -39,35 +38,33 @@ class Brief:
     citations: tuple[Citation, ...]
 
 
-def _body(packed: PackedFragment) -> str:
-    """The fragment's text without the "[id|tier|date]" header the packer rendered in front of it."""
-    header_end = packed.text.find("] ")
-    return packed.text[header_end + 2 :] if packed.text.startswith("[") and header_end > 0 else packed.text
+def cite(item: ContextItem) -> Citation:
+    return Citation(item.n, item.kind, item.id)
 
 
-def _cited_sentences(text: str, n: int) -> list[str]:
-    return [f"- {s.text.strip()} [{n}]" for s in split_sentences(text) if s.text.strip()]
+def _cited_sentences(item: ContextItem) -> list[str]:
+    return [f"- {s.text.strip()} [{item.n}]" for s in split_sentences(item.body) if s.text.strip()]
 
 
-def extractive_brief(question: str, packed: Sequence[PackedFragment], chunks: Sequence[SelectedChunk],
-                     warning: str = "") -> Brief:
-    """Patient evidence by tier (T1 first, record order within a tier), then knowledge-base evidence."""
-    citations = [Citation(c.number, "evidence", c.hit.chunk_id) for c in chunks]
-    next_n = max((c.number for c in chunks), default=0) + 1
-    lines = [f"Warning: {warning}", ""] if warning else []
-    lines += [f"Evidence brief for: {question}", ""]
+def _grouped(items: Sequence[ContextItem], headings: dict[Tier, str]) -> list[str]:
+    lines: list[str] = []
     for tier in Tier:
-        members = sorted((p for p in packed if p.tier is tier), key=lambda p: p.order)
+        members = sorted((i for i in items if i.tier is tier), key=lambda i: i.rank)
         if not members:
             continue
-        lines.append(f"{TIER_HEADINGS[tier]}:")
-        for fragment in members:
-            citations.append(Citation(next_n, "patient", fragment.fragment_id))
-            lines += _cited_sentences(_body(fragment), next_n)
-            next_n += 1
+        lines.append(f"{headings.get(tier, tier.value)}:")
+        for item in members:
+            lines += _cited_sentences(item)
         lines.append("")
-    if chunks:
-        lines.append("From the knowledge base:")
-        for chunk in sorted(chunks, key=lambda c: c.number):
-            lines += _cited_sentences(chunk.text, chunk.number)
-    return Brief("\n".join(lines).rstrip() + "\n", tuple(citations))
+    return lines
+
+
+def extractive_brief(question: str, items: Sequence[ContextItem], warning: str = "") -> Brief:
+    """Patient evidence by tier (T1 first, record order within a tier), then knowledge-base evidence by tier."""
+    lines = [f"Warning: {warning}", ""] if warning else []
+    lines += [f"Evidence brief for: {question}", ""]
+    lines += _grouped([i for i in items if i.kind == PATIENT], TIER_HEADINGS)
+    evidence = [i for i in items if i.kind == EVIDENCE]
+    if evidence:
+        lines += ["From the knowledge base:", *_grouped(evidence, EVIDENCE_HEADINGS)]
+    return Brief("\n".join(lines).rstrip() + "\n", tuple(cite(i) for i in sorted(items, key=lambda i: i.n)))

@@ -31,6 +31,11 @@ def content_words(text: str) -> set[str]:
 
 
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)?")
+_SPACE = re.compile(r"\s+")
+
+
+def _normal(text: str) -> str:
+    return _SPACE.sub(" ", text).strip().lower()
 
 
 @dataclass(frozen=True)
@@ -52,16 +57,26 @@ class GroundingChecker:
         self.extractor = extractor or default_extractor()
 
     def run(self, answer: str, context: Sequence[str]) -> list[SentenceSupport]:
+        """A claim that is a whole context sentence, copied, is supported without a model call (the
+        extractive brief is all such claims); the others are scored."""
         claims = [c for c in (_CITATION.sub("", s.text).strip() for s in split_sentences(answer)) if c]
         sources = [s.text for text in context for s in split_sentences(text) if s.text.strip()]
         if not claims:
             return []
         if not sources:
             return [SentenceSupport(claim, 0.0, False, "") for claim in claims]
+        whole = {_normal(source) for source in sources}  # whole sentences: a copied fragment could drop a "no"
+        verbatim = {claim for claim in claims if _normal(claim) in whole}
+        scored = self._score([c for c in claims if c not in verbatim], sources)
+        return [SentenceSupport(c, 1.0, True, c, "") if c in verbatim else scored[c] for c in claims]
+
+    def _score(self, claims: Sequence[str], sources: Sequence[str]) -> dict[str, SentenceSupport]:
+        if not claims:
+            return {}
         vectors = self.embedder.embed([*claims, *sources])
         cosine = np.clip(vectors[: len(claims)] @ vectors[len(claims):].T, 0.0, 1.0)
         source_words = [content_words(s) for s in sources]
-        results = []
+        results = {}
         for i, claim in enumerate(claims):
             words = content_words(claim)
             overlap = np.array([len(words & w) / len(words) if words else 1.0 for w in source_words])
@@ -69,7 +84,7 @@ class GroundingChecker:
             best = int(np.argmax(combined))
             score = float(combined[best])
             reason = "no similar context" if score < self.threshold else self._missing_fact(claim, sources)
-            results.append(SentenceSupport(claim, score, not reason, sources[best], reason))
+            results[claim] = SentenceSupport(claim, score, not reason, sources[best], reason)
         return results
 
     def _missing_fact(self, claim: str, sources: Sequence[str]) -> str:

@@ -89,9 +89,10 @@ class DocumentVoter:
     """Pipeline step: many sentence queries -> top documents by chunk votes (ICA-RAG: m = 100, k = 5, 50 %).
 
     A chunk found by several sentences is one member of the merged chunk set and votes once (the
-    paper's union); its best relative score breaks ties between documents with equal votes. The
-    similarity floor is relative to each sentence's best hit, because BM25 and fused scores have
-    no absolute scale.
+    paper's union). Ties between documents with equal votes (common when documents are short: one
+    chunk, one vote) go to the larger sum of relative scores over all sentences, i.e. to the
+    document more of the record's key sentences reach. The similarity floor is relative to each
+    sentence's best hit, because BM25 and fused scores have no absolute scale.
     """
 
     def __init__(self, retriever: HybridRetriever, chunks_per_query: int = 100, top_documents: int = 5,
@@ -110,10 +111,10 @@ class DocumentVoter:
             raise ValueError("no non-empty query sentence to vote with")
         best: dict[str, SearchHit] = {}
         relative: dict[str, float] = {}
-        for query in queries:
-            for hit, share in self._surviving(self.retriever.run(query, self.chunks_per_query, filters)):
-                if share > relative.get(hit.chunk_id, -1.0):
-                    best[hit.chunk_id], relative[hit.chunk_id] = hit, share
+        for hits in self.retriever.run_many(queries, self.chunks_per_query, filters):
+            for hit, share in self._surviving(hits):
+                best.setdefault(hit.chunk_id, hit)
+                relative[hit.chunk_id] = relative.get(hit.chunk_id, 0.0) + share
         by_document: dict[str, list[str]] = {}
         for chunk_id, hit in best.items():
             by_document.setdefault(hit.doc_id, []).append(chunk_id)

@@ -106,6 +106,16 @@ class HybridRetriever:
         candidates = self.hits(self.rank(query, max(k, self.route_depth), filters))
         return self.reranker.rerank(query, candidates)[:k]
 
+    def run_many(self, queries: Sequence[str], k: int = 10, filters: Filters | None = None) -> list[list[SearchHit]]:
+        """One ranked list per query; the dense route embeds all queries in one batch (the model call
+        dominates a single search, so 20 sentences cost about what 3 would one by one)."""
+        if any(not q.strip() for q in queries):
+            raise ValueError("a query is empty")
+        if self.reranker is not None or self.mode == "bm25" or not queries:
+            return [self.run(q, k, filters) for q in queries]
+        vectors = self.kb.embedder.embed(list(queries))
+        return [self.hits(self.rank(q, k, filters, v)) for q, v in zip(queries, vectors, strict=True)]
+
     def rank(self, query: str, k: int, filters: Filters | None = None,
              query_vector: npt.NDArray[np.float32] | None = None) -> Ranked:
         reader = self.kb.reader()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from ebmrag.evidence.fragment import Fragment, Tier
 
@@ -107,6 +108,18 @@ class PackResult:
     def context(self) -> str:
         """Packed lines in record order; each line's token cost was counted with its header."""
         return "\n".join(p.text for p in sorted(self.packed, key=lambda p: p.order))
+
+    def to_json(self) -> dict[str, Any]:
+        """The fixed JSON shape of `ebmrag pack --json`: every fragment, packed or dropped, with its reason."""
+        return {
+            "window": self.window, "tokens_used": self.tokens_used, "strategy": self.strategy,
+            "packed": [{"fragment_id": p.fragment_id, "state": p.state.value, "tier": p.tier.value, "tokens": p.tokens,
+                        "utility": round(p.utility, 6), "reason": p.reason.value,
+                        "excluded_states": [s.value for s in p.excluded_states]} for p in self.packed],
+            "dropped": [{"fragment_id": d.fragment_id, "tier": d.tier.value, "reason": d.reason.value,
+                         "detail": d.detail} for d in self.dropped],
+            "context": self.context,
+        }
 
     def state_of(self, fragment_id: str) -> State | None:
         return next((p.state for p in self.packed if p.fragment_id == fragment_id), None)

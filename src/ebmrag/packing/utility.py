@@ -16,7 +16,7 @@ Choices the paper leaves open, made here:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from typing import Any, Protocol
@@ -128,11 +128,20 @@ class CandidateBuilder:
         return score_candidates(self.measure(record, query, as_of), self.params)
 
     def measure(self, record: PatientRecord, query: str, as_of: datetime | None = None) -> list[MeasuredFragment]:
+        return self.measure_fragments(record.fragments, query, as_of or record.latest_timestamp)
+
+    def measure_fragments(self, fragments: Sequence[Fragment], query: str, as_of: datetime | None = None,
+                          headers: Sequence[str] | None = None,
+                          compressible: Callable[[Fragment], bool] | None = None) -> list[MeasuredFragment]:
+        """Classified fragments -> measured states. `headers` replace the default "[id|tier|date]" line
+        heads (the answer pipeline numbers lines for citation); `compressible` limits state B (evidence
+        chunks have a tier but no entity-preserving compression)."""
         if not query.strip():
             raise ValueError("query is empty: utility needs a question to measure similarity against")
-        fragments = record.fragments
-        as_of = as_of or record.latest_timestamp
-        compressions = [self.compressor.compress(f.text) if f.tier.compressible else None for f in fragments]
+        if headers is not None and len(headers) != len(fragments):
+            raise ValueError(f"{len(headers)} headers for {len(fragments)} fragments")
+        can_compress = compressible or (lambda f: f.tier.compressible)
+        compressions = [self.compressor.compress(f.text) if can_compress(f) else None for f in fragments]
         bodies_b = [
             c.text if c and c.text and c.text != f.text else None for f, c in zip(fragments, compressions, strict=True)
         ]
@@ -140,7 +149,7 @@ class CandidateBuilder:
         vectors = self.embedder.embed(texts)
         sims = np.clip(vectors[1:] @ vectors[0], 0.0, 1.0)
         sim_b = iter(sims[len(fragments) :])
-        headers = [fragment_header(f) for f in fragments]
+        headers = list(headers) if headers is not None else [fragment_header(f) for f in fragments]
         lines = [render_line(h, f.text) for h, f in zip(headers, fragments, strict=True)]
         lines_b = [render_line(h, b) for h, b in zip(headers, bodies_b, strict=True) if b]
         costs = self.token_counter.count_many(lines + lines_b)

@@ -1,0 +1,90 @@
+"""The optional LLM relevance filter (ICA-RAG, seed 003 §3.3): keep a retrieved document only when a
+model, shown the patient's key findings, judges it useful for the differential diagnosis.
+
+The reply must be {"status": true|false}. A malformed reply is asked again once; if it is still
+malformed, or the model cannot be reached, the document is kept (losing evidence silently is worse
+than keeping a weak document) and the fault is recorded for the trace.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ebmrag.generate.llm import ChatMessage, LLMError
+from ebmrag.generate.staged import ChatClient
+from ebmrag.index.rerank import DocumentHit
+
+SYSTEM = ("You are a physician building a differential diagnosis. You decide whether a retrieved medical text "
+          "helps to diagnose or manage this patient. Reply with JSON only.")
+TEMPLATE = """Patient findings:
+{findings}
+
+Clinical question: {question}
+
+Retrieved text:
+{document}
+
+Does this text help with the differential diagnosis or management of this patient?
+Reply with exactly {{"status": true}} or {{"status": false}}."""
+
+
+@dataclass(frozen=True)
+class RelevanceVerdict:
+    doc_id: str
+    keep: bool
+    status: bool | None  # the model's verdict; None when it gave none
+    fault: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"doc_id": self.doc_id, "keep": self.keep, "status": self.status, "fault": self.fault}
+
+
+def parse_status(text: str) -> bool:
+    start, end = text.find("{"), text.rfind("}")
+    try:
+        value = json.loads(text[start : end + 1]) if 0 <= start < end else None
+    except json.JSONDecodeError:
+        value = None
+    if not isinstance(value, dict) or not isinstance(value.get("status"), bool):
+        raise ValueError(f'expected {{"status": true|false}}, got {text[:120]!r}')
+    return bool(value["status"])
+
+
+class RelevanceFilter:
+    """Pipeline step: documents -> the ones the model calls relevant, with a verdict per document."""
+
+    def __init__(self, client: ChatClient, max_chars: int = 3000, max_tokens: int = 20) -> None:
+        if max_chars < 100 or max_tokens < 5:
+            raise ValueError(f"max_chars must be >= 100 and max_tokens >= 5, got {max_chars}, {max_tokens}")
+        self.client, self.max_chars, self.max_tokens = client, max_chars, max_tokens
+
+    def run(self, question: str, findings: Sequence[str],
+            documents: Sequence[DocumentHit]) -> tuple[list[DocumentHit], list[RelevanceVerdict]]:
+        verdicts = [self._judge(question, findings, document) for document in documents]
+        return [d for d, v in zip(documents, verdicts, strict=True) if v.keep], verdicts
+
+    def _judge(self, question: str, findings: Sequence[str], document: DocumentHit) -> RelevanceVerdict:
+        text = "\n".join(chunk.text for chunk in document.chunks)[: self.max_chars]
+        messages = [ChatMessage("system", SYSTEM), ChatMessage("user", TEMPLATE.format(
+            findings="\n".join(f"- {f}" for f in findings) or "- (none recorded)", question=question, document=text))]
+        problem = ""
+        for _ in range(2):
+            try:
+                reply = self.client.complete(messages, 0.0, self.max_tokens)
+            except LLMError as exc:
+                return RelevanceVerdict(document.doc_id, True, None, f"kept: the model failed ({exc})")
+            try:
+                status = parse_status(reply.text)
+            except ValueError as exc:
+                problem = str(exc)
+                messages = [*messages, ChatMessage("assistant", reply.text),
+                            ChatMessage("user", 'Reply with exactly {"status": true} or {"status": false}.')]
+                continue
+            return RelevanceVerdict(document.doc_id, status, status)
+        return RelevanceVerdict(document.doc_id, True, None, f"kept: malformed reply twice ({problem})")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"max_chars": self.max_chars, "max_tokens": self.max_tokens}

@@ -1,0 +1,91 @@
+"""`ebmrag ask`: the main job, a cited answer about one patient with its full trace."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from ebmrag.agent.engine import Engine
+from ebmrag.agent.result import AskResult
+from ebmrag.cli import ConfigOption, _fail, app, console
+from ebmrag.cli_eval import BaseUrlOption, LlmOption, ModelOption
+from ebmrag.demo import demo_record_path, demo_record_paths
+from ebmrag.errors import EbmragError, RecordError
+from ebmrag.evidence.fragment import PatientRecord
+from ebmrag.evidence.loaders import load_record
+
+
+def resolve_patient(patient: str, patient_id: str | None) -> PatientRecord:
+    """A record file, or the name of a bundled demo record ("demo-colon")."""
+    path = Path(patient)
+    if not path.exists():
+        bundled = demo_record_path(patient)
+        if bundled is None:
+            names = ", ".join(p.stem for p in demo_record_paths())
+            raise RecordError(patient, f"no such file, and not a bundled demo record ({names})")
+        path = bundled
+    return load_record(path, patient_id)
+
+
+@app.command()
+def ask(
+    question: Annotated[str, typer.Argument(help="The clinical question (English or Chinese).")],
+    patient: Annotated[str, typer.Option("--patient", help="Record file, or a bundled demo record: demo-colon.")],
+    kb: Annotated[Path | None, typer.Option("--kb", help="Knowledge base; default: the bundled demo KB.")] = None,
+    llm: LlmOption = None,
+    base_url: BaseUrlOption = None,
+    model: ModelOption = None,
+    window: Annotated[int | None, typer.Option(help="Whole prompt budget in tokens (default [answer] window).")] = None,
+    retrieval: Annotated[str | None, typer.Option(help="auto (the gate decides), always or never.")] = None,
+    patient_id: Annotated[str | None, typer.Option("--patient-id", help="One patient of a multi-record file.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the answer and the whole trace as JSON.")] = False,
+    config: ConfigOption = None,
+) -> None:
+    """Answer a question about one patient from the record and the knowledge base, citing every claim."""
+    try:
+        record = resolve_patient(patient, patient_id)
+        engine = Engine.from_config(config, kb=kb, llm=llm, base_url=base_url, model=model, window=window,
+                                    retrieval=retrieval)
+        if not as_json:
+            with console.status("loading the bundled embedding model..."):
+                engine.warm_up()
+        result = engine.ask(question, record)
+    except (EbmragError, ValueError) as exc:
+        raise _fail(exc) from None
+    if as_json:
+        typer.echo(json.dumps(result.to_json(), ensure_ascii=False, indent=1))
+        return
+    show(result)
+
+
+def show(result: AskResult) -> None:
+    d = result.decision
+    colour = {"answer": "green", "retrieve": "yellow", "retrieve_warn": "red"}[d.action.value]
+    console.rule(f"[bold]{escape(result.patient_id)}[/] · completeness {d.completeness:.2f} · "
+                 f"[{colour}]{d.action.value}[/] · {result.backend}")
+    if result.fault:
+        console.print(f"[red]degraded:[/] {escape(result.fault)}", highlight=False)
+    console.print(result.answer, highlight=False, markup=False)
+    for s in result.unsupported:
+        console.print(f"[red]unsupported:[/] {escape(s.sentence)} ({escape(s.reason or 'no similar context')})")
+    console.print(trace_table(result))
+
+
+def trace_table(result: AskResult) -> Table:
+    trace = result.trace_json()
+    table = Table(title="trace (--json for all of it)", title_justify="left", show_header=False)
+    retrieved = ", ".join(f"{d['doc_id']} ({d['votes']})" for d in trace["retrieved"]) or "-"
+    dropped = ", ".join(f"[{d['n']}] {d['id']}: {d['reason']}" for d in trace["dropped"]) or "none"
+    rows = [("retrieval", f"{trace['retrieval']['reason']}"), ("documents (votes)", retrieved),
+            ("budget", f"window {result.budget.window}: {result.budget.fixed} fixed, {result.budget.context} "
+                       f"for context, {trace['tokens_used']} used"),
+            ("packed", f"{len(trace['packed'])} items"), ("dropped", dropped),
+            ("time", ", ".join(f"{k} {v:.0f} ms" for k, v in trace["timings_ms"].items()))]
+    for name, value in rows:
+        table.add_row(name, escape(value))
+    return table

@@ -1,0 +1,130 @@
+"""The answer context: patient fragments and evidence chunks packed together, numbered for citation.
+
+Every line a model or the extractive brief sees starts with its citation number, "[n|tier|...]".
+Patient fragments take 1..p in record order, evidence chunks p+1.. in assembler order; the numbers
+are fixed before packing, so a dropped item leaves a gap rather than renumbering what the packer
+measured (a renumbered line would no longer cost what was counted).
+
+Evidence chunks get a tier from the authority of their document: a guideline or systematic review
+is T3, anything else T4, so graded evidence ranks above unsourced text, while the patient's own
+objective results (T1/T2) always outweigh outside knowledge. With guidelines at T2 (tried first)
+they filled the T2 quota and the exact packer dropped the demo patient's creatinine of 2.8 mg/dL
+for a pneumonia guideline: the record's facts are what no textbook can replace. Evidence chunks
+never decay with the patient's timeline and never take the entity-compressed state, which would
+reduce a recommendation to a list of drug names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ebmrag.evidence.fragment import Fragment, PatientRecord, Tier, TierDecision
+from ebmrag.generate.assembler import SelectedChunk, edges_first
+from ebmrag.packing.types import PackResult
+
+AUTHORITY_TIERS = {"guideline": Tier.T3, "systematic_review": Tier.T3}
+PATIENT, EVIDENCE = "patient", "evidence"
+
+
+def evidence_tier(authority: str) -> Tier:
+    return AUTHORITY_TIERS.get(authority, Tier.T4)
+
+
+@dataclass(frozen=True)
+class ContextItem:
+    """One numbered line of the answer context; `id` is a fragment id or a chunk id."""
+
+    n: int
+    kind: str  # PATIENT | EVIDENCE
+    id: str
+    tier: Tier
+    header: str
+    body: str  # the text as placed: full, or the entity-compressed state of a patient fragment
+    rank: int  # record order for patient fragments, assembler rank for evidence
+    source: str = ""  # document id of an evidence chunk
+
+    @property
+    def line(self) -> str:
+        return f"{self.header} {self.body}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"n": self.n, "kind": self.kind, "id": self.id, "tier": self.tier.value, "text": self.body,
+                **({"doc_id": self.source} if self.source else {})}
+
+
+@dataclass(frozen=True)
+class Numbering:
+    """Citation numbers and line headers fixed before packing, keyed by packer fragment id."""
+
+    patient: tuple[Fragment, ...]
+    evidence: tuple[Fragment, ...]
+    chunks: tuple[SelectedChunk, ...]
+
+    @property
+    def fragments(self) -> list[Fragment]:
+        return [*self.patient, *self.evidence]
+
+    def headers(self) -> list[str]:
+        lines = []
+        for n, fragment in enumerate(self.fragments, 1):
+            if n <= len(self.patient):
+                date = f"|{fragment.timestamp.date().isoformat()}" if fragment.timestamp else ""
+                lines.append(f"[{n}|{fragment.tier.value}{date}]")
+            else:
+                chunk = self.chunks[n - len(self.patient) - 1]
+                lines.append(f"[{n}|{chunk.hit.authority}]")
+        return lines
+
+
+def evidence_key(chunk_id: str) -> str:
+    """Packer ids of evidence chunks are prefixed, so a chunk id can never collide with a fragment id."""
+    return f"kb:{chunk_id}"
+
+
+def number_context(record: PatientRecord, chunks: Sequence[SelectedChunk]) -> Numbering:
+    """`record` must be classified (tiers set); chunks come in the assembler's order."""
+    evidence = tuple(
+        Fragment(evidence_key(c.hit.chunk_id), record.patient_id, c.text, c.hit.section or None, None,
+                 c.hit.doc_id, TierDecision(evidence_tier(c.hit.authority), f"authority:{c.hit.authority}",
+                                            standing=True))
+        for c in chunks
+    )
+    return Numbering(record.fragments, evidence, tuple(chunks))
+
+
+def context_items(numbering: Numbering, result: PackResult) -> list[ContextItem]:
+    """The packed lines as citable items, patient first (record order) then evidence (rank order)."""
+    headers = numbering.headers()
+    position = {f.id: i for i, f in enumerate(numbering.fragments)}
+    items = []
+    for packed in result.packed:
+        i = position[packed.fragment_id]
+        header = headers[i]
+        body = packed.text[len(header) + 1 :]
+        if i < len(numbering.patient):
+            items.append(ContextItem(i + 1, PATIENT, packed.fragment_id, packed.tier, header, body, i))
+        else:
+            chunk = numbering.chunks[i - len(numbering.patient)]
+            items.append(ContextItem(i + 1, EVIDENCE, chunk.hit.chunk_id, packed.tier, header, body,
+                                     i - len(numbering.patient), chunk.hit.doc_id))
+    return sorted(items, key=lambda item: item.n)
+
+
+PATIENT_HEADING = "Patient record:"
+EVIDENCE_HEADING = "Evidence from the knowledge base:"
+
+
+def render_context(items: Sequence[ContextItem], ordering: str = "relevance_first") -> str:
+    """Patient lines in record order, then evidence lines in relevance or edges-first order."""
+    patient = [i.line for i in items if i.kind == PATIENT]
+    evidence = sorted((i for i in items if i.kind == EVIDENCE), key=lambda i: i.rank)
+    if ordering == "edges_first":
+        evidence = edges_first(evidence)
+    blocks = []
+    if patient:
+        blocks.append("\n".join([PATIENT_HEADING, *patient]))
+    if evidence:
+        blocks.append("\n".join([EVIDENCE_HEADING, *(i.line for i in evidence)]))
+    return "\n\n".join(blocks)

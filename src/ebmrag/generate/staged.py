@@ -1,0 +1,200 @@
+"""The staged answer: evaluate evidence -> draft -> review -> final, each reply validated before the next.
+
+A reply must be one JSON object of the stage's shape (pydantic models below) and may cite only
+numbers that exist in the context. An invalid reply is sent back once with the validation error;
+a second failure, or a transport failure (timeout, 5xx after the client's retries), ends the stage
+as failed and the pipeline degrades instead of stopping:
+- evidence_evaluator failed: the draft is written without an evaluation;
+- answer_generator failed: there is no model answer (the engine falls back to the extractive brief);
+- critical_reviewer failed: the final stage is skipped and the draft is the answer;
+- final_assembler failed: the draft is the answer.
+Every stage leaves a `StageTrace`, whatever happened, so the trace is never lost.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel, Field, ValidationError, field_validator
+
+from ebmrag.generate.llm import ChatMessage, LLMError, LLMReply
+from ebmrag.generate.prompts import STAGE_ORDER, PromptStage
+
+CITATION_MARK = re.compile(r"\[(\d+(?:\s*[,;，]\s*\d+)*)\]")
+
+
+class Finding(BaseModel):
+    statement: str = Field(min_length=1)
+    citations: list[int] = Field(min_length=1)
+    strength: Literal["high", "moderate", "low"]
+
+
+class EvidenceEvaluation(BaseModel):
+    findings: list[Finding]
+    gaps: list[str] = []
+
+
+class AnswerText(BaseModel):
+    answer: str
+
+    @field_validator("answer")
+    @classmethod
+    def not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("the answer is empty")
+        return value.strip()
+
+
+class Problem(BaseModel):
+    claim: str
+    issue: str
+
+
+class Review(BaseModel):
+    verdict: Literal["accept", "revise"]
+    problems: list[Problem] = []
+
+
+STAGE_SCHEMAS: dict[str, type[BaseModel]] = {"evidence_evaluator": EvidenceEvaluation,
+                                             "answer_generator": AnswerText, "critical_reviewer": Review,
+                                             "final_assembler": AnswerText}
+
+
+class ChatClient(Protocol):
+    def complete(self, messages: list[ChatMessage], temperature: float = 0.0, max_tokens: int = 512) -> LLMReply: ...
+
+
+@dataclass(frozen=True)
+class StageTrace:
+    name: str
+    status: str  # ok | invalid | failed | skipped
+    attempts: int
+    seconds: float
+    output: dict[str, Any] | None = None
+    error: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "status": self.status, "attempts": self.attempts,
+                "seconds": round(self.seconds, 3), "output": self.output, "error": self.error,
+                "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "cached": self.cached}
+
+
+@dataclass(frozen=True)
+class StagedAnswer:
+    answer: str | None  # None: no usable model answer
+    stages: tuple[StageTrace, ...]
+    fault: str  # why the pipeline degraded, '' when every stage succeeded
+
+
+def cited_numbers(text: str) -> list[int]:
+    return [int(n) for mark in CITATION_MARK.findall(text) for n in re.split(r"\s*[,;，]\s*", mark)]
+
+
+def parse_reply(text: str, schema: type[BaseModel], numbers: Collection[int]) -> BaseModel:
+    """The JSON object in a reply (code fences and chatter around it tolerated), validated, citations checked."""
+    start, end = text.find("{"), text.rfind("}")
+    if start < 0 or end <= start:
+        raise ValueError("the reply contains no JSON object")
+    try:
+        value = schema.model_validate_json(text[start : end + 1])
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'reply'}: {e['msg']}" for e in exc.errors()[:3])
+        raise ValueError(f"the JSON does not match the {schema.__name__} shape: {problems}") from None
+    cited = set(cited_numbers(value.model_dump_json()))
+    for finding in getattr(value, "findings", []):
+        cited.update(finding.citations)
+    unknown = sorted(cited - set(numbers))
+    if unknown:
+        raise ValueError(f"it cites {unknown}, which are not numbers of the context")
+    return value
+
+
+class StagedAnswerer:
+    """Pipeline step: question + numbered context -> a validated, reviewed answer and a trace per stage."""
+
+    def __init__(self, client: ChatClient, prompts: Mapping[str, PromptStage]) -> None:
+        missing = [name for name in STAGE_ORDER if name not in prompts]
+        if missing:
+            raise ValueError(f"prompt stages missing: {missing}")
+        self.client, self.prompts = client, dict(prompts)
+
+    def run(self, question: str, context: str, numbers: Collection[int], warning: str = "") -> StagedAnswer:
+        values = {"question": question, "context": context, "warning": f"Warning: {warning}\n" if warning else ""}
+        traces: list[StageTrace] = []
+        evaluation = self._stage("evidence_evaluator", values, numbers, traces)
+        values["evaluation"] = _render(evaluation) if evaluation else "(no evaluation available)"
+        draft = self._stage("answer_generator", values, numbers, traces)
+        if draft is None:
+            return StagedAnswer(None, tuple(_skip_rest(traces)), _fault(traces))
+        values["draft"] = str(draft["answer"])
+        review = self._stage("critical_reviewer", values, numbers, traces)
+        if review is None:
+            return StagedAnswer(values["draft"], tuple(_skip_rest(traces)), _fault(traces))
+        if review["verdict"] == "accept":
+            traces.append(StageTrace("final_assembler", "skipped", 0, 0.0, error="the reviewer accepted the draft"))
+            return StagedAnswer(values["draft"], tuple(traces), _fault(traces))
+        values["review"] = _render(review)
+        final = self._stage("final_assembler", values, numbers, traces)
+        answer = str(final["answer"]) if final else values["draft"]
+        return StagedAnswer(answer, tuple(traces), _fault(traces))
+
+    def _stage(self, name: str, values: Mapping[str, str], numbers: Collection[int],
+               traces: list[StageTrace]) -> dict[str, Any] | None:
+        stage, started = self.prompts[name], time.perf_counter()
+        messages = stage.messages(**values)
+        prompt_tokens = completion_tokens = 0
+        error, cached = "", False
+
+        def trace(status: str, attempts: int, output: dict[str, Any] | None = None) -> StageTrace:
+            return StageTrace(name, status, attempts, time.perf_counter() - started, output, error, prompt_tokens,
+                              completion_tokens, cached)
+
+        for attempt in (1, 2):
+            try:
+                reply = self.client.complete(messages, stage.temperature, stage.max_tokens)
+            except LLMError as exc:
+                error = f"attempt {attempt}: {exc}"
+                traces.append(trace("failed", attempt))
+                return None
+            prompt_tokens += reply.prompt_tokens
+            completion_tokens += reply.completion_tokens
+            cached = reply.cached
+            try:
+                output = parse_reply(reply.text, STAGE_SCHEMAS[name], numbers).model_dump()
+            except ValueError as exc:
+                error = f"attempt {attempt}: {exc}"
+                messages = [*messages, ChatMessage("assistant", reply.text),
+                            ChatMessage("user", f"Your reply could not be used: {exc}. Reply again with only the "
+                                                "JSON object, citing only numbers of the context.")]
+                continue
+            traces.append(trace("ok", attempt, output))
+            return output
+        traces.append(trace("invalid", 2))
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"prompts": {name: stage.to_dict() for name, stage in self.prompts.items()}}
+
+
+def _render(output: Mapping[str, Any]) -> str:
+    return json.dumps(output, ensure_ascii=False, indent=1)
+
+
+def _skip_rest(traces: list[StageTrace]) -> list[StageTrace]:
+    done = {t.name for t in traces}
+    return [*traces, *(StageTrace(name, "skipped", 0, 0.0, error="an earlier stage failed")
+                       for name in STAGE_ORDER if name not in done)]
+
+
+def _fault(traces: list[StageTrace]) -> str:
+    failed = [t for t in traces if t.status in ("failed", "invalid")]
+    return "; ".join(f"{t.name} {t.status}: {t.error}" for t in failed)

@@ -1,0 +1,106 @@
+"""`Engine.ask` with the offline extractive backend on the bundled demo knowledge base."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from ebmrag.agent.engine import Engine
+from ebmrag.demo import demo_record_path, demo_query
+from ebmrag.errors import RecordError
+from ebmrag.evidence.fragment import Fragment, PatientRecord
+from ebmrag.evidence.language import UnsupportedLanguageError
+from ebmrag.evidence.loaders import load_record
+from ebmrag.generate.budget import BudgetError
+
+ANTIBIOTIC = "Which antibiotic is safe for his wound infection, given his allergy and kidney function?"
+
+
+def colon() -> PatientRecord:
+    path = demo_record_path("demo-colon")
+    assert path is not None
+    return load_record(path)
+
+
+def test_brief_cites_only_packed_text_and_keeps_the_decisive_facts(make_engine: Callable[..., Engine]) -> None:
+    result = make_engine(retrieval="always").ask(ANTIBIOTIC, colon(), window=900)
+    data = json.loads(json.dumps(result.to_json()))
+    assert set(data) == {"decision", "answer", "citations", "unsupported", "trace"}
+    assert set(data["decision"]) == {"completeness", "action", "warning"}
+    trace = data["trace"]
+    packed_ids = {(p["kind"], p["id"]) for p in trace["packed"]}
+    assert data["citations"] and all((c["kind"], c["id"]) in packed_ids for c in data["citations"])
+    bodies = {i.n: i.body for i in result.items}
+    for line in (line for line in data["answer"].splitlines() if line.startswith("- ")):
+        sentence, n = re.fullmatch(r"- (.+) \[(\d+)\]", line).groups()  # type: ignore[union-attr]
+        assert sentence in bodies[int(n)], f"the brief says something its citation does not: {line}"
+    assert "Creatinine 2.8 mg/dL" in data["answer"] and "anaphylaxis to penicillin" in data["answer"]
+    assert "must be avoided" in data["answer"], "the penicillin-allergy guideline chunk is retrieved and packed"
+    assert not any(d["tier"] in ("T1", "T2") for d in trace["dropped"] if d["kind"] == "patient")
+    assert trace["tokens_used"] <= trace["budget"]["context"] == 900 - trace["budget"]["fixed"]
+    assert {d["kind"] for d in trace["packed"]} == {"patient", "evidence"}
+    assert all(d["reason"] for d in [*trace["packed"], *trace["dropped"]])
+    assert trace["retrieval"]["performed"] and trace["retrieved"][0]["doc_id"].startswith("ssi-")
+    assert data["unsupported"] == [] and trace["stages"] == []
+
+
+def test_gate_decides_retrieval_and_every_fragment_has_a_reason(make_engine: Callable[..., Engine]) -> None:
+    engine = make_engine()
+    path = demo_record_path("demo-zh")
+    assert path is not None
+    rich = engine.ask(demo_query(path), path)
+    assert rich.decision.action.value == "answer" and not rich.retrieval.performed
+    assert rich.to_json()["trace"]["retrieved"] == [] and rich.language == "zh"
+    sparse = PatientRecord("p-sparse", (Fragment("hx", "p-sparse", "Feels tired and unwell for a week."),
+                                        Fragment("soc", "p-sparse", "Lives with her husband, retired teacher.")))
+    warned = engine.ask("What should be checked first?", sparse)
+    assert warned.decision.action.value == "retrieve_warn" and warned.retrieval.performed
+    assert warned.answer.startswith("Warning: Critical information is sparse")
+    never = make_engine(retrieval="never").ask("What should be checked first?", sparse)
+    assert not never.retrieval.performed and "From the knowledge base" not in never.answer
+
+
+def test_one_patient_never_sees_another(make_engine: Callable[..., Engine]) -> None:
+    engine = make_engine(retrieval="always")
+    other = load_record(demo_record_path("demo-chest"))  # type: ignore[arg-type]
+    result = engine.ask(ANTIBIOTIC, colon(), window=4096)
+    text = json.dumps(result.to_json(), ensure_ascii=False)
+    for fragment in other.fragments:
+        assert fragment.id not in text and fragment.text[:60] not in text
+    assert {i.id for i in result.items if i.kind == "patient"} <= {f.id for f in colon().fragments}
+
+
+@pytest.mark.parametrize(("question", "error", "message"), [
+    ("   ", ValueError, "the question is empty"),
+    ("Какой антибиотик безопасен?", UnsupportedLanguageError, "Cyrillic"),
+    ("¿Qué antibiótico es seguro para la infección de la herida?", UnsupportedLanguageError, "other than English"),
+])
+def test_bad_questions_are_refused_by_name(make_engine: Callable[..., Engine], question: str, error: type,
+                                           message: str) -> None:
+    with pytest.raises(error, match=message):
+        make_engine().ask(question, colon())
+
+
+def test_empty_record_and_tiny_window_are_clear_errors(make_engine: Callable[..., Engine]) -> None:
+    with pytest.raises(RecordError, match="no fragments"):
+        make_engine().ask(ANTIBIOTIC, PatientRecord("p-empty", ()))
+    with pytest.raises(BudgetError, match=r"window 40 is too small.*use a window of at least \d+"):
+        make_engine().ask(ANTIBIOTIC, colon(), window=40)
+    with pytest.raises(ValueError, match="needs a knowledge base"):
+        Engine(make_engine().packer, None, retrieval="always")
+    with pytest.raises(ValueError, match="relevance filter needs an LLM"):
+        make_engine(relevance_filter=True)
+
+
+def test_edges_first_puts_the_best_evidence_at_both_ends(make_engine: Callable[..., Engine]) -> None:
+    result = make_engine(retrieval="always", ordering="edges_first").ask(ANTIBIOTIC, colon(), window=4096)
+    evidence = [i for i in result.items if i.kind == "evidence"]
+    assert len(evidence) >= 3
+    lines = result.context.split("Evidence from the knowledge base:\n", 1)[1].splitlines()
+    ranked = sorted(evidence, key=lambda i: i.rank)
+    assert lines[0] == ranked[0].line and lines[-1] == ranked[1].line
+
