@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint bench tiers clean retrieval bench-retrieval packing-suite
+.PHONY: setup demo test lint bench bench-ask tiers clean retrieval bench-retrieval packing-suite
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -15,8 +15,10 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# The main job: a cited answer about a bundled patient from the bundled demo knowledge base (built on first use).
 demo: $(STAMP)
-	$(VENV)/bin/ebmrag demo --window 256
+	$(VENV)/bin/ebmrag ask "Which antibiotic is safe for his wound infection, given his allergy and kidney function?" \
+	  --patient demo-colon --window 900
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench
@@ -27,6 +29,10 @@ test: lint
 
 bench: $(STAMP)
 	$(PY) bench/packing.py --out docs/benchmarks.md
+
+# `ask` latency on a 100k-chunk knowledge base scaled from the LiveQA KB (built by `make retrieval`).
+bench-ask: $(STAMP)
+	$(PY) bench/ask.py --base-kb $(KB) --size 100000 --data-root $(DATA) --out docs/benchmarks.md
 
 KB ?= /tmp/kb-liveqa
 DATA ?= ../shared/data

@@ -30,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ebmrag.index import store
-from ebmrag.index.kb import KnowledgeBase, KnowledgeBaseConfig
+from ebmrag.index.kb import IngestReport, KnowledgeBase, KnowledgeBaseConfig
 from ebmrag.index.search import HybridRetriever
 from ebmrag.ingest.documents import Document
 
@@ -73,16 +73,23 @@ def percentile_ms(samples: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(samples) * 1000, q))
 
 
-def run_size(base_kb: Path, size: int, workdir: Path) -> dict[str, Any]:
+def build_scaled_kb(base_kb: Path, size: int, root: Path) -> tuple[KnowledgeBase, IngestReport, float]:
+    """`size` one-chunk documents scaled from the base KB (see the module note); returns the KB, report, seconds."""
     texts, vectors = base_corpus(base_kb)
     embedder = ScaledEmbedder({t: i for i, t in enumerate(texts)}, vectors)
     docs = [Document(f"d{i}", f"{texts[i % len(texts)]} copy{i // len(texts)}", "bench", "txt")
             for i in range(size)]
-    kb = KnowledgeBase(workdir / f"kb-{size}", KnowledgeBaseConfig(contextual_prefix=False, chunker="fixed"),
+    kb = KnowledgeBase(root, KnowledgeBaseConfig(contextual_prefix=False, chunker="fixed"),
                        embedder=embedder)  # type: ignore[arg-type]
     started = time.perf_counter()
     report = kb.apply(docs)
-    total = time.perf_counter() - started
+    return kb, report, time.perf_counter() - started
+
+
+def run_size(base_kb: Path, size: int, workdir: Path) -> dict[str, Any]:
+    kb, report, total = build_scaled_kb(base_kb, size, workdir / f"kb-{size}")
+    texts, _ = base_corpus(base_kb)
+    embedder = kb.embedder
     result: dict[str, Any] = {"size": size, "chunks": report.chunks_total,
                               "index_chunks_per_s": report.chunks_total / max(report.seconds_indexing, 1e-9),
                               "ingest_s": total, "indexing_s": report.seconds_indexing}

@@ -155,4 +155,5 @@ def write_report(report: str, out: Path | None) -> None:
 
 from ebmrag import cli_ask as _cli_ask  # noqa: E402,F401  (registers `ebmrag ask`)
 from ebmrag import cli_eval as _cli_eval  # noqa: E402,F401  (registers the packing evaluation commands)
+from ebmrag import cli_gate as _cli_gate  # noqa: E402,F401  (registers `ebmrag gate`)
 from ebmrag import cli_kb as _cli_kb  # noqa: E402,F401  (registers the knowledge-base commands)

@@ -118,6 +118,7 @@ class AnswerSettings:
     grounding_threshold: float = 0.6
     prompts: str = ""  # a TOML file with the four stages; empty = the bundled set for the question's language
     evidence_share: float = 0.5  # the most of the context that knowledge-base evidence may take
+    gate_model: str = ""  # a classifier from `ebmrag gate train`; empty = the label-free rule labeller
 
     def __post_init__(self) -> None:
         if self.window < 1 or self.max_queries < 1:

@@ -6,44 +6,41 @@ from typing import Any
 import pytest
 
 from ebmrag.evidence.fragment import Tier
-from ebmrag.generate.assembler import SelectedChunk
+from ebmrag.generate.context import EVIDENCE, PATIENT, ContextItem, evidence_tier
 from ebmrag.generate.extractive import extractive_brief
 from ebmrag.generate.grounding import GroundingChecker
-from ebmrag.index.search import SearchHit
-from ebmrag.packing.types import PackedFragment, PackReason, State
 
-ALLERGY = "[allergy|T1|2015-02-01] Anaphylaxis to penicillin in 2014. Carries an adrenaline pen."
-LABS = "[labs|T2|2026-03-13] Creatinine 2.8 mg/dL, up from 1.1 mg/dL."
-HISTORY = "[hx|T4|2026-03-13] Fever and wound redness since yesterday."
+ALLERGY = "Anaphylaxis to penicillin in 2014. Carries an adrenaline pen."
+LABS = "Creatinine 2.8 mg/dL, up from 1.1 mg/dL."
+HISTORY = "Fever and wound redness since yesterday."
 GUIDE = "Avoid all penicillins after anaphylaxis. Choose a non-beta-lactam for wound infection."
 
 
-def packed(fid: str, tier: Tier, text: str, order: int) -> PackedFragment:
-    return PackedFragment(fid, tier, State.FULL, 20, 1.0, PackReason.OPTIMAL, text, order)
-
-
-def chunk() -> SelectedChunk:
-    hit = SearchHit("guide#0", "guide", 0.9, "", GUIDE, "guides", "", 0, len(GUIDE), "guideline", "")
-    return SelectedChunk(1, hit, GUIDE, False)
+def item(n: int, kind: str, fid: str, tier: Tier, body: str, rank: int) -> ContextItem:
+    return ContextItem(n, kind, fid, tier, f"[{n}|{tier.value}]", body, rank)
 
 
 def test_brief_copies_only_input_sentences_and_cites_each() -> None:
-    fragments = [packed("hx", Tier.T4, HISTORY, 0), packed("labs", Tier.T2, LABS, 1),
-                 packed("allergy", Tier.T1, ALLERGY, 2)]
-    brief = extractive_brief("Which antibiotic?", fragments, [chunk()], warning="Critical information is sparse.")
+    items = [item(1, PATIENT, "hx", Tier.T4, HISTORY, 0), item(2, PATIENT, "labs", Tier.T2, LABS, 1),
+             item(3, PATIENT, "allergy", Tier.T1, ALLERGY, 2), item(4, EVIDENCE, "guide#0", Tier.T3, GUIDE, 0)]
+    brief = extractive_brief("Which antibiotic?", items, warning="Critical information is sparse.")
     lines = brief.text.splitlines()
     assert lines[0] == "Warning: Critical information is sparse."
     cited = [line for line in lines if line.startswith("- ")]
-    sources = " ".join([ALLERGY, LABS, HISTORY, GUIDE])
     for line in cited:
         sentence, number = re.fullmatch(r"- (.+) \[(\d+)\]", line).groups()  # type: ignore[union-attr]
-        assert sentence in sources, f"invented text: {sentence}"
-        assert int(number) in {c.n for c in brief.citations}
-    assert [(c.n, c.kind, c.id) for c in brief.citations] == [(1, "evidence", "guide#0"), (2, "patient", "allergy"),
-                                                              (3, "patient", "labs"), (4, "patient", "hx")]
-    assert brief.text.index("Anaphylaxis to penicillin") < brief.text.index("Creatinine 2.8")
-    assert "[allergy|T1" not in brief.text, "packer headers are not copied as claims"
+        assert sentence in items[int(number) - 1].body, f"invented or miscited text: {line}"
+    assert [(c.n, c.kind, c.id) for c in brief.citations] == [(1, "patient", "hx"), (2, "patient", "labs"),
+                                                              (3, "patient", "allergy"), (4, "evidence", "guide#0")]
+    assert brief.text.index("Anaphylaxis to penicillin") < brief.text.index("Creatinine 2.8") < brief.text.index(
+        "Fever and wound") < brief.text.index("From the knowledge base:") < brief.text.index("Avoid all penicillins")
+    assert "[3|T1]" not in brief.text, "line headers are not copied as claims"
     assert len(cited) == 2 + 1 + 1 + 2
+
+
+def test_evidence_tiers_follow_the_authority_of_the_source() -> None:
+    assert [evidence_tier(a) for a in ("guideline", "systematic_review", "trial", "textbook", "other", "")] == [
+        Tier.T3, Tier.T3, Tier.T4, Tier.T4, Tier.T4, Tier.T4]
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +49,7 @@ def checker(embedder: Any) -> GroundingChecker:
 
 
 def test_grounding_flags_invented_and_altered_claims(checker: GroundingChecker) -> None:
-    context = [ALLERGY.split("] ", 1)[1], LABS.split("] ", 1)[1], GUIDE]
+    context = [ALLERGY, LABS, GUIDE]
     answer = ("Avoid all penicillins because of the anaphylaxis [1]. Creatinine is 2.8 mg/dL [3]. "
               "Start intravenous amoxicillin at once. The patient has a sulfonamide allergy.")
     supports = checker.run(answer, context)
@@ -66,3 +63,11 @@ def test_grounding_flags_invented_and_altered_claims(checker: GroundingChecker) 
                                            "drug 'amoxicillin' is not in the context"]
     with pytest.raises(ValueError, match="threshold"):
         GroundingChecker(checker.embedder, threshold=0)
+
+
+def test_a_copied_sentence_is_supported_but_a_copied_piece_that_drops_a_negation_is_not(
+        checker: GroundingChecker) -> None:
+    context = ["No evidence of malignancy in the resected nodes. Margins clear."]
+    copied, piece = checker.run("Margins clear. Evidence of malignancy in the resected nodes.", context)
+    assert (copied.supported, copied.score, copied.nearest) == (True, 1.0, "Margins clear.")
+    assert piece.score < 1.0, "only whole sentences take the verbatim shortcut"

@@ -57,9 +57,12 @@ class GroundingChecker:
         self.extractor = extractor or default_extractor()
 
     def run(self, answer: str, context: Sequence[str]) -> list[SentenceSupport]:
-        """A claim that is a whole context sentence, copied, is supported without a model call (the
-        extractive brief is all such claims); the others are scored."""
-        claims = [c for c in (_CITATION.sub("", s.text).strip() for s in split_sentences(answer)) if c]
+        return self.check([s.text for s in split_sentences(answer)], context)
+
+    def check(self, claims: Sequence[str], context: Sequence[str]) -> list[SentenceSupport]:
+        """Support per claim (citation marks removed). A claim that is a whole context sentence, copied,
+        is supported without a model call (the extractive brief is all such claims); others are scored."""
+        claims = [c for c in (_CITATION.sub("", claim).strip() for claim in claims) if c]
         sources = [s.text for text in context for s in split_sentences(text) if s.text.strip()]
         if not claims:
             return []

@@ -61,6 +61,7 @@ class SearchHit:
     char_end: int
     authority: str
     date: str
+    row: int = -1  # the chunk's row in this generation's vector matrix (-1: not from an index)
 
     def to_json(self) -> dict[str, Any]:
         return {"chunk_id": self.chunk_id, "doc_id": self.doc_id, "score": round(self.score, 6),
@@ -116,6 +117,13 @@ class HybridRetriever:
         vectors = self.kb.embedder.embed(list(queries))
         return [self.hits(self.rank(q, k, filters, v)) for q, v in zip(queries, vectors, strict=True)]
 
+    def similarities(self, query: str, hits: Sequence[SearchHit]) -> list[float]:
+        """Cosine of the query and each hit in the knowledge base's own vector space, from stored vectors:
+        no chunk is embedded again (the query vector is cached from the search)."""
+        vectors = self.kb.reader().dense.vectors
+        query_vector = self.kb.embedder.embed([query])[0]
+        return [float(vectors[h.row] @ query_vector) if h.row >= 0 else 0.0 for h in hits]
+
     def rank(self, query: str, k: int, filters: Filters | None = None,
              query_vector: npt.NDArray[np.float32] | None = None) -> Ranked:
         reader = self.kb.reader()
@@ -147,7 +155,7 @@ class HybridRetriever:
         rows = store.chunks_by_rows(self.kb.reader().db, ranked.rows.tolist())
         return [
             SearchHit(c.chunk_id, c.doc_id, float(score), c.section, c.text, c.source, c.section_id, c.char_start,
-                      c.char_end, c.authority, c.date)
+                      c.char_end, c.authority, c.date, row)
             for row, score in zip(ranked.rows.tolist(), ranked.scores.tolist(), strict=True)
             if (c := rows[row])
         ]

@@ -132,10 +132,12 @@ class CandidateBuilder:
 
     def measure_fragments(self, fragments: Sequence[Fragment], query: str, as_of: datetime | None = None,
                           headers: Sequence[str] | None = None,
-                          compressible: Callable[[Fragment], bool] | None = None) -> list[MeasuredFragment]:
+                          compressible: Callable[[Fragment], bool] | None = None,
+                          known_similarity: Mapping[str, float] | None = None) -> list[MeasuredFragment]:
         """Classified fragments -> measured states. `headers` replace the default "[id|tier|date]" line
         heads (the answer pipeline numbers lines for citation); `compressible` limits state B (evidence
-        chunks have a tier but no entity-preserving compression)."""
+        chunks have a tier but no entity-preserving compression); `known_similarity` gives Sim for
+        fragments measured elsewhere (evidence chunks, from the knowledge base's stored vectors)."""
         if not query.strip():
             raise ValueError("query is empty: utility needs a question to measure similarity against")
         if headers is not None and len(headers) != len(fragments):
@@ -145,9 +147,12 @@ class CandidateBuilder:
         bodies_b = [
             c.text if c and c.text and c.text != f.text else None for f, c in zip(fragments, compressions, strict=True)
         ]
-        texts = [query, *(f.text for f in fragments), *(b for b in bodies_b if b)]
+        known = known_similarity or {}
+        texts = [query, *(f.text for f in fragments if f.id not in known), *(b for b in bodies_b if b)]
         vectors = self.embedder.embed(texts)
-        sims = np.clip(vectors[1:] @ vectors[0], 0.0, 1.0)
+        computed = iter(np.clip(vectors[1:] @ vectors[0], 0.0, 1.0).tolist())
+        sims = np.array([min(max(known[f.id], 0.0), 1.0) if f.id in known else next(computed) for f in fragments]
+                        + list(computed))
         sim_b = iter(sims[len(fragments) :])
         headers = list(headers) if headers is not None else [fragment_header(f) for f in fragments]
         lines = [render_line(h, f.text) for h, f in zip(headers, fragments, strict=True)]
