@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 
 from ebmrag.agent.engine import Engine
-from ebmrag.demo import demo_record_path, demo_query
+from ebmrag.demo import demo_query, demo_record_path
 from ebmrag.errors import RecordError
 from ebmrag.evidence.fragment import Fragment, PatientRecord
 from ebmrag.evidence.language import UnsupportedLanguageError
@@ -104,3 +103,14 @@ def test_edges_first_puts_the_best_evidence_at_both_ends(make_engine: Callable[.
     ranked = sorted(evidence, key=lambda i: i.rank)
     assert lines[0] == ranked[0].line and lines[-1] == ranked[1].line
 
+
+
+def test_prepare_changes_nothing_but_the_time(make_engine: Callable[..., Engine]) -> None:
+    engine = make_engine(retrieval="always")
+    record = colon()
+    engine.prepare(record)
+    prepared = engine.ask(ANTIBIOTIC, record, window=900).to_json()
+    fresh = make_engine(retrieval="always").ask(ANTIBIOTIC, record, window=900).to_json()
+    for result in (prepared, fresh):
+        del result["trace"]["timings_ms"]
+    assert prepared == fresh

@@ -19,7 +19,8 @@ from tests.fake_openai import FakeOpenAI, serve
 
 QUESTION = "Which antibiotic is safe for his wound infection, given his allergy and kidney function?"
 STAGES = {"evidence evaluator": "evidence_evaluator", "careful clinical assistant": "answer_generator",
-          "critical reviewer": "critical_reviewer", "finalise": "final_assembler", "临床证据评估员": "evidence_evaluator"}
+          "critical reviewer": "critical_reviewer", "finalise": "final_assembler",
+          "临床证据评估员": "evidence_evaluator", "differential diagnosis": "relevance"}
 
 
 def stage_of(body: dict[str, Any]) -> str:
@@ -36,6 +37,8 @@ def clinician(final_answer: str | None = None, verdict: str = "revise") -> Calla
 
     def reply(body: dict[str, Any]) -> str:
         stage = stage_of(body)
+        if stage == "relevance":
+            return json.dumps({"status": "pneumonia" not in body["messages"][1]["content"].split("Retrieved text:")[1]})
         if stage == "evidence_evaluator":
             n = numbers_in(body)[0]
             return json.dumps({"findings": [{"statement": "Anaphylaxis to penicillin.", "citations": [n],
@@ -149,3 +152,14 @@ def test_a_window_below_the_fixed_prompt_is_refused(make_engine: Callable[..., E
         engine = make_engine(OpenAIChatClient(url, "tiny", max_retries=0))
         with pytest.raises(BudgetError, match=r"window 1200 is too small: the fixed parts of the answer_generator"):
             engine.ask(QUESTION, colon(), window=1200)
+
+
+def test_the_relevance_filter_drops_documents_the_model_rejects(make_engine: Callable[..., Engine]) -> None:
+    fake = FakeOpenAI(clinician())
+    result = ask(make_engine, fake, relevance_filter=True)
+    retrieved = result.to_json()["trace"]["retrieved"]
+    judged = [stage_of(r) for r in fake.requests].count("relevance")
+    assert judged == len(retrieved) >= 5, "rejected documents stay in the trace with their verdict"
+    rejected = [d for d in retrieved if not d["relevance"]["keep"]]
+    assert rejected and all(d["relevance"]["status"] is False for d in rejected)
+    assert not any("pneumonia" in i.body for i in result.items if i.kind == "evidence")

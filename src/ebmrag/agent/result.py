@@ -32,6 +32,12 @@ class RetrievalTrace:
     documents: tuple[DocumentHit, ...] = ()
     verdicts: tuple[RelevanceVerdict, ...] = ()
 
+    @property
+    def kept(self) -> list[DocumentHit]:
+        """The voted documents the relevance filter kept (all of them without a filter)."""
+        rejected = {v.doc_id for v in self.verdicts if not v.keep}
+        return [d for d in self.documents if d.doc_id not in rejected]
+
     def to_json(self) -> list[dict[str, Any]]:
         verdict = {v.doc_id: v.to_json() for v in self.verdicts}
         return [{"doc_id": d.doc_id, "votes": d.votes, "score": round(d.score, 6),
