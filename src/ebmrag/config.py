@@ -41,6 +41,8 @@ window = 4096            # the whole prompt budget: system + context + history +
 retrieval = "auto"       # auto (the retrieval gate decides) | always | never
 ordering = "relevance_first"   # or edges_first
 relevance_filter = false # LLM judges each retrieved document (needs --llm openai)
+gate_theta1 = 0.35       # gate thresholds and weights: gate_alpha/beta/gamma = 1.0/0.5/0.1
+gate_theta2 = 0.25
 """
 
 from __future__ import annotations
@@ -119,12 +121,20 @@ class AnswerSettings:
     prompts: str = ""  # a TOML file with the four stages; empty = the bundled set for the question's language
     evidence_share: float = 0.5  # the most of the context that knowledge-base evidence may take
     gate_model: str = ""  # a classifier from `ebmrag gate train`; empty = the label-free rule labeller
+    gate_alpha: float = 1.0  # completeness weights of A, B, C sentences (ICA-RAG)
+    gate_beta: float = 0.5
+    gate_gamma: float = 0.1
+    gate_theta1: float = 0.35  # above: answer from the record (the paper prints 0.3; see docs/results/gate.md)
+    gate_theta2: float = 0.25  # below: retrieve and warn (the paper prints 0.1, which can never fire)
 
     def __post_init__(self) -> None:
         if self.window < 1 or self.max_queries < 1:
             raise ValueError("window and max_queries must be >= 1")
         if not 0 < self.evidence_share <= 1:
             raise ValueError(f"evidence_share must be in (0, 1], got {self.evidence_share}")
+        from ebmrag.agent.gate import GateParams  # validates weights and thresholds with the gate's own rules
+
+        GateParams(self.gate_alpha, self.gate_beta, self.gate_gamma, self.gate_theta1, self.gate_theta2)
         if self.retrieval not in ("auto", "always", "never"):
             raise ValueError(f"retrieval must be auto, always or never, got {self.retrieval!r}")
         if self.ordering not in ("relevance_first", "edges_first"):

@@ -114,3 +114,11 @@ def test_prepare_changes_nothing_but_the_time(make_engine: Callable[..., Engine]
     for result in (prepared, fresh):
         del result["trace"]["timings_ms"]
     assert prepared == fresh
+
+
+def test_to_dict_records_the_settings(make_engine: Callable[..., Engine]) -> None:
+    settings = make_engine(retrieval="always", window=900, evidence_share=0.4).to_dict()
+    assert (settings["retrieval"], settings["window"], settings["evidence_share"]) == ("always", 900, 0.4)
+    assert settings["voter"]["chunks_per_query"] == 100 and settings["llm"] is None
+    with pytest.raises(ValueError, match="evidence_share"):
+        make_engine(evidence_share=0)

@@ -19,7 +19,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ebmrag.agent.gate import Action, GateDecision, Label, RetrievalGate, RuleLabeller
+from ebmrag.agent.gate import Action, GateDecision, GateParams, Label, RetrievalGate, RuleLabeller
 from ebmrag.agent.gate_model import ClassifierLabeller
 from ebmrag.agent.relevance import RelevanceFilter
 from ebmrag.agent.result import AskResult, RetrievalTrace
@@ -85,7 +85,6 @@ class Engine:
         self.relevance = RelevanceFilter(client) if relevance_filter and client else None
         self.grounding = GroundingChecker(packer.embedder, grounding_threshold)
         self.prompts_path = Path(prompts_path) if prompts_path else None
-        self.assembler = ContextAssembler(packer.token_counter, 1, ordering="relevance_first")
         if self.prompts_path:
             load_prompts(path=self.prompts_path)  # fail at start-up, not mid-consultation
 
@@ -105,13 +104,25 @@ class Engine:
             root = Path(kb) if kb else ensure_demo_kb(cache_dir(settings))
             voter = make_voter(settings, make_retriever(settings, open_kb(settings, root)))
         packer = build_packer(settings)
-        gate = RetrievalGate(ClassifierLabeller(a.gate_model, packer.embedder)) if a.gate_model else None
+        labeller = (ClassifierLabeller(a.gate_model, packer.embedder) if a.gate_model
+                    else RuleLabeller(packer.classifier))
+        params = GateParams(a.gate_alpha, a.gate_beta, a.gate_gamma, a.gate_theta1, a.gate_theta2)
+        gate = RetrievalGate(labeller, params)
         return cls(packer, voter, client, gate,
                    window or a.window, mode, a.ordering, a.max_queries, a.relevance_filter, a.grounding_threshold,
                    a.prompts or None, a.evidence_share)
 
     def warm_up(self) -> None:
         self.packer.warm_up()
+
+    def to_dict(self) -> dict[str, Any]:
+        """What this engine runs with, for the record (build one with `from_config`)."""
+        return {"packer": self.packer.to_dict(), "voter": self.voter.to_dict() if self.voter else None,
+                "llm": getattr(self.client, "to_dict", lambda: None)(),
+                "gate": self.gate.to_dict(), "window": self.window, "retrieval": self.retrieval,
+                "ordering": self.ordering, "max_queries": self.max_queries, "relevance_filter": bool(self.relevance),
+                "grounding_threshold": self.grounding.threshold, "evidence_share": self.evidence_share,
+                "prompts_path": str(self.prompts_path) if self.prompts_path else None}
 
     def prepare(self, patient: PatientRecord) -> None:
         """Embed a record ahead of the first question (when a chart is opened): fragment texts, their
@@ -193,8 +204,8 @@ class Engine:
         ranked = [chunk for document in retrieval.kept for chunk in document.chunks]
         # Document votes already ranked these; the assembler sorts by score, so the score is that rank.
         hits: list[SearchHit] = [replace(hit, score=float(len(ranked) - i)) for i, hit in enumerate(ranked)]
-        self.assembler.budget_tokens = max(1, int(budget * self.evidence_share))
-        return self.assembler.run(hits)
+        assembler = ContextAssembler(self.packer.token_counter, max(1, int(budget * self.evidence_share)))
+        return assembler.run(hits)
 
     def _pack(self, numbering: Numbering, question: str, budget: int, as_of: datetime | None) -> PackResult:
         """Patient fragments are embedded (and cached); evidence chunks are scored from the KB's stored
