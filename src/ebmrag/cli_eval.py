@@ -21,7 +21,7 @@ from ebmrag.eval.packing_report import dataset_dir
 from ebmrag.eval.packing_suite import NEUTRAL, Suite, rows_table
 from ebmrag.evidence.embeddings import SentenceEmbedder
 from ebmrag.evidence.tokens import make_token_counter
-from ebmrag.factory import cache_dir, make_llm_client
+from ebmrag.factory import cache_dir, make_llm_client, require_llm_client
 from ebmrag.generate.llm import OpenAIChatClient
 from ebmrag.packing.packer import STRATEGIES, make_packer
 from ebmrag.packing.utility import CandidateBuilder, TierWeights, UtilityParams
@@ -135,9 +135,7 @@ def eval_mirage(
 
     try:
         settings = load_settings(config)
-        client = make_llm_client(settings, llm, model, base_url)
-        if client is None:
-            raise ValueError("eval mirage needs a model: --llm openai --base-url URL --model M")
+        client = require_llm_client(settings, llm, model, base_url, "eval mirage")
         retriever = make_retriever(settings, KnowledgeBase(kb, cache_dir=cache_dir(settings))) if kb else None
         names = [s.strip() for s in subsets.split(",") if s.strip()]
         rows = rows_json(mirage_accuracy(client, benchmark, names, limit, retriever, k))

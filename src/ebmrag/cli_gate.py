@@ -14,7 +14,7 @@ from ebmrag.cli_kb import progress_bar
 from ebmrag.config import load_settings
 from ebmrag.errors import EbmragError
 from ebmrag.evidence.sentences import split_sentences
-from ebmrag.factory import cache_dir, make_llm_client, make_retriever, open_kb
+from ebmrag.factory import cache_dir, make_retriever, open_kb, require_llm_client
 
 gate_app = typer.Typer(help="Train the retrieval gate's sentence classifier.", no_args_is_help=True)
 app.add_typer(gate_app, name="gate")
@@ -38,9 +38,7 @@ def annotate(
 
     try:
         settings = load_settings(config)
-        client = make_llm_client(settings, llm, model, base_url)
-        if client is None:
-            raise ValueError("annotation needs a model: --llm openai --base-url URL --model NAME")
+        client = require_llm_client(settings, llm, model, base_url, "annotation")
         retriever = make_retriever(settings, open_kb(settings, kb), "bm25") if kb else None
         annotator = MaskingAnnotator(client, retriever)
         cases = [c for c in load_cases(dataset, data_dir, limit) if c.answer]

@@ -58,3 +58,12 @@ def make_llm_client(settings: Settings, llm: str | None = None, model: str | Non
     if not url or not name:
         raise ValueError("--llm openai needs --base-url and --model (or [llm] base_url and model)")
     return OpenAIChatClient(url, name, s.api_key or None, s.timeout, s.max_retries, cache_dir=cache_dir(settings))
+
+
+def require_llm_client(settings: Settings, llm: str | None, model: str | None, base_url: str | None,
+                       purpose: str) -> OpenAIChatClient:
+    """For commands that cannot run offline: the client, or an error saying which flags are missing."""
+    client = make_llm_client(settings, llm or "openai", model, base_url)
+    if client is None:
+        raise ValueError(f"{purpose} needs a model: --llm openai --base-url URL --model NAME")
+    return client

@@ -85,6 +85,7 @@ class Engine:
         self.relevance = RelevanceFilter(client) if relevance_filter and client else None
         self.grounding = GroundingChecker(packer.embedder, grounding_threshold)
         self.prompts_path = Path(prompts_path) if prompts_path else None
+        self._prompt_sets: dict[str, dict[str, PromptStage]] = {}
         if self.prompts_path:
             load_prompts(path=self.prompts_path)  # fail at start-up, not mid-consultation
 
@@ -188,7 +189,10 @@ class Engine:
         return tuple(dict.fromkeys([question, *(s.text for s in key)]))[: self.max_queries]
 
     def _prompts(self, language: str) -> dict[str, PromptStage]:
-        return load_prompts(language, self.prompts_path)
+        """Read once per language, not on every question."""
+        if language not in self._prompt_sets:
+            self._prompt_sets[language] = load_prompts(language, self.prompts_path)
+        return self._prompt_sets[language]
 
     def _budget(self, window: int, question: str, warning: str, history: str,
                 prompts: dict[str, PromptStage] | None) -> PromptBudget:
@@ -217,7 +221,7 @@ class Engine:
             sims = self.voter.retriever.similarities(question, hits)
             known = {f.id: sim for f, sim in zip(numbering.evidence, sims, strict=True)}
         measured = self.packer.builder.measure_fragments(
-            numbering.fragments, question, as_of, numbering.headers(),
+            numbering.fragments, question, as_of, numbering.headers,
             compressible=lambda f: f.id in patient_ids and f.tier.compressible, known_similarity=known)
         return self.packer.packer.pack(score_candidates(measured, self.packer.params), budget)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from functools import cached_property
 
 from ebmrag.evidence.fragment import Fragment, PatientRecord, Tier, TierDecision
 from ebmrag.generate.assembler import SelectedChunk, edges_first
@@ -49,10 +49,6 @@ class ContextItem:
     def line(self) -> str:
         return f"{self.header} {self.body}"
 
-    def to_json(self) -> dict[str, Any]:
-        return {"n": self.n, "kind": self.kind, "id": self.id, "tier": self.tier.value, "text": self.body,
-                **({"doc_id": self.source} if self.source else {})}
-
 
 @dataclass(frozen=True)
 class Numbering:
@@ -66,6 +62,7 @@ class Numbering:
     def fragments(self) -> list[Fragment]:
         return [*self.patient, *self.evidence]
 
+    @cached_property
     def headers(self) -> list[str]:
         lines = []
         for n, fragment in enumerate(self.fragments, 1):
@@ -96,7 +93,7 @@ def number_context(record: PatientRecord, chunks: Sequence[SelectedChunk]) -> Nu
 
 def context_items(numbering: Numbering, result: PackResult) -> list[ContextItem]:
     """The packed lines as citable items, patient first (record order) then evidence (rank order)."""
-    headers = numbering.headers()
+    headers = numbering.headers
     position = {f.id: i for i, f in enumerate(numbering.fragments)}
     items = []
     for packed in result.packed:
