@@ -28,13 +28,11 @@ from typing import Any
 import numpy as np
 
 from ebmrag.agent.engine import Engine
+from ebmrag.config import Settings
 from ebmrag.demo import demo_record_paths
 from ebmrag.evidence.fragment import PatientRecord
 from ebmrag.evidence.loaders import load_record, load_records
-from ebmrag.index.kb import KnowledgeBase
-from ebmrag.index.rerank import DocumentVoter
-from ebmrag.index.search import HybridRetriever
-from ebmrag.packing.packer import ContextPacker
+from ebmrag.factory import build_engine
 from retrieval import build_scaled_kb  # bench/ is on sys.path when this script runs
 
 QUESTIONS = ("What is the most likely diagnosis, and what should be done next?",
@@ -99,12 +97,9 @@ def main() -> None:
         root = args.kb or Path(scratch) / "kb"
         if not (root / "CURRENT").exists():
             build_scaled_kb(args.base_kb, args.size, root)
-        kb = KnowledgeBase(root)
-        packer = ContextPacker()
-        engine = Engine(packer, DocumentVoter(HybridRetriever(kb, "hybrid", "score", (0.3, 0.7))),
-                        retrieval="always")
+        engine = build_engine(Settings(), kb=root, retrieval="always")
         engine.warm_up()
-        kb.embedder.warm_up()
+        print(f"one embedder shared by packer and knowledge base: {engine.shares_embedder}")
         records = patients(args.data_root, args.cases)
         engine.ask("warm-up question about the model", records[-1])  # loads lazy parts, not counted
         result = measure(engine, records[:-1], args.window)

@@ -29,8 +29,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ebmrag.config import KnowledgeBaseConfig
 from ebmrag.index import store
-from ebmrag.index.kb import IngestReport, KnowledgeBase, KnowledgeBaseConfig
+from ebmrag.index.kb import IngestReport, KnowledgeBase
 from ebmrag.index.search import HybridRetriever
 from ebmrag.ingest.documents import Document
 

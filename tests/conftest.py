@@ -27,9 +27,10 @@ def context_packer():  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="session")
 def embedder(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     """The bundled model at the knowledge base's default profile, loaded once, with an on-disk cache."""
-    from ebmrag.index.kb import KnowledgeBaseConfig
+    from ebmrag.config import KnowledgeBaseConfig
+    from ebmrag.index.kb import kb_embedder
 
-    model = KnowledgeBaseConfig().embedder(tmp_path_factory.mktemp("embedding-cache"))
+    model = kb_embedder(KnowledgeBaseConfig(), tmp_path_factory.mktemp("embedding-cache"))
     model.warm_up()
     return model
 

@@ -52,8 +52,55 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from ebmrag.errors import ConfigError
-from ebmrag.index.kb import KnowledgeBaseConfig
+from ebmrag.errors import ConfigError, KnowledgeBaseError
+
+EMBEDDING_PRECISIONS = ("auto", "fp32", "bf16", "int8")
+CHUNKERS = ("", "fixed", "recursive", "structure", "sentence")
+
+
+def check_gate_params(alpha: float, beta: float, gamma: float, theta1: float, theta2: float) -> None:
+    """The retrieval gate's rule for its weights and thresholds: checked here for the file and by
+    `agent.gate.GateParams` for its arguments, with this one function."""
+    if not alpha > 0 or not 0 <= gamma <= beta <= alpha:
+        raise ValueError(f"gate weights need alpha > 0 and 0 <= gamma <= beta <= alpha, got ({alpha}, {beta}, {gamma})")
+    if not 0 <= theta2 <= theta1 <= 1:
+        raise ValueError(f"gate thresholds need 0 <= theta2 <= theta1 <= 1, got ({theta1}, {theta2})")
+
+
+@dataclass(frozen=True)
+class KnowledgeBaseConfig:
+    """Fixed when a knowledge base is created and stored in every generation's manifest."""
+
+    embedding_model: str = ""
+    embedding_max_tokens: int = 128
+    embedding_precision: str = "auto"  # bf16 where the CPU has it natively: 2x faster, same nDCG
+    chunker: str = ""
+    contextual_prefix: bool = True
+    k1: float = 1.5
+    b: float = 0.75
+    hnsw_min_rows: int = 20_000
+
+    def __post_init__(self) -> None:
+        if self.chunker not in CHUNKERS:
+            raise ValueError(f"unknown chunker {self.chunker!r}")
+        if self.embedding_precision not in EMBEDDING_PRECISIONS:
+            raise ValueError(f"embedding_precision must be one of {EMBEDDING_PRECISIONS}, "
+                             f"got {self.embedding_precision!r}")
+        if self.hnsw_min_rows < 0:
+            raise ValueError("hnsw_min_rows must be >= 0")
+
+    @classmethod
+    def from_manifest(cls, stored: dict[str, Any], where: Path) -> KnowledgeBaseConfig:
+        """The config a generation was built with; `quantize` (before precision profiles) maps to int8 / fp32."""
+        values = dict(stored)
+        if "quantize" in values:
+            values["embedding_precision"] = "int8" if values.pop("quantize") else "fp32"
+        values.setdefault("embedding_precision", "fp32")
+        unknown = set(values) - {f.name for f in fields(cls)}
+        if unknown:
+            raise KnowledgeBaseError(f"{where}: manifest has unknown settings {sorted(unknown)}; "
+                                     "it was written by a newer ebmrag")
+        return cls(**values)
 
 
 @dataclass(frozen=True)
@@ -132,9 +179,7 @@ class AnswerSettings:
             raise ValueError("window and max_queries must be >= 1")
         if not 0 < self.evidence_share <= 1:
             raise ValueError(f"evidence_share must be in (0, 1], got {self.evidence_share}")
-        from ebmrag.agent.gate import GateParams  # validates weights and thresholds with the gate's own rules
-
-        GateParams(self.gate_alpha, self.gate_beta, self.gate_gamma, self.gate_theta1, self.gate_theta2)
+        check_gate_params(self.gate_alpha, self.gate_beta, self.gate_gamma, self.gate_theta1, self.gate_theta2)
         if self.retrieval not in ("auto", "always", "never"):
             raise ValueError(f"retrieval must be auto, always or never, got {self.retrieval!r}")
         if self.ordering not in ("relevance_first", "edges_first"):

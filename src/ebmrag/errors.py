@@ -1,5 +1,8 @@
 """Error hierarchy: every error names the input at fault so a user can fix it without reading our code."""
 
+import importlib
+from types import ModuleType
+
 
 class EbmragError(Exception):
     """Base class of every error ebmrag raises on purpose."""
@@ -32,3 +35,20 @@ class IngestError(_LocatedError):
 
 class KnowledgeBaseError(EbmragError, RuntimeError):
     """A knowledge-base directory is missing, locked, or was built with an incompatible configuration."""
+
+
+class LLMError(EbmragError):
+    """The model could not give a usable reply; the message says why (status, timeout, bad JSON)."""
+
+
+class MissingExtraError(EbmragError, ImportError):
+    """An optional dependency is not installed; the message names the extra that brings it."""
+
+
+def require_extra(module: str, extra: str, purpose: str) -> ModuleType:
+    """Import an optional dependency, or fail with one line naming the pip extra to install."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise MissingExtraError(f"{purpose} needs the '{extra}' extra ({module} is missing): "
+                                f"pip install 'ebmrag[{extra}]'") from exc

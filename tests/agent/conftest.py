@@ -7,11 +7,12 @@ from typing import Any
 import pytest
 
 from ebmrag.agent.engine import Engine
+from ebmrag.config import AnswerSettings
 from ebmrag.demo import DEMO_CORPUS
 from ebmrag.index.kb import KnowledgeBase
-from ebmrag.index.rerank import DocumentVoter
 from ebmrag.index.search import HybridRetriever
-from ebmrag.ingest.pipeline import ingest_paths
+from ebmrag.index.sync import ingest_paths
+from ebmrag.index.vote import DocumentVoter
 
 
 @pytest.fixture(scope="session")
@@ -26,6 +27,6 @@ def demo_voter(tmp_path_factory: pytest.TempPathFactory, embedder: Any) -> Docum
 @pytest.fixture
 def make_engine(context_packer: Any, demo_voter: DocumentVoter) -> Callable[..., Engine]:
     def build(client: Any = None, **options: Any) -> Engine:
-        return Engine(context_packer, demo_voter, client, **options)
+        return Engine(context_packer, demo_voter, client, answer=AnswerSettings(**options))
 
     return build

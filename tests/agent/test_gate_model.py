@@ -18,7 +18,7 @@ from ebmrag.agent.gate_model import (
 from ebmrag.errors import ConfigError
 from ebmrag.evidence.fragment import Fragment, PatientRecord
 from ebmrag.generate.llm import OpenAIChatClient
-from ebmrag.index.rerank import DocumentVoter
+from ebmrag.index.vote import DocumentVoter
 from tests.fake_openai import FakeOpenAI, serve
 
 SENTENCES = ["A 34-year-old woman has had fever for five days.", "She lives with her partner.",

@@ -5,7 +5,7 @@ from typing import Any
 
 from ebmrag.agent.relevance import RelevanceFilter
 from ebmrag.generate.llm import OpenAIChatClient
-from ebmrag.index.rerank import DocumentVoter
+from ebmrag.index.vote import DocumentVoter
 from tests.fake_openai import FakeOpenAI, serve
 
 FINDINGS = ["Temperature 38.6 °C, spreading wound erythema after colectomy.", "Anaphylaxis to penicillin in 2014."]

@@ -8,7 +8,7 @@ import pytest
 
 from ebmrag.eval.retrieval import Query, evaluate_retrieval, liveqa_queries, load_queries, score_ranking
 from ebmrag.index.kb import KnowledgeBase
-from ebmrag.ingest.pipeline import ingest_paths
+from ebmrag.index.sync import ingest_paths
 
 
 def test_graded_ndcg_recall_and_mrr() -> None:

@@ -4,7 +4,7 @@ import pytest
 
 from ebmrag.evidence.tokens import make_token_counter
 from ebmrag.generate.assembler import ContextAssembler, edges_first, jaccard, word_set
-from ebmrag.index.search import SearchHit
+from ebmrag.index.types import SearchHit
 
 COUNTER = make_token_counter("bundled")
 

@@ -4,7 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from ebmrag.generate.llm import ChatMessage, LLMError, OpenAIChatClient
+from ebmrag.errors import LLMError
+from ebmrag.generate.llm import OpenAIChatClient
+from ebmrag.protocols import ChatMessage
 from tests.fake_openai import FakeOpenAI, serve
 
 HELLO = [ChatMessage("system", "You are terse."), ChatMessage("user", "Say ok.")]

@@ -11,14 +11,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ebmrag.config import KnowledgeBaseConfig
 from ebmrag.errors import KnowledgeBaseError
 from ebmrag.index import store
 from ebmrag.index.dense import DenseIndex
-from ebmrag.index.kb import KnowledgeBase, KnowledgeBaseConfig, index_text, knowledge_base_stats
+from ebmrag.index.kb import KnowledgeBase, index_text, knowledge_base_stats
 from ebmrag.index.lexical import LexicalIndex
-from ebmrag.index.search import Filters, HybridRetriever
+from ebmrag.index.search import HybridRetriever
+from ebmrag.index.sync import ingest_paths
+from ebmrag.index.types import Filters
 from ebmrag.ingest.documents import Document
-from ebmrag.ingest.pipeline import ingest_paths
 
 pytestmark = pytest.mark.model
 

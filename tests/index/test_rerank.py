@@ -10,8 +10,10 @@ import pytest
 from ebmrag.errors import ModelUnavailableError
 from ebmrag.evidence.tokens import bundled_model_dir
 from ebmrag.index.kb import KnowledgeBase
-from ebmrag.index.rerank import CrossEncoderReranker, DocumentVoter, reranker_from_dict
-from ebmrag.index.search import HybridRetriever, SearchHit
+from ebmrag.index.rerank import CrossEncoderReranker, reranker_from_dict
+from ebmrag.index.search import HybridRetriever
+from ebmrag.index.types import SearchHit
+from ebmrag.index.vote import DocumentVoter
 from ebmrag.ingest.documents import Document, DocumentBuilder
 
 pytestmark = pytest.mark.model

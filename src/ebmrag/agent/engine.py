@@ -4,9 +4,12 @@
     -> prompt budget -> assembler (dedup, per-source cap, sentence cut) -> EBM-Pack over patient
     fragments + evidence chunks -> ordering -> staged LLM answer or extractive brief -> grounding
 
-Retrieval follows the gate unless `retrieval` says always / never: a record complete enough to
-answer from is not diluted with outside text (ICA-RAG). Patient isolation holds by construction:
-one `PatientRecord` per call, and the knowledge base holds no patient data.
+A thin pipeline: each step is a component called through its public `run()`, and typed values flow
+between them (nothing rendered is parsed back). Build it with `factory.build_engine(settings)`,
+`Engine.from_config(path)` or from parts. Retrieval follows the gate unless `retrieval` says always /
+never: a record complete enough to answer from is not diluted with outside text (ICA-RAG). Patient
+isolation holds by construction: one `PatientRecord` per call, and the knowledge base holds no
+patient data.
 """
 
 from __future__ import annotations
@@ -14,42 +17,35 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import asdict, fields, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ebmrag.agent.gate import Action, GateDecision, GateParams, Label, RetrievalGate, RuleLabeller
+from ebmrag.agent.gate import Action, GateDecision, Label, RetrievalGate, RuleLabeller
 from ebmrag.agent.gate_model import ClassifierLabeller
-from ebmrag.agent.relevance import RelevanceFilter
+from ebmrag.agent.parts import engine_parts
+from ebmrag.agent.relevance import RelevanceFilter, RelevanceVerdict
 from ebmrag.agent.result import AskResult, RetrievalTrace
-from ebmrag.config import Settings, load_settings
+from ebmrag.config import AnswerSettings, Settings, load_settings
 from ebmrag.errors import RecordError
 from ebmrag.evidence.fragment import PatientRecord
 from ebmrag.evidence.language import detect_language
 from ebmrag.evidence.loaders import load_record
 from ebmrag.evidence.sentences import split_sentences
-from ebmrag.factory import build_packer, cache_dir, make_llm_client, make_retriever, make_voter, open_kb
 from ebmrag.generate.assembler import AssembledContext, ContextAssembler
 from ebmrag.generate.budget import PromptBudget, extractive_budget, staged_budget
-from ebmrag.generate.context import (
-    ContextItem,
-    Numbering,
-    context_items,
-    number_context,
-    render_context,
-)
+from ebmrag.generate.context import ContextItem, Numbering, context_items, evidence_key, number_context, render_context
 from ebmrag.generate.extractive import Citation, cite, extractive_brief
 from ebmrag.generate.grounding import GroundingChecker
-from ebmrag.generate.prompts import PromptStage, load_prompts
-from ebmrag.generate.staged import ChatClient, StagedAnswerer, StageTrace, cited_numbers
-from ebmrag.index.rerank import DocumentVoter
-from ebmrag.index.search import SearchHit
+from ebmrag.generate.llm import OpenAIChatClient
+from ebmrag.generate.prompts import PromptStage, load_prompts, with_warning
+from ebmrag.generate.staged import StagedAnswerer, StageTrace, cited_numbers
+from ebmrag.index.types import SearchHit
+from ebmrag.index.vote import DocumentVoter
 from ebmrag.packing.packer import ContextPacker
 from ebmrag.packing.types import PackResult
-from ebmrag.packing.utility import score_candidates
-
-RETRIEVAL_MODES = ("auto", "always", "never")
+from ebmrag.protocols import ChatClient
 
 
 class Answer(NamedTuple):
@@ -61,81 +57,68 @@ class Answer(NamedTuple):
 
 
 class Engine:
-    """Pipeline: question + patient -> `AskResult`. Build it with `Engine.from_config` or from parts."""
+    """Pipeline: question + patient -> `AskResult`. `answer` holds the [answer] settings, validated there."""
 
     def __init__(self, packer: ContextPacker, voter: DocumentVoter | None = None, client: ChatClient | None = None,
-                 gate: RetrievalGate | None = None, window: int = 4096, retrieval: str = "auto",
-                 ordering: str = "relevance_first", max_queries: int = 24, relevance_filter: bool = False,
-                 grounding_threshold: float = 0.6, prompts_path: str | Path | None = None,
-                 evidence_share: float = 0.5) -> None:
-        if retrieval not in RETRIEVAL_MODES:
-            raise ValueError(f"retrieval must be one of {RETRIEVAL_MODES}, got {retrieval!r}")
-        if retrieval == "always" and voter is None:
+                 gate: RetrievalGate | None = None, answer: AnswerSettings | None = None) -> None:
+        self.settings = answer = answer or AnswerSettings()
+        if answer.retrieval == "always" and voter is None:
             raise ValueError("retrieval 'always' needs a knowledge base")
-        if relevance_filter and client is None:
+        if answer.relevance_filter and client is None:
             raise ValueError("the relevance filter needs an LLM (--llm openai)")
-        if not 0 < evidence_share <= 1:
-            raise ValueError(f"evidence_share must be in (0, 1], got {evidence_share}")
-        if window < 1 or max_queries < 1:
-            raise ValueError(f"window and max_queries must be >= 1, got {window}, {max_queries}")
         self.packer, self.voter, self.client = packer, voter, client
         self.gate = gate or RetrievalGate(RuleLabeller(packer.classifier))
-        self.window, self.retrieval, self.ordering, self.max_queries = window, retrieval, ordering, max_queries
-        self.evidence_share = evidence_share
-        self.relevance = RelevanceFilter(client) if relevance_filter and client else None
-        self.grounding = GroundingChecker(packer.embedder, grounding_threshold)
-        self.prompts_path = Path(prompts_path) if prompts_path else None
+        self.relevance = RelevanceFilter(client) if answer.relevance_filter and client else None
+        self.grounding = GroundingChecker(packer.embedder, answer.grounding_threshold)
+        self.prompts_path = Path(answer.prompts) if answer.prompts else None
         self._prompt_sets: dict[str, dict[str, PromptStage]] = {}
         if self.prompts_path:
             load_prompts(path=self.prompts_path)  # fail at start-up, not mid-consultation
 
     @classmethod
-    def from_config(cls, config: str | Path | Settings | None = None, *, kb: str | Path | None = None,
-                    llm: str | None = None, base_url: str | None = None, model: str | None = None,
-                    window: int | None = None, retrieval: str | None = None) -> Engine:
-        """A TOML path or `Settings`; without `kb` the bundled demo knowledge base (built on first use)."""
-        settings = config if isinstance(config, Settings) else load_settings(config)
-        a = settings.answer
-        mode = retrieval or a.retrieval
-        client = make_llm_client(settings, llm, model, base_url)  # before the KB: a bad flag fails fast
-        voter = None
-        if mode != "never":
-            from ebmrag.demo import ensure_demo_kb
+    def from_config(cls, config: str | Path | Settings | None = None, **overrides: Any) -> Engine:
+        """A TOML path or `Settings`; overrides: kb, llm, base_url, model, window, retrieval (see `engine_parts`)."""
+        return cls(**engine_parts(config if isinstance(config, Settings) else load_settings(config), **overrides))
 
-            root = Path(kb) if kb else ensure_demo_kb(cache_dir(settings))
-            voter = make_voter(settings, make_retriever(settings, open_kb(settings, root)))
-        packer = build_packer(settings)
-        labeller = (ClassifierLabeller(a.gate_model, packer.embedder) if a.gate_model
-                    else RuleLabeller(packer.classifier))
-        params = GateParams(a.gate_alpha, a.gate_beta, a.gate_gamma, a.gate_theta1, a.gate_theta2)
-        gate = RetrievalGate(labeller, params)
-        return cls(packer, voter, client, gate,
-                   window or a.window, mode, a.ordering, a.max_queries, a.relevance_filter, a.grounding_threshold,
-                   a.prompts or None, a.evidence_share)
+    @property
+    def shares_embedder(self) -> bool:
+        """One model instance for the packer, the gate, grounding and the knowledge base."""
+        return self.voter is not None and self.voter.retriever.kb.embedder is self.packer.embedder
 
     def warm_up(self) -> None:
         self.packer.warm_up()
 
     def to_dict(self) -> dict[str, Any]:
-        """What this engine runs with, for the record (build one with `from_config`)."""
+        """What this engine runs with; `from_dict` rebuilds it (the API key stays in the environment)."""
         return {"packer": self.packer.to_dict(), "voter": self.voter.to_dict() if self.voter else None,
-                "llm": getattr(self.client, "to_dict", lambda: None)(),
-                "gate": self.gate.to_dict(), "window": self.window, "retrieval": self.retrieval,
-                "ordering": self.ordering, "max_queries": self.max_queries, "relevance_filter": bool(self.relevance),
-                "grounding_threshold": self.grounding.threshold, "evidence_share": self.evidence_share,
-                "prompts_path": str(self.prompts_path) if self.prompts_path else None}
+                "llm": self.client.to_dict() if isinstance(self.client, OpenAIChatClient) else None,
+                "gate": self.gate.to_dict(), "shared_embedder": self.shares_embedder, **asdict(self.settings)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Engine:
+        voter = DocumentVoter.from_dict(data["voter"]) if data.get("voter") else None
+        embedder = voter.retriever.kb.embedder if voter and data.get("shared_embedder") else None
+        packer = ContextPacker.from_dict(data["packer"], embedder)
+        labeller = data["gate"].get("labeller") or {}
+        gate = RetrievalGate.from_dict(data["gate"], ClassifierLabeller(labeller["path"], packer.embedder)
+                                       if labeller.get("type") == "classifier" else RuleLabeller(packer.classifier))
+        client = OpenAIChatClient.from_dict(data["llm"]) if data.get("llm") else None
+        answer = AnswerSettings(**{f.name: data[f.name] for f in fields(AnswerSettings) if f.name in data})
+        return cls(packer, voter, client, gate, answer)
 
     def prepare(self, patient: PatientRecord) -> None:
         """Embed a record ahead of the first question (when a chart is opened): fragment texts, their
         compressed states and the gate's query sentences go into the embedding caches, so `ask`
         spends its time on the question only. Optional; `ask` gives the same result without it."""
-        record = self.packer.classifier.run(patient)
-        compressor = self.packer.builder.compressor
-        bodies = [f.text for f in record.fragments]
-        bodies += [c.text for f in record.fragments if f.tier.compressible and (c := compressor.compress(f.text))]
-        self.packer.embedder.embed(bodies)
-        if self.voter is not None and self.retrieval != "never":
-            self.voter.retriever.kb.embedder.embed(list(self._queries("", self.gate.run(record))[1:]))
+        record = self.packer.classify(patient)
+        queries = list(self._queries("", self.gate.run(record))[1:]) if self._may_retrieve else []
+        self.packer.prepare(record, queries if self.shares_embedder else ())
+        if self.voter is not None and queries and not self.shares_embedder:
+            self.voter.prepare(queries)
+
+    @property
+    def _may_retrieve(self) -> bool:
+        return self.voter is not None and self.settings.retrieval != "never"
 
     def ask(self, question: str, patient: PatientRecord | str | Path, window: int | None = None,
             history: str = "", as_of: datetime | None = None) -> AskResult:
@@ -149,44 +132,46 @@ class Engine:
         if not record.fragments:
             raise RecordError(record.origin, f"patient {record.patient_id!r} has no fragments: nothing to answer from")
         with _timed(timings, "gate"):
-            record = self.packer.classifier.run(record)
+            record = self.packer.classify(record)
             decision = self.gate.run(record)
         with _timed(timings, "retrieval"):
-            retrieval = self._retrieve(question, decision)
+            retrieval = self._retrieve(question, decision, record)
         prompts = self._prompts(language) if self.client else None
-        budget = self._budget(window or self.window, question, decision.warning, history, prompts)
+        budget = self._budget(window or self.settings.window, question, decision.warning, history, prompts)
         with _timed(timings, "packing"):
             assembled = self._assemble(retrieval, budget.context)
             numbering = number_context(record, assembled.selected if assembled else ())
-            pack = self._pack(numbering, question, budget.context, as_of or record.latest_timestamp)
+            pack = self._pack(numbering, record, question, budget.context, as_of)
             items = tuple(context_items(numbering, pack))
-            context = render_context(items, self.ordering)
+            context = render_context(items, self.settings.ordering)
         with _timed(timings, "answer"):
             answer = self._answer(question, items, context, decision.warning, prompts, history)
         with _timed(timings, "grounding"):
-            checked = self.grounding.check(answer.claims, [i.body for i in items])
+            checked = self.grounding.run(answer.claims, [i.body for i in items])
             unsupported = tuple(s for s in checked if not s.supported)
         return AskResult(question, record.patient_id, language, "openai" if self.client else "extractive", decision,
                          answer.text, answer.citations, unsupported, budget, retrieval, assembled, numbering, pack,
                          items, context, answer.stages, answer.fault, timings)
 
-    def _retrieve(self, question: str, decision: GateDecision) -> RetrievalTrace:
-        if self.voter is None or self.retrieval == "never":
+    def _retrieve(self, question: str, decision: GateDecision, record: PatientRecord) -> RetrievalTrace:
+        if self.voter is None or not self._may_retrieve:
             return RetrievalTrace(False, "retrieval is off (no knowledge base or retrieval = never)")
-        if self.retrieval == "auto" and decision.action is Action.ANSWER:
+        if self.settings.retrieval == "auto" and decision.action is Action.ANSWER:
             return RetrievalTrace(False, f"the gate answers directly (completeness {decision.completeness:.2f})")
         queries = self._queries(question, decision)
-        documents = self.voter.run(queries)
-        verdicts: tuple[Any, ...] = ()
+        if self.shares_embedder:  # one model call for the vote's queries and the packer's fragments
+            self.packer.prepare(record, queries)
+        documents = self.voter.run(queries, similarity_to=question)
+        verdicts: tuple[RelevanceVerdict, ...] = ()
         if self.relevance:
             verdicts = tuple(self.relevance.run(question, queries[1:], documents)[1])
-        reason = "retrieval = always" if self.retrieval == "always" else f"gate: {decision.action.value}"
+        reason = "retrieval = always" if self.settings.retrieval == "always" else f"gate: {decision.action.value}"
         return RetrievalTrace(True, reason, queries, tuple(documents), verdicts)
 
     def _queries(self, question: str, decision: GateDecision) -> tuple[str, ...]:
         """The question, then A sentences, then B sentences, at most `max_queries` in all."""
         key = sorted((s for s in decision.sentences if s.label is not Label.C), key=lambda s: s.label.value)
-        return tuple(dict.fromkeys([question, *(s.text for s in key)]))[: self.max_queries]
+        return tuple(dict.fromkeys([question, *(s.text for s in key)]))[: self.settings.max_queries]
 
     def _prompts(self, language: str) -> dict[str, PromptStage]:
         """Read once per language, not on every question."""
@@ -208,22 +193,16 @@ class Engine:
         ranked = [chunk for document in retrieval.kept for chunk in document.chunks]
         # Document votes already ranked these; the assembler sorts by score, so the score is that rank.
         hits: list[SearchHit] = [replace(hit, score=float(len(ranked) - i)) for i, hit in enumerate(ranked)]
-        assembler = ContextAssembler(self.packer.token_counter, max(1, int(budget * self.evidence_share)))
-        return assembler.run(hits)
+        share = max(1, int(budget * self.settings.evidence_share))
+        return ContextAssembler(self.packer.token_counter, share).run(hits)
 
-    def _pack(self, numbering: Numbering, question: str, budget: int, as_of: datetime | None) -> PackResult:
-        """Patient fragments are embedded (and cached); evidence chunks are scored from the KB's stored
-        vectors instead of being embedded again (cold `ask` at 100k chunks: p50 800 -> 168 ms)."""
-        patient_ids = {f.id for f in numbering.patient}
-        known = {}
-        if self.voter is not None and numbering.chunks:
-            hits = [c.hit for c in numbering.chunks]
-            sims = self.voter.retriever.similarities(question, hits)
-            known = {f.id: sim for f, sim in zip(numbering.evidence, sims, strict=True)}
-        measured = self.packer.builder.measure_fragments(
-            numbering.fragments, question, as_of, numbering.headers,
-            compressible=lambda f: f.id in patient_ids and f.tier.compressible, known_similarity=known)
-        return self.packer.packer.pack(score_candidates(measured, self.packer.params), budget)
+    def _pack(self, numbering: Numbering, record: PatientRecord, question: str, budget: int,
+              as_of: datetime | None) -> PackResult:
+        """Patient fragments are embedded (and cached); evidence chunks are scored with the similarity the
+        vote read from the KB's stored vectors instead of being embedded again."""
+        known = {evidence_key(c.hit.chunk_id): c.hit.similarity for c in numbering.chunks
+                 if c.hit.similarity is not None}
+        return self.packer.run(record, question, budget, as_of, numbering.evidence, known, numbering.headers)
 
     def _answer(self, question: str, items: tuple[ContextItem, ...], context: str, warning: str,
                 prompts: dict[str, PromptStage] | None, history: str) -> Answer:
@@ -238,15 +217,13 @@ class Engine:
             return brief._replace(text=f"{note}\n\n{brief.text}", stages=staged.stages, fault=staged.fault)
         by_number = {i.n: i for i in items}
         citations = tuple(cite(by_number[n]) for n in sorted(set(cited_numbers(staged.answer))))
-        text = f"Warning: {warning}\n\n{staged.answer}" if warning else staged.answer
         claims = tuple(s.text for s in split_sentences(staged.answer))
-        return Answer(text, citations, claims, staged.stages, staged.fault)
+        return Answer(with_warning(warning, staged.answer), citations, claims, staged.stages, staged.fault)
 
 
 def _brief(question: str, items: tuple[ContextItem, ...], warning: str) -> Answer:
     brief = extractive_brief(question, items, warning)
-    claims = tuple(line[2:] for line in brief.text.splitlines() if line.startswith("- "))
-    return Answer(brief.text, brief.citations, claims)
+    return Answer(brief.text, brief.citations, brief.claims)
 
 
 @contextmanager
@@ -256,4 +233,3 @@ def _timed(timings: dict[str, float], name: str) -> Iterator[None]:
         yield
     finally:
         timings[name] = (time.perf_counter() - start) * 1000
-

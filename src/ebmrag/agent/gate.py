@@ -28,6 +28,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Protocol
 
+from ebmrag.config import check_gate_params
 from ebmrag.errors import ConfigError
 from ebmrag.evidence.entities import EntityExtractor, EntityKind, default_extractor
 from ebmrag.evidence.fragment import PatientRecord, Tier
@@ -59,11 +60,7 @@ class GateParams:
     theta2: float = 0.25
 
     def __post_init__(self) -> None:
-        if not self.alpha > 0 or not 0 <= self.gamma <= self.beta <= self.alpha:
-            raise ValueError(f"gate weights need alpha > 0 and 0 <= gamma <= beta <= alpha, got "
-                             f"({self.alpha}, {self.beta}, {self.gamma})")
-        if not 0 <= self.theta2 <= self.theta1 <= 1:
-            raise ValueError(f"gate thresholds need 0 <= theta2 <= theta1 <= 1, got ({self.theta1}, {self.theta2})")
+        check_gate_params(self.alpha, self.beta, self.gamma, self.theta1, self.theta2)
 
     @classmethod
     def paper(cls) -> GateParams:
@@ -101,6 +98,8 @@ class GateDecision:
 class SentenceLabeller(Protocol):
     def label(self, text: str, section: str | None) -> tuple[Label, str]: ...
 
+    def to_dict(self) -> dict[str, Any]: ...
+
 
 @cache
 def _symptom_pattern(path: Path = GATE_LEXICON) -> re.Pattern[str]:
@@ -136,6 +135,9 @@ class RuleLabeller:
                 return Label.B, f"symptom '{match.group(0)}'"
         return Label.C, "no positive finding, value, drug or symptom"
 
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "rules", "tier_rules": self.classifier.to_dict()["rules_path"]}
+
 
 class RetrievalGate:
     """Pipeline step: a patient record -> labelled sentences, completeness and the retrieval decision."""
@@ -166,8 +168,15 @@ class RetrievalGate:
         return GateDecision(score, action, warning, tuple(sentences))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"params": asdict(self.params)}
+        return {"params": asdict(self.params), "labeller": self.labeller.to_dict()}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RetrievalGate:
-        return cls(params=GateParams(**data.get("params", {})))
+    def from_dict(cls, data: dict[str, Any], labeller: SentenceLabeller | None = None) -> RetrievalGate:
+        """`labeller` is built by the caller from `data["labeller"]` when it needs a model (a trained
+        classifier needs the embedder); a rule labeller is rebuilt here from its tier rules."""
+        spec = data.get("labeller") or {"type": "rules"}
+        if labeller is None:
+            if spec.get("type") != "rules":
+                raise ValueError(f"a {spec.get('type')!r} labeller must be passed in built (it needs a model)")
+            labeller = RuleLabeller(TierClassifier(spec.get("tier_rules")))
+        return cls(labeller, GateParams(**data.get("params", {})))

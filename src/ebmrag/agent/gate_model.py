@@ -25,13 +25,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydantic import BaseModel, StrictStr
 
 from ebmrag.agent.gate import Label
-from ebmrag.errors import ConfigError
-from ebmrag.generate.llm import ChatMessage, LLMError
-from ebmrag.generate.staged import ChatClient
+from ebmrag.errors import ConfigError, LLMError, require_extra
+from ebmrag.generate.completion import complete_json
 from ebmrag.index.search import HybridRetriever
-from ebmrag.packing.utility import Embedder
+from ebmrag.protocols import ChatClient, ChatMessage, Embedder
 
 log = logging.getLogger(__name__)
 DIAGNOSE_SYSTEM = ("You are an outstanding medical expert. You make a preliminary diagnosis from a patient's record. "
@@ -53,6 +53,10 @@ def same_diagnosis(predicted: str, gold: str) -> bool:
         return True
     gold_words = set(_WORD.findall(g)) - {"of", "the", "and", "with", "disease", "syndrome"}
     return bool(gold_words) and len(gold_words & set(_WORD.findall(p))) / len(gold_words) >= 0.6
+
+
+class DiagnosisReply(BaseModel):
+    diagnosis: StrictStr
 
 
 @dataclass(frozen=True)
@@ -78,19 +82,11 @@ class MaskingAnnotator:
         """The model's diagnosis; a reply that is not the JSON asked for is retried once, then taken as text."""
         messages = [ChatMessage("system", DIAGNOSE_SYSTEM),
                     ChatMessage("user", DIAGNOSE_USER.format(summary=" ".join(sentences)))]
-        text = ""
-        for _ in range(2):
-            text = self.client.complete(messages, 0.0, 64).text
-            start, end = text.find("{"), text.rfind("}")
-            try:
-                value = json.loads(text[start : end + 1]) if 0 <= start < end else None
-            except json.JSONDecodeError:
-                value = None
-            if isinstance(value, dict) and isinstance(value.get("diagnosis"), str):
-                return str(value["diagnosis"])
-            messages = [*messages, ChatMessage("assistant", text),
-                        ChatMessage("user", 'Reply with only {"diagnosis": "<diagnosis>"}.')]
-        return text
+        done = complete_json(self.client, messages, DiagnosisReply, max_tokens=64,
+                             retry_hint='Reply with only {"diagnosis": "<diagnosis>"}.')
+        if done.status == "failed":
+            raise LLMError(done.error)
+        return done.value.diagnosis if done.value is not None else done.text
 
     def annotate(self, case_id: str, sentences: Sequence[str], gold: str) -> list[AnnotatedSentence]:
         if not sentences or not gold.strip():
@@ -148,10 +144,14 @@ class ClassifierLabeller:
         best = int(np.argmax(p))
         return self.labels[best], f"classifier p={p[best]:.2f}"
 
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "classifier", "path": str(self.path)}
+
 
 def train_classifier(examples: Sequence[AnnotatedSentence], embedder: Embedder, out: str | Path,
                      held_out: float = 0.2, seed: int = 0) -> TrainReport:
     """Fit on a stratified share, report on the rest, then refit on everything and save."""
+    require_extra("sklearn", "embed", "training the gate classifier")
     from sklearn.linear_model import LogisticRegression
     from sklearn.metrics import classification_report
     from sklearn.model_selection import train_test_split

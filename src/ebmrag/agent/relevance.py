@@ -8,14 +8,15 @@ than keeping a weak document) and the fault is recorded for the trace.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ebmrag.generate.llm import ChatMessage, LLMError
-from ebmrag.generate.staged import ChatClient
-from ebmrag.index.rerank import DocumentHit
+from pydantic import BaseModel, StrictBool
+
+from ebmrag.generate.completion import complete_json
+from ebmrag.index.vote import DocumentHit
+from ebmrag.protocols import ChatClient, ChatMessage
 
 SYSTEM = ("You are a physician building a differential diagnosis. You decide whether a retrieved medical text "
           "helps to diagnose or manage this patient. Reply with JSON only.")
@@ -42,15 +43,8 @@ class RelevanceVerdict:
         return {"doc_id": self.doc_id, "keep": self.keep, "status": self.status, "fault": self.fault}
 
 
-def parse_status(text: str) -> bool:
-    start, end = text.find("{"), text.rfind("}")
-    try:
-        value = json.loads(text[start : end + 1]) if 0 <= start < end else None
-    except json.JSONDecodeError:
-        value = None
-    if not isinstance(value, dict) or not isinstance(value.get("status"), bool):
-        raise ValueError(f'expected {{"status": true|false}}, got {text[:120]!r}')
-    return bool(value["status"])
+class RelevanceReply(BaseModel):
+    status: StrictBool
 
 
 class RelevanceFilter:
@@ -70,21 +64,13 @@ class RelevanceFilter:
         text = "\n".join(chunk.text for chunk in document.chunks)[: self.max_chars]
         messages = [ChatMessage("system", SYSTEM), ChatMessage("user", TEMPLATE.format(
             findings="\n".join(f"- {f}" for f in findings) or "- (none recorded)", question=question, document=text))]
-        problem = ""
-        for _ in range(2):
-            try:
-                reply = self.client.complete(messages, 0.0, self.max_tokens)
-            except LLMError as exc:
-                return RelevanceVerdict(document.doc_id, True, None, f"kept: the model failed ({exc})")
-            try:
-                status = parse_status(reply.text)
-            except ValueError as exc:
-                problem = str(exc)
-                messages = [*messages, ChatMessage("assistant", reply.text),
-                            ChatMessage("user", 'Reply with exactly {"status": true} or {"status": false}.')]
-                continue
-            return RelevanceVerdict(document.doc_id, status, status)
-        return RelevanceVerdict(document.doc_id, True, None, f"kept: malformed reply twice ({problem})")
+        done = complete_json(self.client, messages, RelevanceReply, max_tokens=self.max_tokens,
+                             retry_hint='Reply with exactly {"status": true} or {"status": false}.')
+        if done.value is not None:
+            return RelevanceVerdict(document.doc_id, done.value.status, done.value.status)
+        if done.status == "failed":
+            return RelevanceVerdict(document.doc_id, True, None, f"kept: the model failed ({done.error})")
+        return RelevanceVerdict(document.doc_id, True, None, f"kept: malformed reply twice ({done.error})")
 
     def to_dict(self) -> dict[str, Any]:
         return {"max_chars": self.max_chars, "max_tokens": self.max_tokens}

@@ -20,7 +20,7 @@ from ebmrag.generate.context import EVIDENCE, PATIENT, ContextItem, Numbering, e
 from ebmrag.generate.extractive import Citation
 from ebmrag.generate.grounding import SentenceSupport
 from ebmrag.generate.staged import StageTrace
-from ebmrag.index.rerank import DocumentHit
+from ebmrag.index.vote import DocumentHit
 from ebmrag.packing.types import PackResult
 
 

@@ -37,7 +37,7 @@ def demo_kb_path(cache_dir: Path) -> Path:
 def ensure_demo_kb(cache_dir: Path) -> Path:
     """Build the demo knowledge base on first use (a few seconds of embedding); later calls only open it."""
     from ebmrag.index.kb import KnowledgeBase
-    from ebmrag.ingest.pipeline import ingest_paths
+    from ebmrag.index.sync import ingest_paths
 
     root = demo_kb_path(cache_dir)
     kb = KnowledgeBase(root, cache_dir=cache_dir)

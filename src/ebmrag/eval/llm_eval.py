@@ -18,13 +18,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ebmrag.errors import RecordError
+from ebmrag.errors import LLMError, RecordError
 from ebmrag.eval.diagnosis import IcdIndex, diagnosis_lines, set_scores
 from ebmrag.eval.packing_eval import PreparedCase
-from ebmrag.generate.llm import ChatMessage, LLMError, OpenAIChatClient
+from ebmrag.generate.llm import OpenAIChatClient
 from ebmrag.index.search import HybridRetriever
 from ebmrag.packing.packer import Packer
 from ebmrag.packing.utility import UtilityParams
+from ebmrag.protocols import ChatMessage
 
 log = logging.getLogger(__name__)
 MC_SYSTEM = ("You are a careful physician answering a multiple-choice exam question. Use the context when it "

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
 from ebmrag.eval.cases import EvalCase
@@ -30,6 +30,7 @@ from ebmrag.packing.exact import ExactPacker
 from ebmrag.packing.packer import Packer
 from ebmrag.packing.types import Candidate, PackResult
 from ebmrag.packing.utility import CandidateBuilder, MeasuredFragment, UtilityParams, score_candidates
+from ebmrag.protocols import Progress
 
 
 def entity_keys(text: str, extractor: EntityExtractor | None = None) -> frozenset[tuple[str, str, bool]]:
@@ -49,7 +50,7 @@ class PreparedCase:
         return score_candidates(self.measured, params)
 
 
-Progress = Callable[[str, int, int], None]
+
 
 
 def _prefetch_embeddings(cases: Sequence[EvalCase], builder: CandidateBuilder, label: str,

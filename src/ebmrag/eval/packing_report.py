@@ -19,10 +19,11 @@ from typing import Any
 from ebmrag.eval import plots
 from ebmrag.eval.cases import DATASETS, EvalCase, load_cases
 from ebmrag.eval.noise import NoiseConfig, noisy_cases
-from ebmrag.eval.packing_eval import PackingRow, PreparedCase, Progress, evaluate, prepare
+from ebmrag.eval.packing_eval import PackingRow, PreparedCase, evaluate, prepare
 from ebmrag.eval.packing_suite import Suite, Table, greedy_vs_exact, rows_table, write_table
 from ebmrag.packing.packer import make_packer
 from ebmrag.packing.utility import UtilityParams
+from ebmrag.protocols import Progress
 
 log = logging.getLogger(__name__)
 PATTERNS = {"medqa": "benchmark*.json", "agentclinic": "agentclinic_medqa*.jsonl", "cmb": "cmb_clin*.json"}

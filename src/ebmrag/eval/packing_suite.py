@@ -20,11 +20,11 @@ from typing import Any
 from ebmrag.eval.cases import EvalCase
 from ebmrag.eval.noise import NoiseConfig, noisy_cases
 from ebmrag.eval.packing_eval import PackingRow, PreparedCase, evaluate, prepare
-from ebmrag.evidence.tokens import TokenCounter
 from ebmrag.packing.exact import ExactPacker
 from ebmrag.packing.greedy import GreedyPacker
 from ebmrag.packing.packer import STRATEGIES, Packer, make_packer
 from ebmrag.packing.utility import CandidateBuilder, TierWeights, UtilityParams
+from ebmrag.protocols import TokenCounter
 
 WINDOWS = (256, 512, 1024, 2048)
 NOISE_LEVELS = (20, 40, 80, 120, 200)

@@ -16,12 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
+from ebmrag.config import EMBEDDING_PRECISIONS
 from ebmrag.errors import ModelUnavailableError
 from ebmrag.evidence.tokens import bundled_model_dir
-
-Vectors = npt.NDArray[np.float32]
+from ebmrag.protocols import Vectors
 
 
 def default_cache_dir() -> Path:
@@ -51,9 +50,6 @@ class _DiskCache:
                 "INSERT OR REPLACE INTO vectors VALUES (?, ?)",
                 [(k, v.astype(np.float32).tobytes()) for k, v in items.items()],
             )
-
-
-PRECISIONS = ("auto", "fp32", "bf16", "int8")
 
 
 def native_bf16() -> bool:
@@ -96,8 +92,8 @@ class SentenceEmbedder:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if max_tokens is not None and not 8 <= max_tokens <= 512:
             raise ValueError(f"max_tokens must be in [8, 512], got {max_tokens}")
-        if precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        if precision not in EMBEDDING_PRECISIONS:
+            raise ValueError(f"precision must be one of {EMBEDDING_PRECISIONS}, got {precision!r}")
         if model_path is not None and not Path(model_path).is_dir():
             raise ModelUnavailableError(f"embedding model path is not a local directory: {model_path}")
         self.model_path = Path(model_path) if model_path else None

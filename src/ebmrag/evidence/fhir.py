@@ -16,8 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ebmrag.errors import RecordError
-from ebmrag.evidence.fragment import Fragment, PatientRecord
-from ebmrag.evidence.loaders import parse_timestamp
+from ebmrag.evidence.fragment import Fragment, PatientRecord, parse_timestamp
 
 log = logging.getLogger(__name__)
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import StrEnum
+from typing import Any
 
 from ebmrag.errors import RecordError
 
@@ -26,6 +27,18 @@ class Tier(StrEnum):
     def compressible(self) -> bool:
         """Only objective evidence (T1/T2) has the entity-preserving compressed state B."""
         return self in (Tier.T1, Tier.T2)
+
+
+def parse_timestamp(value: Any, where: str) -> datetime | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise RecordError(where, f"timestamp must be an ISO-8601 string or null, got {type(value).__name__}")
+    try:
+        stamp = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise RecordError(where, f"not an ISO-8601 date/time: {value!r}") from None
+    return stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)
 
 
 @dataclass(frozen=True)

@@ -10,25 +10,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from ebmrag.errors import RecordError
-from ebmrag.evidence.fragment import Fragment, PatientRecord
+from ebmrag.evidence.fragment import Fragment, PatientRecord, parse_timestamp
 from ebmrag.evidence.sentences import split_sentences
-
-
-def parse_timestamp(value: Any, where: str) -> datetime | None:
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise RecordError(where, f"timestamp must be an ISO-8601 string or null, got {type(value).__name__}")
-    try:
-        stamp = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
-    except ValueError:
-        raise RecordError(where, f"not an ISO-8601 date/time: {value!r}") from None
-    return stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)
 
 
 def _optional_str(raw: Mapping[str, Any], key: str, where: str) -> str | None:

@@ -11,18 +11,9 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol, runtime_checkable
 
 from ebmrag.errors import ConfigError, ModelUnavailableError
-
-
-@runtime_checkable
-class TokenCounter(Protocol):
-    name: str
-
-    def count(self, text: str) -> int: ...
-
-    def count_many(self, texts: Sequence[str]) -> list[int]: ...
+from ebmrag.protocols import TokenCounter
 
 
 def bundled_model_dir() -> Path:

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ebmrag.evidence.sentences import split_sentences
-from ebmrag.evidence.tokens import TokenCounter
-from ebmrag.index.search import SearchHit
+from ebmrag.index.types import SearchHit
+from ebmrag.protocols import TokenCounter
 
 ORDERINGS = ("relevance_first", "edges_first")
 _WORD = re.compile(r"\w+", re.UNICODE)

@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ebmrag.evidence.tokens import TokenCounter
 from ebmrag.generate.context import EVIDENCE_HEADING, PATIENT_HEADING
 from ebmrag.generate.extractive import EVIDENCE_HEADINGS, TIER_HEADINGS
-from ebmrag.generate.prompts import STAGE_OUTPUT_PLACEHOLDER, PromptStage
+from ebmrag.generate.prompts import STAGE_OUTPUT_PLACEHOLDER, PromptStage, warning_block
+from ebmrag.protocols import TokenCounter
 
 MIN_CONTEXT_TOKENS = 32
 
@@ -69,7 +69,7 @@ def staged_budget(window: int, counter: TokenCounter, prompts: Mapping[str, Prom
             continue
         handed_on = sum(prompts[name].max_tokens for name, placeholder in STAGE_OUTPUT_PLACEHOLDER.items()
                         if placeholder in stage.placeholders and name in prompts)
-        template = stage.messages(question=question, warning=f"Warning: {warning}\n" if warning else "")[1].content
+        template = stage.messages(question=question, warning=warning_block(warning))[1].content
         budgets.append(PromptBudget(window, counter.count(stage.system_prompt),
                                     counter.count(template) + section_headings, history_tokens, handed_on,
                                     stage.max_tokens, stage.name))
@@ -79,6 +79,6 @@ def staged_budget(window: int, counter: TokenCounter, prompts: Mapping[str, Prom
 
 
 def extractive_budget(window: int, counter: TokenCounter, question: str, warning: str = "") -> PromptBudget:
-    scaffold = "\n".join([f"Warning: {warning}" if warning else "", f"Evidence brief for: {question}",
+    scaffold = "\n".join([warning_block(warning), f"Evidence brief for: {question}",
                           *TIER_HEADINGS.values(), "From the knowledge base:", *EVIDENCE_HEADINGS.values()])
     return _check(PromptBudget(window, 0, counter.count(scaffold), 0, 0, 0, "extractive brief"))

@@ -98,8 +98,7 @@ def context_items(numbering: Numbering, result: PackResult) -> list[ContextItem]
     items = []
     for packed in result.packed:
         i = position[packed.fragment_id]
-        header = headers[i]
-        body = packed.text[len(header) + 1 :]
+        header, body = headers[i], packed.body
         if i < len(numbering.patient):
             items.append(ContextItem(i + 1, PATIENT, packed.fragment_id, packed.tier, header, body, i))
         else:

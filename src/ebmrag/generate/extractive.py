@@ -15,6 +15,7 @@ from typing import Any
 from ebmrag.evidence.fragment import Tier
 from ebmrag.evidence.sentences import split_sentences
 from ebmrag.generate.context import EVIDENCE, PATIENT, ContextItem
+from ebmrag.generate.prompts import with_warning
 
 TIER_HEADINGS = {Tier.T1: "Decisive findings (pathology, genetics, high-risk allergies)",
                  Tier.T2: "Objective results (laboratory, imaging)", Tier.T3: "Examination",
@@ -36,6 +37,7 @@ class Citation:
 class Brief:
     text: str
     citations: tuple[Citation, ...]
+    claims: tuple[str, ...] = ()  # the cited sentences, as the grounding check reads them (no headings)
 
 
 def cite(item: ContextItem) -> Citation:
@@ -43,10 +45,11 @@ def cite(item: ContextItem) -> Citation:
 
 
 def _cited_sentences(item: ContextItem) -> list[str]:
-    return [f"- {s.text.strip()} [{item.n}]" for s in split_sentences(item.body) if s.text.strip()]
+    return [f"{s.text.strip()} [{item.n}]" for s in split_sentences(item.body) if s.text.strip()]
 
 
-def _grouped(items: Sequence[ContextItem], headings: dict[Tier, str]) -> list[str]:
+def _grouped(items: Sequence[ContextItem], headings: dict[Tier, str], claims: list[str]) -> list[str]:
+    """Heading and bullet lines per tier; the bullets' sentences are also appended to `claims`."""
     lines: list[str] = []
     for tier in Tier:
         members = sorted((i for i in items if i.tier is tier), key=lambda i: i.rank)
@@ -54,17 +57,20 @@ def _grouped(items: Sequence[ContextItem], headings: dict[Tier, str]) -> list[st
             continue
         lines.append(f"{headings.get(tier, tier.value)}:")
         for item in members:
-            lines += _cited_sentences(item)
+            sentences = _cited_sentences(item)
+            claims += sentences
+            lines += [f"- {s}" for s in sentences]
         lines.append("")
     return lines
 
 
 def extractive_brief(question: str, items: Sequence[ContextItem], warning: str = "") -> Brief:
     """Patient evidence by tier (T1 first, record order within a tier), then knowledge-base evidence by tier."""
-    lines = [f"Warning: {warning}", ""] if warning else []
-    lines += [f"Evidence brief for: {question}", ""]
-    lines += _grouped([i for i in items if i.kind == PATIENT], TIER_HEADINGS)
+    claims: list[str] = []
+    lines = [f"Evidence brief for: {question}", ""]
+    lines += _grouped([i for i in items if i.kind == PATIENT], TIER_HEADINGS, claims)
     evidence = [i for i in items if i.kind == EVIDENCE]
     if evidence:
-        lines += ["From the knowledge base:", *_grouped(evidence, EVIDENCE_HEADINGS)]
-    return Brief("\n".join(lines).rstrip() + "\n", tuple(cite(i) for i in sorted(items, key=lambda i: i.n)))
+        lines += ["From the knowledge base:", *_grouped(evidence, EVIDENCE_HEADINGS, claims)]
+    text = with_warning(warning, "\n".join(lines).rstrip() + "\n")
+    return Brief(text, tuple(cite(i) for i in sorted(items, key=lambda i: i.n)), tuple(claims))

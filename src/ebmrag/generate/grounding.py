@@ -18,7 +18,7 @@ import numpy as np
 
 from ebmrag.evidence.entities import EntityExtractor, EntityKind, default_extractor
 from ebmrag.evidence.sentences import split_sentences
-from ebmrag.packing.utility import Embedder
+from ebmrag.protocols import Embedder
 
 _CITATION = re.compile(r"\s*\[\d+(?:\s*,\s*\d+)*\]")
 _TOKEN = re.compile(r"[a-z0-9]+(?:\.[0-9]+)?|[\u4e00-\u9fff]", re.IGNORECASE)
@@ -56,10 +56,13 @@ class GroundingChecker:
         self.embedder, self.threshold = embedder, threshold
         self.extractor = extractor or default_extractor()
 
-    def run(self, answer: str, context: Sequence[str]) -> list[SentenceSupport]:
-        return self.check([s.text for s in split_sentences(answer)], context)
+    def run(self, answer: str | Sequence[str], context: Sequence[str]) -> list[SentenceSupport]:
+        """Support per answer sentence: `answer` is free text (split into sentences here) or the claims
+        themselves, when the caller already knows them (the extractive brief's cited sentences)."""
+        claims = [s.text for s in split_sentences(answer)] if isinstance(answer, str) else list(answer)
+        return self._support(claims, context)
 
-    def check(self, claims: Sequence[str], context: Sequence[str]) -> list[SentenceSupport]:
+    def _support(self, claims: Sequence[str], context: Sequence[str]) -> list[SentenceSupport]:
         """Support per claim (citation marks removed). A claim that is a whole context sentence, copied,
         is supported without a model call (the extractive brief is all such claims); others are scored."""
         claims = [c for c in (_CITATION.sub("", claim).strip() for claim in claims) if c]

@@ -22,32 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ebmrag.errors import EbmragError
+from ebmrag.errors import LLMError
+from ebmrag.protocols import ChatMessage, LLMReply
 
 log = logging.getLogger(__name__)
 RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
-
-
-class LLMError(EbmragError):
-    """The model could not give a usable reply; the message says why (status, timeout, bad JSON)."""
-
-
-@dataclass(frozen=True)
-class ChatMessage:
-    role: str
-    content: str
-
-    def to_json(self) -> dict[str, str]:
-        return {"role": self.role, "content": self.content}
-
-
-@dataclass(frozen=True)
-class LLMReply:
-    text: str
-    prompt_tokens: int
-    completion_tokens: int
-    cached: bool
-    model: str
 
 
 @dataclass
@@ -113,7 +92,8 @@ class OpenAIChatClient:
         self.base_url, self.model = base_url.rstrip("/"), model
         self.api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY", "")
         self.timeout, self.max_retries, self.backoff = timeout, max_retries, backoff
-        self.cache = ReplyCache(Path(cache_dir) / "llm_replies.sqlite") if cache_dir else None
+        self.cache_dir = Path(cache_dir) if cache_dir else None
+        self.cache = ReplyCache(self.cache_dir / "llm_replies.sqlite") if self.cache_dir else None
         self.usage = Usage()
 
     def payload(self, messages: Sequence[ChatMessage], temperature: float, max_tokens: int) -> dict[str, Any]:
@@ -164,8 +144,14 @@ class OpenAIChatClient:
         raise LLMError(f"{last} (gave up after {self.max_retries + 1} attempts)")
 
     def to_dict(self) -> dict[str, Any]:
+        """Everything but the key, which stays in the environment or the settings file."""
         return {"base_url": self.base_url, "model": self.model, "timeout": self.timeout,
-                "max_retries": self.max_retries, "backoff": self.backoff}
+                "max_retries": self.max_retries, "backoff": self.backoff,
+                "cache_dir": str(self.cache_dir) if self.cache_dir else None}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], api_key: str | None = None) -> OpenAIChatClient:
+        return cls(**data, api_key=api_key)
 
 
 def _json_body(raw: bytes, url: str) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ebmrag.errors import ConfigError
-from ebmrag.generate.llm import ChatMessage
+from ebmrag.protocols import ChatMessage
 
 PROMPTS_DIR = Path(__file__).parent / "prompts"
 LANGUAGES = ("en", "zh")
@@ -30,6 +30,16 @@ STAGE_INPUTS = {
 # What each stage passes on: the later stage's prompt holds up to max_tokens of it.
 STAGE_OUTPUT_PLACEHOLDER = {"evidence_evaluator": "evaluation", "answer_generator": "draft",
                             "critical_reviewer": "review"}
+
+
+def warning_block(warning: str) -> str:
+    """The gate's warning as the one line that heads a prompt, a brief or an answer ('' without one)."""
+    return f"Warning: {warning}\n" if warning else ""
+
+
+def with_warning(warning: str, text: str) -> str:
+    """An answer or brief headed by the gate's warning, a blank line between them."""
+    return f"{warning_block(warning)}\n{text}" if warning else text
 
 
 @dataclass(frozen=True)

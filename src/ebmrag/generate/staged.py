@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, field_validator
 
-from ebmrag.generate.llm import ChatMessage, LLMError, LLMReply
-from ebmrag.generate.prompts import STAGE_ORDER, PromptStage
+from ebmrag.generate.completion import complete_json, parse_json
+from ebmrag.generate.prompts import STAGE_ORDER, PromptStage, warning_block
+from ebmrag.protocols import ChatClient
 
 CITATION_MARK = re.compile(r"\[(\d+(?:\s*[,;，]\s*\d+)*)\]")
 
@@ -65,10 +65,6 @@ STAGE_SCHEMAS: dict[str, type[BaseModel]] = {"evidence_evaluator": EvidenceEvalu
                                              "final_assembler": AnswerText}
 
 
-class ChatClient(Protocol):
-    def complete(self, messages: list[ChatMessage], temperature: float = 0.0, max_tokens: int = 512) -> LLMReply: ...
-
-
 @dataclass(frozen=True)
 class StageTrace:
     name: str
@@ -99,22 +95,20 @@ def cited_numbers(text: str) -> list[int]:
     return [int(n) for mark in CITATION_MARK.findall(text) for n in re.split(r"\s*[,;，]\s*", mark)]
 
 
-def parse_reply(text: str, schema: type[BaseModel], numbers: Collection[int]) -> BaseModel:
-    """The JSON object in a reply (code fences and chatter around it tolerated), validated, citations checked."""
-    start, end = text.find("{"), text.rfind("}")
-    if start < 0 or end <= start:
-        raise ValueError("the reply contains no JSON object")
-    try:
-        value = schema.model_validate_json(text[start : end + 1])
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'reply'}: {e['msg']}" for e in exc.errors()[:3])
-        raise ValueError(f"the JSON does not match the {schema.__name__} shape: {problems}") from None
+def check_citations(value: BaseModel, numbers: Collection[int]) -> None:
+    """A reply may cite only numbers that exist in the context."""
     cited = set(cited_numbers(value.model_dump_json()))
     for finding in getattr(value, "findings", []):
         cited.update(finding.citations)
     unknown = sorted(cited - set(numbers))
     if unknown:
         raise ValueError(f"it cites {unknown}, which are not numbers of the context")
+
+
+def parse_reply(text: str, schema: type[BaseModel], numbers: Collection[int]) -> BaseModel:
+    """The JSON object in a reply, validated against the stage's shape, citations checked."""
+    value = parse_json(text, schema)
+    check_citations(value, numbers)
     return value
 
 
@@ -128,7 +122,7 @@ class StagedAnswerer:
         self.client, self.prompts = client, dict(prompts)
 
     def run(self, question: str, context: str, numbers: Collection[int], warning: str = "") -> StagedAnswer:
-        values = {"question": question, "context": context, "warning": f"Warning: {warning}\n" if warning else ""}
+        values = {"question": question, "context": context, "warning": warning_block(warning)}
         traces: list[StageTrace] = []
         evaluation = self._stage("evidence_evaluator", values, numbers, traces)
         values["evaluation"] = _render(evaluation) if evaluation else "(no evaluation available)"
@@ -149,37 +143,15 @@ class StagedAnswerer:
 
     def _stage(self, name: str, values: Mapping[str, str], numbers: Collection[int],
                traces: list[StageTrace]) -> dict[str, Any] | None:
-        stage, started = self.prompts[name], time.perf_counter()
-        messages = stage.messages(**values)
-        prompt_tokens = completion_tokens = 0
-        error, cached = "", False
-
-        def trace(status: str, attempts: int, output: dict[str, Any] | None = None) -> StageTrace:
-            return StageTrace(name, status, attempts, time.perf_counter() - started, output, error, prompt_tokens,
-                              completion_tokens, cached)
-
-        for attempt in (1, 2):
-            try:
-                reply = self.client.complete(messages, stage.temperature, stage.max_tokens)
-            except LLMError as exc:
-                error = f"attempt {attempt}: {exc}"
-                traces.append(trace("failed", attempt))
-                return None
-            prompt_tokens += reply.prompt_tokens
-            completion_tokens += reply.completion_tokens
-            cached = reply.cached
-            try:
-                output = parse_reply(reply.text, STAGE_SCHEMAS[name], numbers).model_dump()
-            except ValueError as exc:
-                error = f"attempt {attempt}: {exc}"
-                messages = [*messages, ChatMessage("assistant", reply.text),
-                            ChatMessage("user", f"Your reply could not be used: {exc}. Reply again with only the "
-                                                "JSON object, citing only numbers of the context.")]
-                continue
-            traces.append(trace("ok", attempt, output))
-            return output
-        traces.append(trace("invalid", 2))
-        return None
+        stage = self.prompts[name]
+        done = complete_json(self.client, stage.messages(**values), STAGE_SCHEMAS[name],
+                             temperature=stage.temperature, max_tokens=stage.max_tokens,
+                             check=lambda value: check_citations(value, numbers),
+                             retry_hint="Reply again with only the JSON object, citing only numbers of the context.")
+        output = done.value.model_dump() if done.value is not None else None
+        traces.append(StageTrace(name, done.status, done.attempts, done.seconds, output, done.error,
+                                 done.prompt_tokens, done.completion_tokens, done.cached))
+        return output
 
     def to_dict(self) -> dict[str, Any]:
         return {"prompts": {name: stage.to_dict() for name, stage in self.prompts.items()}}

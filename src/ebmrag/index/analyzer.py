@@ -12,6 +12,8 @@ from collections.abc import Iterable
 from functools import lru_cache
 from typing import Any
 
+from ebmrag.errors import require_extra
+
 _CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+")
 _TERM = re.compile(r"[^\W_]+(?:[.\-][^\W_]+)*")
 STOP_WORDS = frozenset(
@@ -26,16 +28,15 @@ STOP_WORDS = frozenset(
 
 @lru_cache(maxsize=1)
 def _stemmer() -> Any:
-    import Stemmer  # PyStemmer
-
-    return Stemmer.Stemmer("english")
+    stemmer = require_extra("Stemmer", "kb", "the knowledge base's English analyzer")  # PyStemmer
+    return stemmer.Stemmer("english")
 
 
 @lru_cache(maxsize=1)
 def _jieba() -> Any:
     import logging
 
-    import jieba
+    jieba = require_extra("jieba", "kb", "the knowledge base's Chinese analyzer")
 
     jieba.setLogLevel(logging.WARNING)
     return jieba

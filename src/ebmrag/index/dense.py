@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ebmrag.errors import require_extra
 from ebmrag.index.lexical import Rows, Scores
 
 Vectors = npt.NDArray[np.float32]
@@ -35,7 +36,7 @@ class DenseIndex:
               ef_construction: int = 200) -> None:
         np.save(directory / VECTORS_FILE, np.ascontiguousarray(vectors, dtype=np.float32))
         if vectors.shape[0] >= hnsw_min_rows:
-            import hnswlib
+            hnswlib = require_extra("hnswlib", "kb", "the HNSW vector index")
 
             graph = hnswlib.Index(space="ip", dim=int(vectors.shape[1]))
             graph.init_index(max_elements=int(vectors.shape[0]), ef_construction=ef_construction, M=m, random_seed=7)
@@ -47,7 +48,7 @@ class DenseIndex:
         vectors = np.load(directory / VECTORS_FILE, mmap_mode="r")
         hnsw = None
         if (directory / HNSW_FILE).exists():
-            import hnswlib
+            hnswlib = require_extra("hnswlib", "kb", "the HNSW vector index")
 
             hnsw = hnswlib.Index(space="ip", dim=dim)
             hnsw.load_index(str(directory / HNSW_FILE), max_elements=int(vectors.shape[0]))

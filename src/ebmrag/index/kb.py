@@ -13,16 +13,17 @@ import shutil
 import sqlite3
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ebmrag.config import KnowledgeBaseConfig
 from ebmrag.errors import IngestError, KnowledgeBaseError
-from ebmrag.evidence.embeddings import PRECISIONS, SentenceEmbedder, Vectors
+from ebmrag.evidence.embeddings import SentenceEmbedder
 from ebmrag.evidence.tokens import HuggingFaceTokenCounter
 from ebmrag.index import generations, store
 from ebmrag.index.analyzer import Analyzer
@@ -30,49 +31,10 @@ from ebmrag.index.dense import DenseIndex
 from ebmrag.index.lexical import LexicalIndex
 from ebmrag.ingest.chunking import Chunk, ChunkerBySource
 from ebmrag.ingest.documents import Document
+from ebmrag.protocols import Progress, Vectors
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
-Progress = Callable[[str, int, int], None]
-
-
-@dataclass(frozen=True)
-class KnowledgeBaseConfig:
-    """Fixed when a knowledge base is created and stored in every generation's manifest."""
-
-    embedding_model: str = ""
-    embedding_max_tokens: int = 128
-    embedding_precision: str = "auto"  # bf16 where the CPU has it natively: 2x faster, same nDCG
-    chunker: str = ""
-    contextual_prefix: bool = True
-    k1: float = 1.5
-    b: float = 0.75
-    hnsw_min_rows: int = 20_000
-
-    def __post_init__(self) -> None:
-        if self.chunker not in ("", "fixed", "recursive", "structure", "sentence"):
-            raise ValueError(f"unknown chunker {self.chunker!r}")
-        if self.embedding_precision not in PRECISIONS:
-            raise ValueError(f"embedding_precision must be one of {PRECISIONS}, got {self.embedding_precision!r}")
-        if self.hnsw_min_rows < 0:
-            raise ValueError("hnsw_min_rows must be >= 0")
-
-    @classmethod
-    def from_manifest(cls, stored: dict[str, Any], where: Path) -> KnowledgeBaseConfig:
-        """The config a generation was built with; `quantize` (before precision profiles) maps to int8 / fp32."""
-        values = dict(stored)
-        if "quantize" in values:
-            values["embedding_precision"] = "int8" if values.pop("quantize") else "fp32"
-        values.setdefault("embedding_precision", "fp32")
-        unknown = set(values) - {f.name for f in fields(cls)}
-        if unknown:
-            raise KnowledgeBaseError(f"{where}: manifest has unknown settings {sorted(unknown)}; "
-                                     "it was written by a newer ebmrag")
-        return cls(**values)
-
-    def embedder(self, cache_dir: str | Path | None = None) -> SentenceEmbedder:
-        return SentenceEmbedder(self.embedding_model or None, cache_dir=cache_dir,
-                                max_tokens=self.embedding_max_tokens, precision=self.embedding_precision)
 
 
 @dataclass
@@ -91,6 +53,12 @@ class IngestReport:
     @property
     def changed(self) -> bool:
         return bool(self.added or self.updated or self.deleted)
+
+
+def kb_embedder(config: KnowledgeBaseConfig, cache_dir: str | Path | None = None) -> SentenceEmbedder:
+    """The embedder a knowledge base was built with (its manifest's model, length and precision)."""
+    return SentenceEmbedder(config.embedding_model or None, cache_dir=cache_dir,
+                            max_tokens=config.embedding_max_tokens, precision=config.embedding_precision)
 
 
 def index_text(document: Document | store.DocumentRow, chunk: Chunk | store.ChunkRow, prefix: bool) -> str:
@@ -121,7 +89,12 @@ class KnowledgeBase:
         if stored and config and stored != config:
             raise KnowledgeBaseError(f"{self.root} was built with {stored}; it cannot be opened with {config}")
         self.config = stored or config or KnowledgeBaseConfig()
-        self.embedder = embedder or self.config.embedder(cache_dir)
+        self.cache_dir = Path(cache_dir) if cache_dir else None
+        self.embedder = embedder or kb_embedder(self.config, cache_dir)
+        expected = kb_embedder(self.config).model_name if embedder is not None else ""
+        if embedder is not None and embedder.model_name != expected:
+            raise KnowledgeBaseError(f"{self.root} embeds with {expected}; the embedder passed in is "
+                                     f"{embedder.model_name}")
         self.analyzer = Analyzer()
         self._reader: Reader | None = None
 
@@ -134,8 +107,20 @@ class KnowledgeBase:
         if live is None:
             raise KnowledgeBaseError(f"{self.root} is not a knowledge base yet; create it with `ebmrag ingest`")
         if self._reader is None or self._reader.path != live:
+            if self._reader is not None:
+                self._reader.close()  # the KB moved on to a newer generation: release the old one's SQLite
             self._reader = Reader(live, self.config)
         return self._reader
+
+    def to_dict(self) -> dict[str, Any]:
+        """Where the KB is; its build settings live in its manifest, not here."""
+        return {"root": str(self.root), "cache_dir": str(self.cache_dir) if self.cache_dir else None}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | str, embedder: SentenceEmbedder | None = None) -> KnowledgeBase:
+        """`data` is `to_dict()` (or a bare path); `embedder` shares a model instance of the same profile."""
+        spec = {"root": data} if isinstance(data, str) else dict(data)
+        return cls(spec["root"], cache_dir=spec.get("cache_dir"), embedder=embedder)
 
     def apply(self, documents: Sequence[Document], delete_ids: Sequence[str] = (),
               origins: dict[str, str] | None = None, progress: Progress | None = None) -> IngestReport:
@@ -170,7 +155,9 @@ class KnowledgeBase:
                 shutil.rmtree(partial, ignore_errors=True)
                 raise
             report.generation = generations.generation_number(generations.commit(self.root, partial))
-        self._reader = None
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
         return report
 
 
@@ -298,6 +285,9 @@ class Reader:
         self.size = int(self.manifest["chunks"])
         self.lexical = LexicalIndex.load(path / "bm25", self.size, config.k1, config.b)
         self.dense = DenseIndex.load(path, int(self.manifest["dim"]))
+
+    def close(self) -> None:
+        self.db.close()
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ebmrag.errors import require_extra
+
 Rows = npt.NDArray[np.int64]
 Scores = npt.NDArray[np.float32]
 _ARRAYS = ("data.csc.index.npy", "indices.csc.index.npy", "indptr.csc.index.npy")
@@ -37,7 +39,7 @@ class LexicalIndex:
         self._indptr: npt.NDArray[np.int64] = np.zeros(1, np.int64)
 
     def build(self, documents: Sequence[list[str]]) -> None:
-        import bm25s
+        bm25s = require_extra("bm25s", "kb", "building a BM25 index")
 
         logging.getLogger("bm25s").setLevel(logging.WARNING)
         self.size = len(documents)

@@ -8,72 +8,20 @@ search still returns k hits when k matching chunks exist.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from ebmrag.evidence.embeddings import SentenceEmbedder
 from ebmrag.index import store
 from ebmrag.index.fusion import Ranked, rrf, score_fusion, top
 from ebmrag.index.kb import KnowledgeBase
+from ebmrag.index.rerank import reranker_from_dict
+from ebmrag.index.types import Filters, Reranker, SearchHit
 
 MODES = ("bm25", "dense", "hybrid")
 FUSIONS = ("rrf", "score")
-
-
-@dataclass(frozen=True)
-class Filters:
-    """Each field restricts results when set: exact source / section / authority, dates as ISO prefixes."""
-
-    source: str = ""
-    section: str = ""
-    authority: str = ""
-    date_from: str = ""
-    date_to: str = ""
-
-    def sql(self) -> tuple[str, list[str]]:
-        clauses, params = [], []
-        for column in ("source", "section", "authority"):
-            value = getattr(self, column)
-            if value:
-                clauses.append(f"{column} = ?")
-                params.append(value)
-        if self.date_from:
-            clauses.append("date != '' AND date >= ?")
-            params.append(self.date_from)
-        if self.date_to:
-            clauses.append("date != '' AND date <= ?")
-            params.append(self.date_to + "\uffff")
-        return " AND ".join(clauses), params
-
-
-@dataclass(frozen=True)
-class SearchHit:
-    chunk_id: str
-    doc_id: str
-    score: float
-    section: str
-    text: str
-    source: str
-    section_id: str
-    char_start: int
-    char_end: int
-    authority: str
-    date: str
-    row: int = -1  # the chunk's row in this generation's vector matrix (-1: not from an index)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"chunk_id": self.chunk_id, "doc_id": self.doc_id, "score": round(self.score, 6),
-                "section": self.section, "text": self.text, "source": self.source}
-
-
-class Reranker(Protocol):
-    """Reorders the hits of one query, best first; may drop hits, never invents them (see index.rerank)."""
-
-    def rerank(self, query: str, hits: Sequence[SearchHit]) -> list[SearchHit]: ...
-
-    def to_dict(self) -> dict[str, Any]: ...
 
 
 class HybridRetriever:
@@ -116,6 +64,11 @@ class HybridRetriever:
             return [self.run(q, k, filters) for q in queries]
         vectors = self.kb.embedder.embed(list(queries))
         return [self.hits(self.rank(q, k, filters, v)) for q, v in zip(queries, vectors, strict=True)]
+
+    def prepare(self, queries: Sequence[str]) -> None:
+        """Embed queries ahead of their search (into the embedder's cache); BM25 needs nothing."""
+        if self.mode != "bm25" and queries:
+            self.kb.embedder.embed(list(queries))
 
     def similarities(self, query: str, hits: Sequence[SearchHit]) -> list[float]:
         """Cosine of the query and each hit in the knowledge base's own vector space, from stored vectors:
@@ -161,14 +114,14 @@ class HybridRetriever:
         ]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kb": str(self.kb.root), "mode": self.mode, "fusion": self.fusion, "weights": list(self.weights),
+        return {"kb": self.kb.to_dict(), "mode": self.mode, "fusion": self.fusion, "weights": list(self.weights),
                 "route_depth": self.route_depth, "rrf_k": self.rrf_k,
                 "reranker": self.reranker.to_dict() if self.reranker else None}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> HybridRetriever:
-        from ebmrag.index.rerank import reranker_from_dict  # rerank builds on this module
-
+    def from_dict(cls, data: dict[str, Any], embedder: SentenceEmbedder | None = None) -> HybridRetriever:
+        """`embedder` shares a model instance the caller already holds (see `KnowledgeBase.from_dict`)."""
         data = dict(data)
         reranker = data.pop("reranker", None)
-        return cls(KnowledgeBase(data.pop("kb")), reranker=reranker_from_dict(reranker) if reranker else None, **data)
+        kb = KnowledgeBase.from_dict(data.pop("kb"), embedder)
+        return cls(kb, reranker=reranker_from_dict(reranker) if reranker else None, **data)

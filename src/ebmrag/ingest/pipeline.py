@@ -1,4 +1,4 @@
-"""Files and folders -> documents -> one knowledge-base write, with a per-file error report.
+"""Files and folders -> documents, with a per-file error report (`index.sync` writes them to a knowledge base).
 
 Document ids: a file named on the command line is keyed by its name, a file found in folder D by
 "D/relative/path"; JSONL records carry their own ids. With `sync`, documents that came from a
@@ -14,10 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ebmrag.errors import IngestError
-from ebmrag.index import store
-from ebmrag.index.kb import IngestReport, KnowledgeBase, Progress
 from ebmrag.ingest.documents import Document
 from ebmrag.ingest.readers import DEFAULT_MAX_FILE_BYTES, SUFFIXES, FieldMap, read_file
+from ebmrag.protocols import Progress
 
 log = logging.getLogger(__name__)
 
@@ -68,28 +67,3 @@ def collect(paths: Sequence[Path], field_map: FieldMap | None = None,
     if progress:
         progress("reading", len(files), len(files))
     return batch
-
-
-def stale_documents(kb: KnowledgeBase, paths: Sequence[Path], batch: FileBatch) -> list[str]:
-    """Documents whose origin lies under one of `paths` but that this batch did not read again."""
-    if not kb.exists:
-        return []
-    roots = [str(p.resolve()) for p in paths if p.exists()]
-    seen = {d.doc_id for d in batch.documents}
-    stale = []
-    for doc_id, row in store.documents(kb.reader().db).items():
-        under = any(row.origin == r or row.origin.startswith(r.rstrip("/") + "/") for r in roots)
-        if under and doc_id not in seen and row.origin not in batch.failed_files:
-            stale.append(doc_id)
-    return stale
-
-
-def ingest_paths(kb: KnowledgeBase, paths: Sequence[Path], sync: bool = False, field_map: FieldMap | None = None,
-                 max_bytes: int = DEFAULT_MAX_FILE_BYTES, progress: Progress | None = None) -> IngestReport:
-    batch = collect(paths, field_map, max_bytes, progress)
-    deletions = stale_documents(kb, paths, batch) if sync else []
-    report = kb.apply(batch.documents, deletions, batch.origins, progress)
-    report.errors[:0] = batch.errors
-    for error in report.errors:
-        log.info("%s", error)
-    return report

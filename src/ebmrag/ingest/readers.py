@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields
 from html.parser import HTMLParser
 from pathlib import Path
 
-from ebmrag.errors import IngestError
+from ebmrag.errors import IngestError, require_extra
 from ebmrag.ingest.corpora import recognise_record
 from ebmrag.ingest.documents import AUTHORITIES, Document, DocumentBuilder, Section, normalize_text
 
@@ -122,6 +122,7 @@ def _markdown_document(doc_id: str, text: str, source: str, source_type: str, ti
 def _pdf_text(path: Path, raw: bytes) -> str:
     import io
 
+    require_extra("pypdf", "kb", "reading PDF files")
     from pypdf import PdfReader
     from pypdf.errors import PdfReadError
 

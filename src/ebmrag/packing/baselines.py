@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ebmrag.evidence.tokens import TokenCounter, truncate_words
+from ebmrag.evidence.tokens import truncate_words
 from ebmrag.packing.types import (
     Candidate,
     DroppedFragment,
@@ -27,6 +27,7 @@ from ebmrag.packing.types import (
     render_line,
     validate_window,
 )
+from ebmrag.protocols import TokenCounter
 
 
 def _pack_in_order(name: str, ordered: Sequence[Candidate], window: int, reason: PackReason) -> PackResult:
@@ -87,7 +88,7 @@ class UniformPacker:
         lines = [render_line(c.header, b) for c, b in zip(candidates, bodies, strict=True)]
         counts = self.token_counter.count_many(lines)
         return [
-            PackOption(State.TRUNCATED, line, n, c.full.utility * share) if body else None
+            PackOption(State.TRUNCATED, line, n, c.full.utility * share, body=body) if body else None
             for c, body, line, n in zip(candidates, bodies, lines, counts, strict=True)
         ]
 

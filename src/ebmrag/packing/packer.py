@@ -7,14 +7,15 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from ebmrag.evidence.embeddings import SentenceEmbedder
-from ebmrag.evidence.fragment import PatientRecord
+from ebmrag.evidence.fragment import Fragment, PatientRecord
 from ebmrag.evidence.tiers import TierClassifier
-from ebmrag.evidence.tokens import TokenCounter, make_token_counter
+from ebmrag.evidence.tokens import make_token_counter
 from ebmrag.packing.baselines import FifoPacker, SemanticPacker, UniformPacker
 from ebmrag.packing.exact import ExactPacker
 from ebmrag.packing.greedy import GreedyPacker
 from ebmrag.packing.types import Candidate, PackResult
-from ebmrag.packing.utility import CandidateBuilder, TierWeights, UtilityParams
+from ebmrag.packing.utility import CandidateBuilder, TierWeights, UtilityParams, score_candidates
+from ebmrag.protocols import TokenCounter
 
 STRATEGIES = ("ebm-exact", "ebm-greedy", "fifo", "semantic", "uniform")
 
@@ -42,7 +43,11 @@ def make_packer(strategy: str, token_counter: TokenCounter | None = None, k_min:
 
 
 class ContextPacker:
-    """Classify -> score -> pack one patient's record for one query (the EBM-Pack pipeline step)."""
+    """Classify -> score -> pack one patient's record for one query (the EBM-Pack pipeline step).
+
+    `embedder` lets the caller share one model instance (the answer engine passes the knowledge
+    base's when it is the same model); without it the packer builds its own from `model_path`.
+    """
 
     def __init__(
         self,
@@ -53,6 +58,7 @@ class ContextPacker:
         model_path: str | None = None,
         cache_dir: str | None = None,
         rules_path: str | None = None,
+        embedder: SentenceEmbedder | None = None,
     ) -> None:
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown packing strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
@@ -61,7 +67,7 @@ class ContextPacker:
         self.params = params or UtilityParams()
         self.tokenizer = tokenizer
         self.classifier = TierClassifier(rules_path)
-        self.embedder = SentenceEmbedder(model_path, cache_dir=cache_dir)
+        self.embedder = embedder or SentenceEmbedder(model_path, cache_dir=cache_dir)
         self.token_counter = make_token_counter(tokenizer)
         self.packer = make_packer(strategy, self.token_counter, k_min)
         self.builder = CandidateBuilder(self.embedder, self.token_counter, self.params)
@@ -69,11 +75,43 @@ class ContextPacker:
     def warm_up(self) -> None:
         self.embedder.warm_up()
 
-    def candidates(self, record: PatientRecord, query: str, as_of: datetime | None = None) -> list[Candidate]:
-        return self.builder.build(self.classifier.run(record), query, as_of)
+    def classify(self, record: PatientRecord) -> PatientRecord:
+        """Tiers for the fragments that have none yet; a fragment that already carries a decision keeps it,
+        so a caller that classified once (the answer engine's gate) does not pay twice."""
+        if all(f.decision is not None for f in record.fragments):
+            return record
+        return record.replace_fragments(f if f.decision else self.classifier.classify_fragment(f)
+                                        for f in record.fragments)
 
-    def run(self, record: PatientRecord, query: str, window: int, as_of: datetime | None = None) -> PackResult:
-        return self.packer.pack(self.candidates(record, query, as_of), window)
+    def prepare(self, record: PatientRecord, texts: Sequence[str] = ()) -> None:
+        """Embed the record's fragments, their compressed states and `texts` (e.g. the retrieval queries)
+        in one batch into the embedder's cache, so a later `run` spends its time on the question only."""
+        fragments = self.classify(record).fragments
+        compressor = self.builder.compressor
+        bodies = [f.text for f in fragments]
+        bodies += [c.text for f in fragments if f.tier.compressible and (c := compressor.compress(f.text))]
+        self.embedder.embed([*texts, *bodies])
+
+    def candidates(self, record: PatientRecord, query: str, as_of: datetime | None = None,
+                   evidence: Sequence[Fragment] = (), evidence_similarity: Mapping[str, float] | None = None,
+                   headers: Sequence[str] | None = None) -> list[Candidate]:
+        """Scored candidates: the record's fragments (compressible by tier), then `evidence` fragments
+        (tiered by the caller, never compressed, Sim from `evidence_similarity` when given). `headers`
+        replace the default "[id|tier|date]" line heads, one per fragment in that order."""
+        record = self.classify(record)
+        patient_ids = {f.id for f in record.fragments}
+        measured = self.builder.measure_fragments(
+            [*record.fragments, *evidence], query, as_of or record.latest_timestamp, headers,
+            compressible=lambda f: f.id in patient_ids and f.tier.compressible,
+            known_similarity=evidence_similarity)
+        return score_candidates(measured, self.params)
+
+    def run(self, record: PatientRecord, query: str, window: int, as_of: datetime | None = None,
+            evidence: Sequence[Fragment] = (), evidence_similarity: Mapping[str, float] | None = None,
+            headers: Sequence[str] | None = None) -> PackResult:
+        """Pack the record (and any evidence fragments) into `window` tokens; see `candidates`."""
+        return self.packer.pack(self.candidates(record, query, as_of, evidence, evidence_similarity, headers),
+                                window)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -87,10 +125,10 @@ class ContextPacker:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ContextPacker:
+    def from_dict(cls, data: Mapping[str, Any], embedder: SentenceEmbedder | None = None) -> ContextPacker:
         values = dict(data)
         values["params"] = UtilityParams.from_dict(values.get("params", {}))
-        return cls(**values)
+        return cls(**values, embedder=embedder)
 
 
 __all__ = ["STRATEGIES", "ContextPacker", "Packer", "TierWeights", "UtilityParams", "make_packer"]

@@ -33,13 +33,14 @@ class DropReason(StrEnum):
 
 @dataclass(frozen=True)
 class PackOption:
-    """One state of a fragment: its rendered context line, token cost and utility U_ij."""
+    """One state of a fragment: its rendered context line (`header` + `body`), token cost and utility U_ij."""
 
     state: State
     text: str
     tokens: int
     utility: float
     fidelity: float = 1.0
+    body: str = ""  # the line without its header: what the state says
 
     @property
     def density(self) -> float:
@@ -78,6 +79,7 @@ class PackedFragment:
     order: int
     excluded_states: tuple[State, ...] = ()
     detail: str = ""
+    body: str = ""  # `text` without its header, as the state says it (full, compressed or truncated)
 
 
 @dataclass(frozen=True)
@@ -143,6 +145,7 @@ def pack_entry(candidate: Candidate, option: PackOption, reason: PackReason, det
         candidate.order,
         excluded,
         detail,
+        option.body,
     )
 
 

@@ -19,21 +19,16 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from ebmrag.evidence.entities import EntityCompressor
 from ebmrag.evidence.fragment import Fragment, PatientRecord, Tier
-from ebmrag.evidence.tokens import TokenCounter
 from ebmrag.packing.types import Candidate, PackOption, State, render_line
+from ebmrag.protocols import Embedder, TokenCounter
 
 SECONDS_PER_YEAR = 365.25 * 24 * 3600
-
-
-class Embedder(Protocol):
-    def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]: ...
 
 
 @dataclass(frozen=True)
@@ -104,6 +99,7 @@ class MeasuredFragment:
     similarity: float
     age_years: float
     compressed_line: str | None = None
+    compressed_body: str = ""
     compressed_tokens: int = 0
     compressed_similarity: float = 0.0
     fidelity_ratio: float = 1.0
@@ -166,7 +162,8 @@ class CandidateBuilder:
                                     age_in_years(fragment, as_of))
             compression = compressions[order]
             if compression and bodies_b[order]:
-                item = replace(item, compressed_line=next(line_b), compressed_tokens=next(cost_b),
+                item = replace(item, compressed_line=next(line_b), compressed_body=bodies_b[order] or "",
+                               compressed_tokens=next(cost_b),
                                compressed_similarity=float(next(sim_b)), fidelity_ratio=compression.fidelity_ratio)
             measured.append(item)
         return measured
@@ -179,12 +176,12 @@ def score_candidates(measured: Sequence[MeasuredFragment], params: UtilityParams
         fragment = item.fragment
         base = params.weights.of(fragment.tier) * math.exp(-params.decay_lambda * item.age_years)
         similarity = max(item.similarity, params.similarity_floor)
-        options = [PackOption(State.FULL, item.line, item.tokens, base * similarity)]
+        options = [PackOption(State.FULL, item.line, item.tokens, base * similarity, body=fragment.text)]
         if item.compressed_line is not None and item.compressed_tokens < item.tokens:
             fidelity = min(1.0, item.fidelity_ratio + params.epsilon)
             options.append(PackOption(State.COMPRESSED, item.compressed_line, item.compressed_tokens,
                                       fidelity * base * max(item.compressed_similarity, params.similarity_floor),
-                                      fidelity))
+                                      fidelity, item.compressed_body))
         must_keep = bool(fragment.decision and fragment.decision.must_keep)
         candidates.append(Candidate(fragment, item.header, tuple(options), item.similarity, must_keep, order))
     return candidates

@@ -1,5 +1,6 @@
-"""Evaluation commands: `eval packing` (one dataset), `eval packing-suite` (every experiment),
-`eval mirage` (multiple-choice accuracy with a model) and `eval gate` (the retrieval gate on real cases)."""
+"""Evaluation commands: `eval packing` (one dataset), `eval packing-suite` (every experiment), `eval mirage`
+(multiple-choice accuracy with a model), `eval gate` (the retrieval gate on real cases), `eval retrieval`
+(a knowledge base on a public benchmark) and `eval tiers` (the tier classifier against typed fields)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,21 @@ from typing import Annotated
 
 import typer
 
-from ebmrag.cli import ConfigOption, _fail, console, eval_app, write_report
-from ebmrag.cli_kb import _progress_callback, progress_bar
+from ebmrag.cli.common import (
+    BaseUrlOption,
+    ConfigOption,
+    JsonOption,
+    KbOption,
+    LlmOption,
+    ModelOption,
+    progress_bar,
+    progress_callback,
+    stderr,
+    user_errors,
+    write_report,
+)
+from ebmrag.cli.kb import report_table
 from ebmrag.config import Settings, load_settings
-from ebmrag.errors import EbmragError
 from ebmrag.eval.cases import DATASETS
 from ebmrag.eval.diagnosis import IcdIndex
 from ebmrag.eval.llm_eval import diagnosis_f1, mirage_accuracy, packing_accuracy, rows_json
@@ -21,14 +33,14 @@ from ebmrag.eval.packing_report import dataset_dir
 from ebmrag.eval.packing_suite import NEUTRAL, Suite, rows_table
 from ebmrag.evidence.embeddings import SentenceEmbedder
 from ebmrag.evidence.tokens import make_token_counter
-from ebmrag.factory import cache_dir, make_llm_client, require_llm_client
+from ebmrag.factory import cache_dir, make_llm_client, make_retriever, open_kb, require_llm_client, utility_params
 from ebmrag.generate.llm import OpenAIChatClient
+from ebmrag.index.sync import ingest_paths
 from ebmrag.packing.packer import STRATEGIES, make_packer
-from ebmrag.packing.utility import CandidateBuilder, TierWeights, UtilityParams
+from ebmrag.packing.utility import CandidateBuilder
 
-LlmOption = Annotated[str | None, typer.Option("--llm", help="'openai' to also score answers with a model.")]
-ModelOption = Annotated[str | None, typer.Option("--model", help="Model name at the endpoint.")]
-BaseUrlOption = Annotated[str | None, typer.Option("--base-url", help="OpenAI-compatible endpoint, e.g. .../v1")]
+eval_app = typer.Typer(help="Measure ebmrag on public data.", no_args_is_help=True)
+
 NoiseRatio = Annotated[int, typer.Option(help="Noise fragments per signal fragment (the paper: 12).")]
 RecentShare = Annotated[float, typer.Option(help="Share of the noise dated on the encounter day (paper: 0).")]
 Seed = Annotated[int, typer.Option(help="Seed of the noise generator.")]
@@ -47,7 +59,7 @@ def _write_llm(out: Path, rows: list[dict[str, object]], client: OpenAIChatClien
     (out / "llm_results.json").write_text(json.dumps(rows, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     (out / "llm_usage.json").write_text(json.dumps({"model": client.model, **client.usage.to_json()}, indent=1)
                                         + "\n", encoding="utf-8")
-    console.print(f"LLM spend: {client.usage.to_json()} -> {out / 'llm_results.json'}")
+    stderr.print(f"LLM spend: {client.usage.to_json()} -> {out / 'llm_results.json'}")
 
 
 def _ints(text: str, name: str) -> list[int]:
@@ -84,15 +96,14 @@ def eval_packing(
     """
     from ebmrag.eval.packing_report import run_packing
 
-    try:
+    with user_errors():
         settings = load_settings(config)
         names = [s.strip() for s in strategies.split(",") if s.strip()]
         unknown = sorted(set(names) - set(STRATEGIES))
         if unknown or not names:
             raise ValueError(f"unknown strategies {unknown}; choose from {', '.join(STRATEGIES)}")
         suite = make_suite(settings, NoiseConfig(ratio=noise_ratio, recent_share=recent_share, seed=seed))
-        p = settings.packing
-        params = UtilityParams(TierWeights(p.alpha, p.beta, p.gamma), p.decay_lambda, p.epsilon, p.similarity_floor)
+        params = utility_params(settings)
         client = make_llm_client(settings, llm, model, base_url)
         index = None
         if client and dataset != "medqa":
@@ -102,9 +113,9 @@ def eval_packing(
         window_list = _ints(windows, "windows")
         with progress_bar() as bar:
             rows, prepared = run_packing(suite, dataset, data_dir, window_list, names, out, limit, k_min, params,
-                                         _progress_callback(bar))
+                                         progress_callback(bar))
         typer.echo(rows_table("results", f"{dataset}: packing results", rows).markdown())
-        console.print(f"wrote {out / 'results.json'}")
+        stderr.print(f"wrote {out / 'results.json'}")
         if client:
             packers = [make_packer(n, suite.token_counter, k_min) for n in names]
             if index is None:
@@ -112,8 +123,6 @@ def eval_packing(
             else:
                 llm_rows = rows_json(diagnosis_f1(client, prepared, packers, window_list, params, index))
             _write_llm(out, llm_rows, client)
-    except (EbmragError, ValueError, OSError, json.JSONDecodeError) as exc:
-        raise _fail(exc) from None
 
 
 @eval_app.command("mirage")
@@ -130,18 +139,15 @@ def eval_mirage(
     config: ConfigOption = None,
 ) -> None:
     """MIRAGE multiple-choice accuracy of a model, with and without retrieval from a knowledge base."""
-    from ebmrag.factory import make_retriever
     from ebmrag.index.kb import KnowledgeBase
 
-    try:
+    with user_errors():
         settings = load_settings(config)
         client = require_llm_client(settings, llm, model, base_url, "eval mirage")
         retriever = make_retriever(settings, KnowledgeBase(kb, cache_dir=cache_dir(settings))) if kb else None
         names = [s.strip() for s in subsets.split(",") if s.strip()]
         rows = rows_json(mirage_accuracy(client, benchmark, names, limit, retriever, k))
         _write_llm(out, rows, client)
-    except (EbmragError, ValueError, OSError, json.JSONDecodeError) as exc:
-        raise _fail(exc) from None
     typer.echo(json.dumps(rows, indent=1))
 
 
@@ -158,14 +164,12 @@ def eval_packing_suite(
     """All EBM-Pack experiments (windows, noise, k_min, tier weights, ε × λ, greedy vs exact) with plots."""
     from ebmrag.eval.packing_report import run_suite
 
-    try:
+    with user_errors():
         suite = make_suite(load_settings(config), NoiseConfig(seed=seed))
         with progress_bar() as bar:
-            seconds = run_suite(suite, data_root, out, limit, sweep_cases, _progress_callback(bar))
-    except (EbmragError, ValueError, OSError, json.JSONDecodeError) as exc:
-        raise _fail(exc) from None
+            seconds = run_suite(suite, data_root, out, limit, sweep_cases, progress_callback(bar))
     timing = ", ".join(f"{step} {value:.0f} s" for step, value in seconds.items())
-    console.print(f"wrote {out}: {timing}")
+    stderr.print(f"wrote {out}: {timing}")
 
 
 @eval_app.command("gate")
@@ -177,11 +181,59 @@ def eval_gate(
     from ebmrag.agent.gate import RetrievalGate
     from ebmrag.eval.gate_report import HISTORY_SECTIONS, gate_report
 
-    try:
+    with user_errors():
         folders = {d: f for d in HISTORY_SECTIONS if (f := dataset_dir(data_root, d)) is not None}
         if not folders:
             raise ValueError(f"no AgentClinic or CMB-Clin files under {data_root}")
         report = gate_report(RetrievalGate(), folders)
-    except (EbmragError, ValueError, OSError, json.JSONDecodeError) as exc:
-        raise _fail(exc) from None
+    write_report(report, out)
+
+
+@eval_app.command("retrieval")
+def eval_retrieval(
+    dataset: Annotated[str, typer.Option(help="liveqa, pubmedqa or medquad.")],
+    data_dir: Annotated[Path, typer.Option("--data-dir", help="Folder with the questions / qrels files.")],
+    kb: KbOption,
+    corpus: Annotated[list[Path] | None, typer.Option("--corpus", help="Corpus files to ingest into a new KB.")] = None,
+    limit: Annotated[int, typer.Option(help="Evaluate a deterministic sample of this many queries (0 = all).")] = 0,
+    ablation: Annotated[bool, typer.Option(help="Also score the fusion variants.")] = False,
+    out: Annotated[Path | None, typer.Option(help="Append the markdown table to this file.")] = None,
+    as_json: JsonOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """Recall@10, MRR and nDCG@10 of BM25, dense and hybrid retrieval on a public benchmark."""
+    from ebmrag.eval.retrieval import evaluate_retrieval, load_queries, markdown_table
+
+    with user_errors():
+        settings = load_settings(config)
+        knowledge_base = open_kb(settings, kb)
+        if not knowledge_base.exists:
+            if not corpus:
+                raise ValueError(f"{kb} does not exist yet: give the corpus files with --corpus")
+            with progress_bar() as bar:
+                report = ingest_paths(knowledge_base, corpus, progress=progress_callback(bar))
+            stderr.print(report_table(report))
+        queries = load_queries(dataset, data_dir, corpus or [], limit)
+        r = settings.retrieval
+        with stderr.status(f"retrieving for {len(queries)} queries..."):
+            result = evaluate_retrieval(knowledge_base, dataset, queries, r.fusion, (r.bm25_weight, r.dense_weight),
+                                        ablation)
+    table = markdown_table(result)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with out.open("a", encoding="utf-8") as handle:
+            handle.write(table + "\n")
+    typer.echo(json.dumps(result.to_json(), indent=2) if as_json else table)
+
+
+@eval_app.command("tiers")
+def eval_tiers(
+    data_dir: Annotated[Path, typer.Option("--data-dir", help="Folder with agentclinic_*.jsonl files.")],
+    out: Annotated[Path | None, typer.Option(help="Write the markdown report here.")] = None,
+) -> None:
+    """Agreement of the tier classifier with the typed fields of AgentClinic cases."""
+    from ebmrag.eval.tier_agreement import agreement_report, measure_agreement
+
+    with user_errors():
+        report = agreement_report(measure_agreement(data_dir))
     write_report(report, out)

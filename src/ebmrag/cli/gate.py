@@ -8,16 +8,12 @@ from typing import Annotated
 
 import typer
 
-from ebmrag.cli import ConfigOption, _fail, app, console
-from ebmrag.cli_eval import BaseUrlOption, LlmOption, ModelOption
-from ebmrag.cli_kb import progress_bar
+from ebmrag.cli.common import BaseUrlOption, ConfigOption, LlmOption, ModelOption, console, progress_bar, user_errors
 from ebmrag.config import load_settings
-from ebmrag.errors import EbmragError
 from ebmrag.evidence.sentences import split_sentences
 from ebmrag.factory import cache_dir, make_retriever, open_kb, require_llm_client
 
 gate_app = typer.Typer(help="Train the retrieval gate's sentence classifier.", no_args_is_help=True)
-app.add_typer(gate_app, name="gate")
 
 
 @gate_app.command("annotate")
@@ -36,7 +32,7 @@ def annotate(
     from ebmrag.agent.gate_model import MaskingAnnotator
     from ebmrag.eval.cases import load_cases
 
-    try:
+    with user_errors():
         settings = load_settings(config)
         client = require_llm_client(settings, llm, model, base_url, "annotation")
         retriever = make_retriever(settings, open_kb(settings, kb), "bm25") if kb else None
@@ -52,8 +48,6 @@ def annotate(
                     handle.write(json.dumps(row.to_json(), ensure_ascii=False) + "\n")
                     counts[row.label.value] += 1
                 bar.advance(task)
-    except (EbmragError, ValueError) as exc:
-        raise _fail(exc) from None
     console.print(f"{len(cases)} cases -> {out}: {counts}; model spend {client.usage.to_json()}")
 
 
@@ -67,12 +61,10 @@ def train(
     from ebmrag.agent.gate_model import read_annotations, train_classifier
     from ebmrag.evidence.embeddings import SentenceEmbedder
 
-    try:
+    with user_errors():
         settings = load_settings(config)
         embedder = SentenceEmbedder(settings.models.embedding_model or None, cache_dir=cache_dir(settings))
         report = train_classifier(read_annotations(annotations), embedder, out)
-    except (EbmragError, ValueError) as exc:
-        raise _fail(exc) from None
     console.print(f"{report.examples} sentences, {report.held_out} held out: accuracy {report.accuracy:.3f}")
     for label, scores in report.per_label.items():
         console.print(f"  {label}: {scores}")

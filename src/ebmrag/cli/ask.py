@@ -10,14 +10,23 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ebmrag.agent.engine import Engine
 from ebmrag.agent.result import AskResult
-from ebmrag.cli import ConfigOption, _fail, app, console
-from ebmrag.cli_eval import BaseUrlOption, LlmOption, ModelOption
+from ebmrag.cli.common import (
+    BaseUrlOption,
+    ConfigOption,
+    JsonOption,
+    LlmOption,
+    ModelOption,
+    console,
+    stderr,
+    user_errors,
+)
+from ebmrag.config import load_settings
 from ebmrag.demo import demo_record_path, demo_record_paths
-from ebmrag.errors import EbmragError, RecordError
+from ebmrag.errors import RecordError
 from ebmrag.evidence.fragment import PatientRecord
 from ebmrag.evidence.loaders import load_record
+from ebmrag.factory import build_engine
 
 
 def resolve_patient(patient: str, patient_id: str | None) -> PatientRecord:
@@ -32,7 +41,6 @@ def resolve_patient(patient: str, patient_id: str | None) -> PatientRecord:
     return load_record(path, patient_id)
 
 
-@app.command()
 def ask(
     question: Annotated[str, typer.Argument(help="The clinical question (English or Chinese).")],
     patient: Annotated[str, typer.Option("--patient", help="Record file, or a bundled demo record: demo-colon.")],
@@ -43,20 +51,17 @@ def ask(
     window: Annotated[int | None, typer.Option(help="Whole prompt budget in tokens (default [answer] window).")] = None,
     retrieval: Annotated[str | None, typer.Option(help="auto (the gate decides), always or never.")] = None,
     patient_id: Annotated[str | None, typer.Option("--patient-id", help="One patient of a multi-record file.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the answer and the whole trace as JSON.")] = False,
+    as_json: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:
     """Answer a question about one patient from the record and the knowledge base, citing every claim."""
-    try:
+    with user_errors():
         record = resolve_patient(patient, patient_id)
-        engine = Engine.from_config(config, kb=kb, llm=llm, base_url=base_url, model=model, window=window,
-                                    retrieval=retrieval)
-        if not as_json:
-            with console.status("loading the bundled embedding model..."):
-                engine.warm_up()
+        engine = build_engine(load_settings(config), kb=kb, llm=llm, base_url=base_url, model=model, window=window,
+                              retrieval=retrieval)
+        with stderr.status("loading the bundled embedding model..."):
+            engine.warm_up()
         result = engine.ask(question, record)
-    except (EbmragError, ValueError) as exc:
-        raise _fail(exc) from None
     if as_json:
         typer.echo(json.dumps(result.to_json(), ensure_ascii=False, indent=1))
         return

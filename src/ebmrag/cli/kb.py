@@ -1,51 +1,35 @@
-"""Knowledge-base commands: `ebmrag ingest`, `delete`, `search`, `kb stats`, `eval retrieval`."""
+"""Knowledge-base commands: `ebmrag ingest`, `delete`, `search`, `kb stats`."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ebmrag.cli import ConfigOption, _fail, app, console, eval_app
+from ebmrag.cli.common import (
+    ConfigOption,
+    JsonOption,
+    KbOption,
+    console,
+    progress_bar,
+    progress_callback,
+    user_errors,
+)
 from ebmrag.config import load_settings
-from ebmrag.errors import EbmragError
 from ebmrag.evidence.sentences import split_sentences
 from ebmrag.factory import cache_dir, make_retriever, open_kb
 from ebmrag.index.kb import IngestReport, KnowledgeBase, knowledge_base_stats
-from ebmrag.index.rerank import DocumentHit, DocumentVoter
-from ebmrag.index.search import Filters
-from ebmrag.ingest.pipeline import ingest_paths
+from ebmrag.index.sync import ingest_paths
+from ebmrag.index.types import Filters
+from ebmrag.index.vote import DocumentHit, DocumentVoter
 from ebmrag.ingest.readers import FieldMap
 
 kb_app = typer.Typer(help="Inspect a knowledge base.", no_args_is_help=True)
-app.add_typer(kb_app, name="kb")
-KbOption = Annotated[Path, typer.Option("--kb", help="Knowledge-base directory.")]
-
-
-@contextmanager
-def progress_bar() -> Iterator[Progress]:
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True) as bar:
-        yield bar
-
-
-def _progress_callback(bar: Progress) -> Callable[[str, int, int], None]:
-    tasks: dict[str, TaskID] = {}
-
-    def update(stage: str, done: int, total: int) -> None:
-        if stage not in tasks:
-            tasks[stage] = bar.add_task(stage, total=total)
-        bar.update(tasks[stage], completed=done, total=total)
-
-    return update
 
 
 def report_table(report: IngestReport) -> Table:
@@ -60,7 +44,6 @@ def report_table(report: IngestReport) -> Table:
     return table
 
 
-@app.command()
 def ingest(
     paths: Annotated[list[Path], typer.Argument(help="Files or folders: txt, md, html, pdf, jsonl.")],
     kb: KbOption,
@@ -70,14 +53,12 @@ def ingest(
     config: ConfigOption = None,
 ) -> None:
     """Add or update documents; unchanged ones are skipped by content hash. Bad files are reported, not fatal."""
-    try:
+    with user_errors():
         settings = load_settings(config)
         knowledge_base = open_kb(settings, kb)
         field_map = FieldMap.parse(field or [])
         with progress_bar() as bar:
-            report = ingest_paths(knowledge_base, paths, sync, field_map, max_file_mb * 2**20, _progress_callback(bar))
-    except (EbmragError, ValueError) as exc:
-        raise _fail(exc) from None
+            report = ingest_paths(knowledge_base, paths, sync, field_map, max_file_mb * 2**20, progress_callback(bar))
     console.print(report_table(report))
     for error in report.errors:
         console.print(f"[red]error[/] {escape(str(error))}", highlight=False)
@@ -85,17 +66,14 @@ def ingest(
         raise typer.Exit(code=1)
 
 
-@app.command()
 def delete(
     doc_ids: Annotated[list[str], typer.Argument(help="Document ids to remove.")],
     kb: KbOption,
     config: ConfigOption = None,
 ) -> None:
     """Remove documents with all of their chunks, vectors and postings."""
-    try:
+    with user_errors():
         report = open_kb(load_settings(config), kb).apply([], doc_ids)
-    except (EbmragError, ValueError) as exc:
-        raise _fail(exc) from None
     console.print(report_table(report))
     for error in report.errors:
         console.print(f"[red]error[/] {escape(str(error))}", highlight=False)
@@ -103,7 +81,6 @@ def delete(
         raise typer.Exit(code=1)
 
 
-@app.command()
 def search(
     query: Annotated[str, typer.Argument(help="The question.")],
     kb: KbOption,
@@ -117,11 +94,11 @@ def search(
     rerank_model: Annotated[str | None, typer.Option(help="Local cross-encoder folder to rerank chunks.")] = None,
     by_document: Annotated[bool, typer.Option(
         help="ICA-RAG: every sentence of the query votes with its chunks; prints documents.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    as_json: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:
     """Search the knowledge base."""
-    try:
+    with user_errors():
         settings = load_settings(config)
         knowledge_base = KnowledgeBase(kb, cache_dir=cache_dir(settings))
         retriever = make_retriever(settings, knowledge_base, mode, rerank_model)
@@ -132,8 +109,6 @@ def search(
             documents = voter.run([s.text for s in split_sentences(query)] or [query], filters)
         else:
             hits = retriever.run(query, k or settings.retrieval.k, filters)
-    except (EbmragError, ValueError) as exc:
-        raise _fail(exc) from None
     if by_document:
         _print_documents(documents, as_json)
         return
@@ -164,12 +139,10 @@ def _print_documents(documents: list[DocumentHit], as_json: bool) -> None:
 
 
 @kb_app.command("stats")
-def kb_stats(kb: KbOption, as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+def kb_stats(kb: KbOption, as_json: JsonOption = False) -> None:
     """Documents, chunks, generation and size on disk."""
-    try:
+    with user_errors():
         stats = knowledge_base_stats(KnowledgeBase(kb))
-    except (EbmragError, ValueError) as exc:
-        raise _fail(exc) from None
     if as_json:
         typer.echo(json.dumps(asdict(stats), indent=2))
         return
@@ -177,42 +150,3 @@ def kb_stats(kb: KbOption, as_json: Annotated[bool, typer.Option("--json")] = Fa
     for key, value in asdict(stats).items():
         table.add_row(key, escape(str(value)))
     console.print(table)
-
-
-@eval_app.command("retrieval")
-def eval_retrieval(
-    dataset: Annotated[str, typer.Option(help="liveqa, pubmedqa or medquad.")],
-    data_dir: Annotated[Path, typer.Option("--data-dir", help="Folder with the questions / qrels files.")],
-    kb: KbOption,
-    corpus: Annotated[list[Path] | None, typer.Option("--corpus", help="Corpus files to ingest into a new KB.")] = None,
-    limit: Annotated[int, typer.Option(help="Evaluate a deterministic sample of this many queries (0 = all).")] = 0,
-    ablation: Annotated[bool, typer.Option(help="Also score the fusion variants.")] = False,
-    out: Annotated[Path | None, typer.Option(help="Append the markdown table to this file.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
-    config: ConfigOption = None,
-) -> None:
-    """Recall@10, MRR and nDCG@10 of BM25, dense and hybrid retrieval on a public benchmark."""
-    from ebmrag.eval.retrieval import evaluate_retrieval, load_queries, markdown_table
-
-    try:
-        settings = load_settings(config)
-        knowledge_base = open_kb(settings, kb)
-        if not knowledge_base.exists:
-            if not corpus:
-                raise ValueError(f"{kb} does not exist yet: give the corpus files with --corpus")
-            with progress_bar() as bar:
-                report = ingest_paths(knowledge_base, corpus, progress=_progress_callback(bar))
-            console.print(report_table(report))
-        queries = load_queries(dataset, data_dir, corpus or [], limit)
-        r = settings.retrieval
-        with console.status(f"retrieving for {len(queries)} queries..."):
-            result = evaluate_retrieval(knowledge_base, dataset, queries, r.fusion, (r.bm25_weight, r.dense_weight),
-                                        ablation)
-    except (EbmragError, ValueError, OSError) as exc:
-        raise _fail(exc) from None
-    table = markdown_table(result)
-    if out:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with out.open("a", encoding="utf-8") as handle:
-            handle.write(table + "\n")
-    typer.echo(json.dumps(result.to_json(), indent=2) if as_json else table)

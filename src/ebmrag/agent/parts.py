@@ -1,0 +1,121 @@
+"""Settings -> the parts of the answer pipeline, one function per part. `factory` (the public entry for the
+CLI, the service and the gateway) and `Engine.from_config` both build through these, so a TOML file
+means the same thing on every path.
+
+One embedder instance is shared by the packer, the gate, grounding and the knowledge base when the
+packer would load the same model at the knowledge base's profile (see `shared_embedder`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ebmrag.agent.gate import GateParams, RetrievalGate, RuleLabeller
+from ebmrag.agent.gate_model import ClassifierLabeller
+from ebmrag.config import Settings
+from ebmrag.demo import ensure_demo_kb
+from ebmrag.evidence.embeddings import SentenceEmbedder, default_cache_dir
+from ebmrag.generate.llm import OpenAIChatClient
+from ebmrag.index.kb import KnowledgeBase
+from ebmrag.index.rerank import CrossEncoderReranker
+from ebmrag.index.search import HybridRetriever
+from ebmrag.index.vote import DocumentVoter
+from ebmrag.packing.packer import ContextPacker
+from ebmrag.packing.utility import TierWeights, UtilityParams
+
+
+def cache_dir(settings: Settings) -> Path:
+    return Path(settings.models.cache_dir) if settings.models.cache_dir else default_cache_dir()
+
+
+def utility_params(settings: Settings) -> UtilityParams:
+    p = settings.packing
+    return UtilityParams(TierWeights(p.alpha, p.beta, p.gamma), p.decay_lambda, p.epsilon, p.similarity_floor)
+
+
+def build_packer(settings: Settings, strategy: str | None = None, k_min: int | None = None,
+                 embedder: SentenceEmbedder | None = None) -> ContextPacker:
+    p, m = settings.packing, settings.models
+    return ContextPacker(strategy or p.strategy, k_min if k_min is not None else p.k_min, utility_params(settings),
+                         m.tokenizer, m.embedding_model or None, str(cache_dir(settings)), m.tier_rules or None,
+                         embedder)
+
+
+def open_kb(settings: Settings, kb: Path) -> KnowledgeBase:
+    """The configured [kb] settings apply when the knowledge base is created; afterwards its manifest rules."""
+    return KnowledgeBase(kb, settings.kb if not (kb / "CURRENT").exists() else None, cache_dir=cache_dir(settings))
+
+
+def make_retriever(settings: Settings, kb: KnowledgeBase, mode: str | None = None,
+                   rerank_model: str | None = None) -> HybridRetriever:
+    r = settings.retrieval
+    model = rerank_model if rerank_model is not None else r.rerank_model
+    reranker = CrossEncoderReranker(model) if model else None
+    return HybridRetriever(kb, mode or r.mode, r.fusion, (r.bm25_weight, r.dense_weight), r.route_depth, r.rrf_k,
+                           reranker)
+
+
+def make_voter(settings: Settings, retriever: HybridRetriever) -> DocumentVoter:
+    r = settings.retrieval
+    return DocumentVoter(retriever, r.vote_chunks, r.vote_documents, r.vote_min_score)
+
+
+def make_llm_client(settings: Settings, llm: str | None = None, model: str | None = None,
+                    base_url: str | None = None) -> OpenAIChatClient | None:
+    """The flags override the [llm] table; None when no model is asked for (the offline default)."""
+    backend = llm or settings.llm.backend
+    if backend == "extractive":
+        return None
+    if backend != "openai":
+        raise ValueError(f"--llm must be 'openai' or 'extractive', got {backend!r}")
+    s = settings.llm
+    url, name = base_url or s.base_url, model or s.model
+    if not url or not name:
+        raise ValueError("--llm openai needs --base-url and --model (or [llm] base_url and model)")
+    return OpenAIChatClient(url, name, s.api_key or None, s.timeout, s.max_retries, cache_dir=cache_dir(settings))
+
+
+def require_llm_client(settings: Settings, llm: str | None, model: str | None, base_url: str | None,
+                       purpose: str) -> OpenAIChatClient:
+    """For commands that cannot run offline: the client, or an error saying which flags are missing."""
+    client = make_llm_client(settings, llm or "openai", model, base_url)
+    if client is None:
+        raise ValueError(f"{purpose} needs a model: --llm openai --base-url URL --model NAME")
+    return client
+
+
+def shared_embedder(settings: Settings, kb: KnowledgeBase | None) -> SentenceEmbedder | None:
+    """The knowledge base's embedder when the packer is configured with the same model, else None.
+
+    The packer then embeds at the knowledge base's length (128 word pieces by default, against the
+    model's own 256): similarities of fragments longer than that change slightly; measured in
+    docs/results/shared_embedder.md before this was adopted."""
+    if kb is None or (settings.models.embedding_model or "") != (kb.config.embedding_model or ""):
+        return None
+    return kb.embedder
+
+
+def build_gate(settings: Settings, packer: ContextPacker) -> RetrievalGate:
+    a = settings.answer
+    labeller = (ClassifierLabeller(a.gate_model, packer.embedder) if a.gate_model
+                else RuleLabeller(packer.classifier))
+    return RetrievalGate(labeller, GateParams(a.gate_alpha, a.gate_beta, a.gate_gamma, a.gate_theta1, a.gate_theta2))
+
+
+def engine_parts(settings: Settings, *, kb: str | Path | None = None, llm: str | None = None,
+                 base_url: str | None = None, model: str | None = None, window: int | None = None,
+                 retrieval: str | None = None) -> dict[str, Any]:
+    """Keyword arguments of `Engine`: without `kb`, the bundled demo knowledge base (built on first use)."""
+    from dataclasses import replace
+
+    answer = replace(settings.answer, window=window or settings.answer.window,
+                     retrieval=retrieval or settings.answer.retrieval)
+    client = make_llm_client(settings, llm, model, base_url)  # before the KB: a bad flag fails fast
+    knowledge_base = None
+    if answer.retrieval != "never":
+        knowledge_base = open_kb(settings, Path(kb) if kb else ensure_demo_kb(cache_dir(settings)))
+    packer = build_packer(settings, embedder=shared_embedder(settings, knowledge_base))
+    voter = make_voter(settings, make_retriever(settings, knowledge_base)) if knowledge_base else None
+    return {"packer": packer, "voter": voter, "client": client, "gate": build_gate(settings, packer),
+            "answer": answer}

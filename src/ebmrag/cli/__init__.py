@@ -1,0 +1,41 @@
+"""The `ebmrag` command line: one module per command group, `common` for what they share.
+
+    pack, demo                    cli.pack     EBM-Pack on one record
+    ask                           cli.ask      the main job: a cited answer with its trace
+    ingest, delete, search, kb    cli.kb       the knowledge base
+    eval ...                      cli.eval     measurements on public data
+    gate ...                      cli.gate     the retrieval gate's classifier
+
+Commands are registered here, so no command module imports another's (or this one).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated
+
+import typer
+
+from ebmrag.cli import ask, kb, pack
+from ebmrag.cli.eval import eval_app
+from ebmrag.cli.gate import gate_app
+
+app = typer.Typer(help="Evidence-graded retrieval and context packing for medical LLMs.", no_args_is_help=True)
+
+
+@app.callback()
+def main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log progress.")] = False) -> None:
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
+
+
+app.command()(pack.pack)
+app.command()(pack.demo)
+app.command()(ask.ask)
+app.command()(kb.ingest)
+app.command()(kb.delete)
+app.command()(kb.search)
+app.add_typer(kb.kb_app, name="kb")
+app.add_typer(eval_app, name="eval")
+app.add_typer(gate_app, name="gate")

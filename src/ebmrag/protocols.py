@@ -1,0 +1,66 @@
+"""The contracts every stage shares, at the bottom of the import graph (see ARCHITECTURE.md).
+
+Protocols, not base classes: a user plugs in their own embedder, tokenizer or chat endpoint by
+shape, and the modules that consume them never import the concrete implementations
+(`evidence.embeddings.SentenceEmbedder`, `evidence.tokens`, `generate.llm.OpenAIChatClient`).
+The chat message and reply types live here because they are the ChatClient contract's vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+Vectors = npt.NDArray[np.float32]
+
+# progress(stage, done, total): long work reports to the CLI's progress bars (or to a test) through this.
+Progress = Callable[[str, int, int], None]
+
+
+def no_progress(stage: str, done: int, total: int) -> None:
+    """The default `Progress`: report nothing."""
+
+
+class Embedder(Protocol):
+    """Texts -> one L2-normalized row per text (cosine similarity is a dot product)."""
+
+    def embed(self, texts: Sequence[str]) -> Vectors: ...
+
+
+@runtime_checkable
+class TokenCounter(Protocol):
+    """Counts tokens the way the answering model will, so a window means the same thing on both sides."""
+
+    name: str
+
+    def count(self, text: str) -> int: ...
+
+    def count_many(self, texts: Sequence[str]) -> list[int]: ...
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: str
+    content: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"role": self.role, "content": self.content}
+
+
+@dataclass(frozen=True)
+class LLMReply:
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    cached: bool
+    model: str
+
+
+class ChatClient(Protocol):
+    """One chat completion; raises `errors.LLMError` when no usable reply comes back."""
+
+    def complete(self, messages: list[ChatMessage], temperature: float = 0.0, max_tokens: int = 512) -> LLMReply: ...
