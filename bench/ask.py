@@ -33,6 +33,7 @@ from ebmrag.demo import demo_record_paths
 from ebmrag.evidence.fragment import PatientRecord
 from ebmrag.evidence.loaders import load_record, load_records
 from ebmrag.factory import build_engine
+from report import write_section  # bench/ is on sys.path when a script here runs
 from retrieval import build_scaled_kb  # bench/ is on sys.path when this script runs
 
 QUESTIONS = ("What is the most likely diagnosis, and what should be done next?",
@@ -107,8 +108,7 @@ def main() -> None:
     print(text)
     print(json.dumps({k: v for k, v in result.items() if k != "stages"}))
     if args.out:
-        with args.out.open("a", encoding="utf-8") as handle:
-            handle.write("\n" + text)
+        write_section(args.out, "ask", text)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from ebmrag.evidence.fragment import Fragment, PatientRecord, Tier, TierDecision
 from ebmrag.packing.exact import ExactPacker
 from ebmrag.packing.greedy import GreedyPacker
 from ebmrag.packing.types import Candidate, PackOption, State
+from report import write_section  # bench/ is on sys.path when a script here runs
 
 SIZES = (50, 200, 1000, 5000)
 WINDOWS = (256, 512, 2048, 8192)
@@ -97,12 +98,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="write the markdown section here")
     args = parser.parse_args()
     lines = [
-        "# Benchmarks",
+        "## Packing solvers (median ms per pack)",
         "",
         f"Machine: {platform.machine()}, {platform.processor() or 'cpu'}, Python {platform.python_version()}, "
         f"2 cores / 24 GiB. Date: {date.today().isoformat()}.",
-        "",
-        "## Packing solvers (median ms per pack)",
         "",
         "Command: `python bench/packing.py --out docs/benchmarks.md`. Synthetic candidates (random tiers, 10–120 "
         "tokens, compressed state for T1/T2 at a quarter of the cost, k_min = 1).",
@@ -117,7 +116,7 @@ def main() -> None:
     text = "\n".join(lines)
     print(text)
     if args.out:
-        args.out.write_text(text, encoding="utf-8")
+        write_section(args.out, "packing", text)
 
 
 if __name__ == "__main__":

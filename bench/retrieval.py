@@ -34,6 +34,7 @@ from ebmrag.index import store
 from ebmrag.index.kb import IngestReport, KnowledgeBase
 from ebmrag.index.search import HybridRetriever
 from ebmrag.ingest.documents import Document
+from report import write_section  # bench/ is on sys.path when a script here runs
 
 QUERIES = ("symptoms of polycystic ovary syndrome", "is amphetamine gluten free", "treatment for syphilis",
            "what causes high blood pressure in children", "side effects of metformin", "how is lupus diagnosed",
@@ -208,8 +209,7 @@ def main() -> None:
     text = markdown(sizes, bm25, embedding)
     print(text)
     if args.out:
-        with args.out.open("a", encoding="utf-8") as handle:
-            handle.write("\n" + text)
+        write_section(args.out, "retrieval", text)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from ebmrag.evidence.embeddings import SentenceEmbedder
 from ebmrag.evidence.tokens import make_token_counter
 from ebmrag.packing.packer import make_packer
 from ebmrag.packing.utility import CandidateBuilder, UtilityParams
+from report import write_section  # bench/ is on sys.path when a script here runs
 
 STRATEGIES = ("fifo", "ebm-greedy", "ebm-exact")
 WINDOWS = (256, 512, 1024)
@@ -63,13 +64,14 @@ def main() -> None:
         lines.append(f"| {dataset} | {len(delta)} | {int((delta > 1e-4).sum())} | {delta.max():.4f} | "
                      f"{len(differ)} of {len(rows_own)} |")
         for a, b in differ:
-            detail.append(f"- {dataset} {a['strategy']} W={a['window']}: RRCE {a['rrce']} -> {b['rrce']}, "
-                          f"entity RRCE {a['entity_rrce']} -> {b['entity_rrce']}, T1 {a['t1_retention']} -> "
-                          f"{b['t1_retention']}")
-    text = "\n".join([*lines, "", *(detail or ["No packing row differs."]), ""])
+            changes = ", ".join(f"{key} {a[key]:.3f} -> {b[key]:.3f}" for key in a
+                                if isinstance(a[key], float) and a[key] != b[key])
+            detail.append(f"- {dataset} {a['strategy']} W={a['window']}: {changes}")
+    text = "\n".join([*lines, "", "Rows that differ (own profile -> knowledge-base profile):", "",
+                       *(detail or ["none"]), ""])
     print(text)
     if args.out:
-        args.out.write_text(text, encoding="utf-8")
+        write_section(args.out, "shared-embedder", text)
 
 
 if __name__ == "__main__":

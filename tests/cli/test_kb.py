@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -55,3 +56,18 @@ def test_search_on_a_missing_kb_is_one_clear_line(tmp_path: Path) -> None:
     assert "not a knowledge base yet" in result.output and "Traceback" not in result.output
     bad_mode = runner.invoke(app, ["search", "x", "--kb", str(tmp_path), "--mode", "fuzzy"])
     assert bad_mode.exit_code == 2 and "mode must be one of" in bad_mode.output
+
+
+def test_a_missing_kb_extra_is_one_line_naming_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As on a machine where `pip install ebmrag` ran without [kb]: no traceback, the extra to install."""
+    monkeypatch.setitem(sys.modules, "bm25s", None)  # makes `import bm25s` raise ImportError
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "note.md").write_text("# Gout\nColchicine eases an acute gout flare.\n")
+    config = tmp_path / "ebmrag.toml"
+    config.write_text(f'[models]\ncache_dir = "{tmp_path / "cache"}"\n')
+    result = runner.invoke(app, ["ingest", str(docs), "--kb", str(tmp_path / "kb"), "--config", str(config)])
+    assert result.exit_code == 2
+    assert "needs the 'kb' extra" in result.output and "pip install 'ebmrag[kb]'" in result.output
+    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
+    assert not (tmp_path / "kb" / "CURRENT").exists(), "nothing half-built is left serving"

@@ -1,11 +1,9 @@
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import numpy as np
@@ -123,28 +121,34 @@ def test_a_second_writer_is_refused_and_configs_must_match(tmp_path: Path, embed
 
 
 CRASHING_INGEST = textwrap.dedent("""
-    import sys
+    import os, signal, sys
     from ebmrag.index.kb import KnowledgeBase
     from ebmrag.ingest.documents import Document
+    stage, after = sys.argv[3], int(sys.argv[4])
     words = "patient presented with fever cough and a rising creatinine after contrast".split()
     docs = [Document(f"bulk-{i}", " ".join(words[(i + j) % len(words)] for j in range(160)) + f" case {i}.",
-                     "bulk", "txt") for i in range(3000)]
-    KnowledgeBase(sys.argv[1], cache_dir=sys.argv[2]).apply(docs)
+                     "bulk", "txt") for i in range(700)]
+
+    def die_at(name, done, total):  # a deterministic crash point: no race with a timer
+        if name == stage and done >= after:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    KnowledgeBase(sys.argv[1], cache_dir=sys.argv[2]).apply(docs, progress=die_at)
 """)
 
 
-def test_kill_9_mid_ingest_keeps_the_last_generation(tmp_path: Path, embedder) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize(("stage", "after"), [("embedding", 512), ("indexing", 0)])
+def test_kill_9_mid_ingest_keeps_the_last_generation(tmp_path: Path, embedder, stage: str,  # type: ignore[no-untyped-def]
+                                                     after: int) -> None:
+    """The writer is killed (SIGKILL, from its own progress callback) after the first embedding batch, or
+    just before the BM25 and vector indexes are written: the previous generation must keep serving."""
     root = tmp_path / "kb"
     kb = KnowledgeBase(root, embedder=embedder)
     kb.apply([doc(k, v) for k, v in GUIDES.items()])
-    process = subprocess.Popen([sys.executable, "-c", CRASHING_INGEST, str(root), str(tmp_path / "cache")])
-    deadline = time.monotonic() + 120
-    while not (root / "gen-000002.partial").exists():
-        assert process.poll() is None and time.monotonic() < deadline, "the ingest ended before it could be killed"
-        time.sleep(0.05)
-    time.sleep(1.0)  # well inside chunking/embedding of 3000 documents
-    os.kill(process.pid, signal.SIGKILL)
-    process.wait()
+    process = subprocess.run([sys.executable, "-c", CRASHING_INGEST, str(root), str(tmp_path / "cache"), stage,
+                              str(after)], timeout=300, check=False)
+    assert process.returncode == -signal.SIGKILL, "the ingest must die at the crash point, not finish"
+    assert (root / "gen-000002.partial").exists(), "the crash happened mid-write"
 
     reopened = KnowledgeBase(root, embedder=embedder)
     assert reopened.reader().path.name == "gen-000001"

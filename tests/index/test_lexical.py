@@ -20,19 +20,35 @@ def abstracts(shared_data: Path) -> list[list[str]]:
     return [analyzer.terms(" ".join(json.loads(line)["contexts"])) for line in lines]
 
 
-@pytest.mark.data
-def test_robertson_scores_match_rank_bm25(abstracts: list[list[str]]) -> None:
-    """Parity with the reference implementation on real abstracts (terms in < half the documents,
-    where rank_bm25's negative-idf floor does not apply)."""
-    reference = BM25Okapi(abstracts, k1=1.5, b=0.75)
+def assert_parity_with_rank_bm25(documents: list[list[str]], seed: int = 0) -> None:
+    """Robertson BM25 against the reference implementation, on query terms found in < half the documents
+    (where rank_bm25's negative-idf floor does not apply)."""
+    reference = BM25Okapi(documents, k1=1.5, b=0.75)
     ours = LexicalIndex(method="robertson")
-    ours.build(abstracts)
-    frequency = {term: sum(term in set(doc) for doc in abstracts) for doc in abstracts[:20] for term in doc}
-    rng = np.random.default_rng(0)
-    candidates = sorted(t for t, n in frequency.items() if n < len(abstracts) / 2)
+    ours.build(documents)
+    frequency = {term: sum(term in set(doc) for doc in documents) for doc in documents[:20] for term in doc}
+    rng = np.random.default_rng(seed)
+    candidates = sorted(t for t, n in frequency.items() if n < len(documents) / 2)
     for _ in range(25):
         query = list(rng.choice(candidates, size=3, replace=False))
         assert np.allclose(ours.scores(query), reference.get_scores(query), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.data
+def test_robertson_scores_match_rank_bm25(abstracts: list[list[str]]) -> None:
+    """Parity on real abstracts."""
+    assert_parity_with_rank_bm25(abstracts)
+
+
+def test_robertson_scores_match_rank_bm25_on_a_synthetic_corpus() -> None:
+    """Parity without the shared data: 300 documents of Zipf-distributed terms and varied lengths, so
+    term frequencies > 1, rare and common terms and length normalisation are all exercised."""
+    rng = np.random.default_rng(7)
+    vocabulary = [f"term{i}" for i in range(2000)]
+    weights = 1.0 / np.arange(1, len(vocabulary) + 1)
+    weights /= weights.sum()
+    documents = [list(rng.choice(vocabulary, size=int(rng.integers(5, 120)), p=weights)) for _ in range(300)]
+    assert_parity_with_rank_bm25(documents, seed=1)
 
 
 def test_lucene_scores_follow_the_formula() -> None:

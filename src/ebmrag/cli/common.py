@@ -35,7 +35,7 @@ USER_ERRORS = (EbmragError, ValueError, OSError, json.JSONDecodeError)
 
 
 def fail(exc: BaseException) -> typer.Exit:
-    stderr.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
+    stderr.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
     return typer.Exit(code=2)
 
 

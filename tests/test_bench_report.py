@@ -1,0 +1,31 @@
+"""bench/report.py: one benchmark's run replaces its own section and leaves every other one alone."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "report.py"
+
+
+def load_write_section():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location("bench_report", BENCH)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.write_section
+
+
+def test_sections_are_replaced_in_place_and_never_erase_each_other(tmp_path: Path) -> None:
+    write_section = load_write_section()
+    doc = tmp_path / "benchmarks.md"
+    write_section(doc, "packing", "## Packing\nold packing")
+    write_section(doc, "ask", "## Ask\nask numbers")
+    doc.write_text(doc.read_text() + "\nA note written by hand.\n")
+    write_section(doc, "packing", "## Packing\nnew packing")
+    text = doc.read_text()
+    assert "new packing" in text and "old packing" not in text
+    assert "ask numbers" in text and "A note written by hand." in text
+    assert text.index("new packing") < text.index("ask numbers"), "a rewritten section keeps its place"
+    assert text.startswith("# Benchmarks") and text.count("<!-- bench:packing -->") == 1
+    assert not [p for p in tmp_path.iterdir() if p.name != "benchmarks.md"], "no temporary file left behind"
