@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from ebmrag.agent.engine import Engine
-from ebmrag.config import Settings
+from ebmrag.config import ModelSettings, Settings
 from ebmrag.demo import demo_record_paths
 from ebmrag.evidence.fragment import PatientRecord
 from ebmrag.evidence.loaders import load_record, load_records
@@ -98,7 +98,9 @@ def main() -> None:
         root = args.kb or Path(scratch) / "kb"
         if not (root / "CURRENT").exists():
             build_scaled_kb(args.base_kb, args.size, root)
-        engine = build_engine(Settings(), kb=root, retrieval="always")
+        # A fresh embedding cache, so "cold" is cold: nothing from an earlier run is on disk.
+        settings = Settings(models=ModelSettings(cache_dir=str(Path(scratch) / "cache")))
+        engine = build_engine(settings, kb=root, retrieval="always")
         engine.warm_up()
         print(f"one embedder shared by packer and knowledge base: {engine.shares_embedder}")
         records = patients(args.data_root, args.cases)
