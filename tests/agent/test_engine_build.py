@@ -54,7 +54,7 @@ def test_one_embedder_serves_packer_gate_grounding_and_knowledge_base(config: Pa
     engine = build_engine(load_settings(config), kb=kb_root(demo_voter))
     model = engine.packer.embedder
     assert engine.shares_embedder and engine.voter is not None
-    assert engine.voter.retriever.kb.embedder is model and engine.grounding.embedder is model
+    assert engine.voter.embedder is model and engine.grounding.embedder is model
     assert isinstance(engine.gate.labeller, ClassifierLabeller) and engine.gate.labeller.embedder is model
 
 

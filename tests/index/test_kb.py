@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -48,8 +49,11 @@ def test_ingest_is_idempotent_and_updates_replace_chunks(tmp_path: Path, embedde
     assert not again.changed and again.generation == 1 and sorted(again.unchanged) == sorted(GUIDES)
     assert sorted(p.name for p in (tmp_path / "kb").glob("gen-*")) == ["gen-000001"]
 
+    superseded = kb.reader()
     edited = kb.apply([doc("aki", "Contrast nephropathy: hydrate with isotonic saline before the scan.")])
     assert edited.updated == ["aki"] and edited.generation == 2
+    with pytest.raises(sqlite3.ProgrammingError, match="closed"):
+        superseded.db.execute("SELECT 1")  # the old generation's connection was released, not leaked
     rows = chunk_rows(kb)
     assert [r.row for r in rows] == list(range(len(rows)))
     assert not any("metformin" in r.text for r in rows)

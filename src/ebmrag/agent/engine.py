@@ -83,7 +83,7 @@ class Engine:
     @property
     def shares_embedder(self) -> bool:
         """One model instance for the packer, the gate, grounding and the knowledge base."""
-        return self.voter is not None and self.voter.retriever.kb.embedder is self.packer.embedder
+        return self.voter is not None and self.voter.embedder is self.packer.embedder
 
     def warm_up(self) -> None:
         self.packer.warm_up()
@@ -97,7 +97,7 @@ class Engine:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Engine:
         voter = DocumentVoter.from_dict(data["voter"]) if data.get("voter") else None
-        embedder = voter.retriever.kb.embedder if voter and data.get("shared_embedder") else None
+        embedder = voter.embedder if voter and data.get("shared_embedder") else None
         packer = ContextPacker.from_dict(data["packer"], embedder)
         labeller = data["gate"].get("labeller") or {}
         gate = RetrievalGate.from_dict(data["gate"], ClassifierLabeller(labeller["path"], packer.embedder)

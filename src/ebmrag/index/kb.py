@@ -91,10 +91,6 @@ class KnowledgeBase:
         self.config = stored or config or KnowledgeBaseConfig()
         self.cache_dir = Path(cache_dir) if cache_dir else None
         self.embedder = embedder or kb_embedder(self.config, cache_dir)
-        expected = kb_embedder(self.config).model_name if embedder is not None else ""
-        if embedder is not None and embedder.model_name != expected:
-            raise KnowledgeBaseError(f"{self.root} embeds with {expected}; the embedder passed in is "
-                                     f"{embedder.model_name}")
         self.analyzer = Analyzer()
         self._reader: Reader | None = None
 

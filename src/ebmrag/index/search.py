@@ -65,6 +65,11 @@ class HybridRetriever:
         vectors = self.kb.embedder.embed(list(queries))
         return [self.hits(self.rank(q, k, filters, v)) for q, v in zip(queries, vectors, strict=True)]
 
+    @property
+    def embedder(self) -> SentenceEmbedder:
+        """The model queries are embedded with (the knowledge base's)."""
+        return self.kb.embedder
+
     def prepare(self, queries: Sequence[str]) -> None:
         """Embed queries ahead of their search (into the embedder's cache); BM25 needs nothing."""
         if self.mode != "bm25" and queries:

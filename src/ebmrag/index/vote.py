@@ -63,6 +63,10 @@ class DocumentVoter:
         sims = iter(self.retriever.similarities(similarity_to, hits))
         return [replace(d, chunks=tuple(replace(hit, similarity=next(sims)) for hit in d.chunks)) for d in documents]
 
+    @property
+    def embedder(self) -> SentenceEmbedder:
+        return self.retriever.embedder
+
     def prepare(self, queries: Sequence[str]) -> None:
         self.retriever.prepare([q for q in queries if q.strip()])
 
