@@ -9,6 +9,9 @@ beta = 2.5
 gamma = 1.0
 decay_lambda = 5.0       # per year; standing facts never decay
 epsilon = 0.0
+objective = "critical"   # ebm-exact: must-keep, then the current encounter's T1/T2, then quotas, then utility;
+                         # "paper": quotas, then utility (the paper's MCKP)
+encounter_window_hours = 72   # without encounter ids, fragments this close to the newest one are "current"
 
 [models]
 tokenizer = "bundled"    # or "hf:/path/tokenizer.json", "tiktoken:/path/file.tiktoken"
@@ -114,6 +117,12 @@ class PackingSettings:
     decay_lambda: float = 5.0
     epsilon: float = 0.0
     similarity_floor: float = 0.05
+    objective: str = "critical"  # ebm-exact: critical (must-keep, current encounter's T1/T2 first) | paper
+    encounter_window_hours: float = 72.0  # without encounter ids: this close to the newest fragment is current
+
+    def __post_init__(self) -> None:
+        if self.objective not in ("critical", "paper"):
+            raise ValueError(f"objective must be 'critical' or 'paper', got {self.objective!r}")
 
 
 @dataclass(frozen=True)

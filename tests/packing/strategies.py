@@ -23,5 +23,6 @@ def candidate_sets(draw: st.DrawFn, max_size: int = 8, max_tokens: int = 60) -> 
             b_tokens = draw(st.integers(min_value=1, max_value=full_tokens - 1))
             fidelity = draw(st.floats(min_value=0.3, max_value=1.0))
             options.append(PackOption(State.COMPRESSED, f"short {order}", b_tokens, utility * fidelity, fidelity))
-        candidates.append(Candidate(fragment, f"[f{order}]", tuple(options), utility / 3, must_keep, order))
+        current = draw(st.booleans())
+        candidates.append(Candidate(fragment, f"[f{order}]", tuple(options), utility / 3, must_keep, order, current))
     return candidates

@@ -31,13 +31,19 @@ def cache_dir(settings: Settings) -> Path:
 
 def utility_params(settings: Settings) -> UtilityParams:
     p = settings.packing
-    return UtilityParams(TierWeights(p.alpha, p.beta, p.gamma), p.decay_lambda, p.epsilon, p.similarity_floor)
+    return UtilityParams(TierWeights(p.alpha, p.beta, p.gamma), p.decay_lambda, p.epsilon, p.similarity_floor,
+                         p.encounter_window_hours)
 
 
 def build_packer(settings: Settings, strategy: str | None = None, k_min: int | None = None,
-                 embedder: SentenceEmbedder | None = None) -> ContextPacker:
+                 embedder: SentenceEmbedder | None = None, objective: str | None = None) -> ContextPacker:
     p, m = settings.packing, settings.models
-    return ContextPacker(strategy or p.strategy, k_min if k_min is not None else p.k_min, utility_params(settings),
+    if objective not in (None, "critical", "paper"):
+        raise ValueError(f"--objective must be 'critical' or 'paper', got {objective!r}")
+    name = strategy or p.strategy
+    if name == "ebm-exact" and (objective or p.objective) == "paper":
+        name = "ebm-exact-paper"
+    return ContextPacker(name, k_min if k_min is not None else p.k_min, utility_params(settings),
                          m.tokenizer, m.embedding_model or None, str(cache_dir(settings)), m.tier_rules or None,
                          embedder)
 

@@ -47,6 +47,8 @@ def pack(
     window: Annotated[int | None, typer.Option(help="Token window for the packed context.")] = None,
     strategy: Annotated[str | None, typer.Option(help=f"One of: {', '.join(STRATEGIES)}.")] = None,
     k_min: Annotated[int | None, typer.Option("--k-min", help="Minimum fragments per tier present.")] = None,
+    objective: Annotated[str | None, typer.Option(
+        help="ebm-exact's objective: critical (default) or paper.")] = None,
     patient_id: Annotated[
         str | None, typer.Option("--patient-id", help="Pick one patient of a multi-record file.")
     ] = None,
@@ -59,7 +61,7 @@ def pack(
     """Pack one patient's record into a token window and show why each fragment was kept or dropped."""
     with user_errors():
         settings = load_settings(config)
-        packer = build_packer(settings, strategy, k_min)
+        packer = build_packer(settings, strategy, k_min, objective=objective)
         patient = load_record(record, patient_id)
         when: datetime | None = parse_timestamp(as_of, "--as-of") if as_of else None
         result = packer.run(patient, query, window or settings.packing.window, when)

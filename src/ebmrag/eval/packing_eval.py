@@ -20,15 +20,16 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from ebmrag.eval.cases import EvalCase
 from ebmrag.evidence.entities import EntityExtractor, EntityKind, default_extractor
 from ebmrag.evidence.fragment import Tier
 from ebmrag.evidence.tiers import TierClassifier
+from ebmrag.packing.dedup import collapse_duplicates
 from ebmrag.packing.exact import ExactPacker
 from ebmrag.packing.packer import Packer
-from ebmrag.packing.types import Candidate, PackResult
+from ebmrag.packing.types import Candidate, DroppedFragment, PackResult
 from ebmrag.packing.utility import CandidateBuilder, MeasuredFragment, UtilityParams, score_candidates
 from ebmrag.protocols import Progress
 
@@ -194,10 +195,10 @@ def evaluate(prepared: Sequence[PreparedCase], packers: Sequence[Packer], window
     dataset = prepared[0].case.dataset if prepared else ""
     scores: dict[tuple[str, int], list[CaseScore]] = {(p.name, w): [] for p in packers for w in windows}
     for item in prepared:
-        candidates = item.candidates(params)
+        candidates, copies = collapse_duplicates(item.candidates(params))  # as ContextPacker.run does
         costs = complete_costs(item, candidates)
         for window in windows:
-            results = {id(p): _timed(p, candidates, window) for p in packers}
+            results = {id(p): _timed(p, candidates, window, copies) for p in packers}
             own = results.get(id(reference))
             optimum = own[0].utility if own else reference.pack(candidates, window).utility
             for packer in packers:
@@ -209,7 +210,9 @@ def evaluate(prepared: Sequence[PreparedCase], packers: Sequence[Packer], window
     return [summarize(dataset, name, window, rows) for (name, window), rows in scores.items()]
 
 
-def _timed(packer: Packer, candidates: Sequence[Candidate], window: int) -> tuple[PackResult, float]:
+def _timed(packer: Packer, candidates: Sequence[Candidate], window: int,
+           copies: Sequence[DroppedFragment] = ()) -> tuple[PackResult, float]:
     started = time.perf_counter()
     result = packer.pack(candidates, window)
-    return result, (time.perf_counter() - started) * 1000
+    elapsed = (time.perf_counter() - started) * 1000
+    return replace(result, dropped=(*result.dropped, *copies)), elapsed

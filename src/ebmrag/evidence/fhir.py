@@ -188,7 +188,10 @@ def record_from_fhir_bundle(bundle: Mapping[str, Any], origin: str) -> PatientRe
         stamp_key = next((k for k in time_keys if resource.get(k)), None)
         stamp = parse_timestamp(str(resource[stamp_key]), f"{where}.{stamp_key}") if stamp_key else None
         fragment_id = f"{kind}/{resource.get('id') or index}"
-        fragments.append((subject, Fragment(fragment_id, subject, text, section, stamp, source="fhir")))
+        encounter = (resource.get("encounter") or {}).get("reference") if isinstance(resource.get("encounter"),
+                                                                                       dict) else None
+        fragments.append((subject, Fragment(fragment_id, subject, text, section, stamp, source="fhir",
+                                            encounter=encounter)))
     subjects = {s for s, _ in fragments} | patients
     if len(subjects) != 1:
         raise RecordError(

@@ -66,6 +66,7 @@ class Fragment:
     timestamp: datetime | None = None
     source: str | None = None
     decision: TierDecision | None = field(default=None, compare=False)
+    encounter: str | None = None  # the visit it belongs to, when the source says (FHIR, ebmrag JSON)
 
     @property
     def tier(self) -> Tier:

@@ -34,7 +34,8 @@ def _required_str(raw: Mapping[str, Any], key: str, where: str) -> str:
 
 
 def record_from_json(data: Any, origin: str) -> PatientRecord:
-    """The native format: {"patient_id", "fragments": [{"id", "text", "section"?, "timestamp"?, "source"?}]}."""
+    """The native format: {"patient_id", "fragments": [{"id", "text", "section"?, "timestamp"?, "source"?,
+    "encounter"?}]}."""
     if not isinstance(data, Mapping):
         raise RecordError(origin, "a patient record must be a JSON object")
     patient_id = _required_str(data, "patient_id", origin)
@@ -59,6 +60,7 @@ def record_from_json(data: Any, origin: str) -> PatientRecord:
                 section=_optional_str(raw, "section", where),
                 timestamp=parse_timestamp(raw.get("timestamp"), f"{where}.timestamp"),
                 source=_optional_str(raw, "source", where),
+                encounter=_optional_str(raw, "encounter", where),
             )
         )
     return PatientRecord(patient_id, tuple(fragments), origin)

@@ -1,9 +1,15 @@
-"""ebm-exact: the optimal multiple-choice knapsack under the EBM-Pack constraints (ours, SPEC §2).
+"""ebm-exact: the optimal multiple-choice knapsack under the EBM-Pack constraints (ours, SPEC §2, §7).
 
-Objective, lexicographic: (1) as many must-keep fragments as any packing can hold, (2) as many tier
-quota slots filled as possible, (3) the largest total utility. (1) and (2) are hard constraints
-whenever they are feasible; encoding them as big bonuses means an infeasible quota degrades
-gracefully instead of failing the request.
+Objective "critical" (the default), lexicographic:
+  (1) as many must-keep fragments as any packing can hold (T1 allergy, pathology, genetics);
+  (2) as many T1/T2 fragments of the current encounter, at least compressed;
+  (3) as many of the fragments of (1) and (2) as possible in their full text (room permitting);
+  (4) as many tier quota slots filled as possible; (5) the largest total utility.
+Utility U = W·Sim alone let relevance override tier: a T2 result the question did not mention lost to
+a verbose, on-topic history line (docs/results/README.md (a)).
+Objective "paper" is the paper's MCKP: (1) quota slots, (2) utility; no must-keep, no encounter.
+Each level is a hard constraint whenever it is feasible; encoding the levels as nested bonuses means an
+infeasible level degrades gracefully instead of failing the request.
 
 Method: dynamic programming over capacity, tier by tier. Within a tier the state is (quota slots
 filled so far, capped at the tier's quota; tokens used); at the tier boundary the slot count is
@@ -14,7 +20,7 @@ back-pointers for the largest tier (n: fragments, q: k_min, W: window).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +41,7 @@ from ebmrag.packing.types import (
 )
 
 FloatArray = npt.NDArray[np.float64]
+OBJECTIVES = ("critical", "paper")
 
 
 @dataclass
@@ -49,7 +56,7 @@ def _tier_table(
     members: list[int],
     quota: int,
     base: FloatArray,
-    must_keep_bonus: float,
+    bonus: Callable[[Candidate, int], float],
     window: int,
 ) -> tuple[_TierTable, FloatArray]:
     rows = quota + 1
@@ -63,7 +70,7 @@ def _tier_table(
             cost = option.tokens
             if cost > window:
                 continue
-            value = option.utility + (must_keep_bonus if candidate.must_keep else 0.0)
+            value = option.utility + bonus(candidate, j)
             if rows > 1:  # one more quota slot filled: row r-1 -> row r
                 _relax(new[1:, cost:], dp[:-1, : window + 1 - cost] + value, decisions[k, 1:, cost:], 2 * j + 1)
             _relax(new[quota, cost:], dp[quota, : window + 1 - cost] + value, decisions[k, quota, cost:], 2 * j + 2)
@@ -80,11 +87,30 @@ def _relax(target: FloatArray, proposal: FloatArray, decision: npt.NDArray[np.in
 class ExactPacker:
     """Optimal EBM-Pack with tier quotas and a hard must-keep flag for T1 allergy/pathology fragments."""
 
-    name = "ebm-exact"
-
-    def __init__(self, k_min: int = 1) -> None:
+    def __init__(self, k_min: int = 1, objective: str = "critical") -> None:
         validate_k_min(k_min)
-        self.k_min = k_min
+        if objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
+        self.k_min, self.objective = k_min, objective
+        self.name = "ebm-exact" if objective == "critical" else "ebm-exact-paper"
+
+    def _bonus(self, candidates: Sequence[Candidate], slot_bonus: float,
+               slots: int) -> Callable[[Candidate, int], float]:
+        """The nested bonus of each level above utility; each one outweighs everything below it."""
+        if self.objective == "paper":
+            return lambda candidate, option: 0.0
+        critical = sum(c.critical for c in candidates)
+        current = sum(c.critical and not c.must_keep for c in candidates)
+        full = slot_bonus * (slots + 1)
+        encounter = full * (critical + 1)
+        must_keep = encounter * (current + 1)
+
+        def bonus(candidate: Candidate, option: int) -> float:
+            if not candidate.critical:
+                return 0.0
+            return (must_keep if candidate.must_keep else encounter) + (full if option == 0 else 0.0)
+
+        return bonus
 
     def solve(self, candidates: Sequence[Candidate], window: int) -> dict[int, int]:
         """Candidate index -> chosen option index, for the packed candidates only."""
@@ -92,12 +118,12 @@ class ExactPacker:
         quotas = tier_quotas(candidates, self.k_min)
         utility_bound = sum(max((o.utility for o in c.options), default=0.0) for c in candidates)
         slot_bonus = utility_bound + 1.0
-        must_keep_bonus = slot_bonus * (sum(quotas.values()) + 1)
+        bonus = self._bonus(candidates, slot_bonus, sum(quotas.values()))
         base = np.zeros(window + 1)
         tables = []
         for tier, quota in quotas.items():
             members = [i for i, c in enumerate(candidates) if c.tier is tier]
-            table, dp = _tier_table(candidates, members, quota, base, must_keep_bonus, window)
+            table, dp = _tier_table(candidates, members, quota, base, bonus, window)
             scored = dp + slot_bonus * np.arange(quota + 1)[:, None]
             table.best_row = np.argmax(scored, axis=0)
             base = scored.max(axis=0)
@@ -127,28 +153,32 @@ class ExactPacker:
         dropped: list[DroppedFragment] = []
         for index, candidate in enumerate(candidates):
             if index in chosen:
-                reason = PackReason.MUST_KEEP if candidate.must_keep else PackReason.OPTIMAL
-                packed.append(pack_entry(candidate, candidate.options[chosen[index]], reason, "in the optimal packing"))
+                packed.append(pack_entry(candidate, candidate.options[chosen[index]], self._reason(candidate),
+                                         "in the optimal packing"))
             else:
                 dropped.append(self._why_dropped(candidate, window))
         return PackResult(self.name, window, tuple(packed), tuple(dropped))
 
-    @staticmethod
-    def _why_dropped(candidate: Candidate, window: int) -> DroppedFragment:
+    def _reason(self, candidate: Candidate) -> PackReason:
+        if self.objective == "paper":
+            return PackReason.OPTIMAL
+        if candidate.must_keep:
+            return PackReason.MUST_KEEP
+        return PackReason.CURRENT_ENCOUNTER if candidate.critical else PackReason.OPTIMAL
+
+    def _why_dropped(self, candidate: Candidate, window: int) -> DroppedFragment:
         cheapest = min(o.tokens for o in candidate.options)
         if cheapest > window:
             return drop_entry(
                 candidate, DropReason.CAPACITY, f"its smallest state ({cheapest} tokens) exceeds the window"
             )
-        if candidate.must_keep:
-            return drop_entry(
-                candidate,
-                DropReason.CAPACITY,
-                "must-keep, but no packing holds it together with the other must-keep fragments and quotas",
-            )
+        if candidate.critical and self.objective == "critical":
+            kind = "must-keep" if candidate.must_keep else "a current-encounter T1/T2 finding"
+            return drop_entry(candidate, DropReason.CAPACITY,
+                              f"{kind}, but no packing holds it together with the critical fragments ranked above it")
         return drop_entry(
             candidate, DropReason.DENSITY_RANK, "the optimal packing spends the window on higher-utility fragments"
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"strategy": self.name, "k_min": self.k_min}
+        return {"strategy": self.name, "k_min": self.k_min, "objective": self.objective}

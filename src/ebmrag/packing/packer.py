@@ -11,13 +11,14 @@ from ebmrag.evidence.fragment import Fragment, PatientRecord
 from ebmrag.evidence.tiers import TierClassifier
 from ebmrag.evidence.tokens import make_token_counter
 from ebmrag.packing.baselines import FifoPacker, SemanticPacker, UniformPacker
+from ebmrag.packing.dedup import pack_collapsed
 from ebmrag.packing.exact import ExactPacker
 from ebmrag.packing.greedy import GreedyPacker
 from ebmrag.packing.types import Candidate, PackResult
 from ebmrag.packing.utility import CandidateBuilder, TierWeights, UtilityParams, score_candidates
 from ebmrag.protocols import TokenCounter
 
-STRATEGIES = ("ebm-exact", "ebm-greedy", "fifo", "semantic", "uniform")
+STRATEGIES = ("ebm-exact", "ebm-exact-paper", "ebm-greedy", "fifo", "semantic", "uniform")
 
 
 class Packer(Protocol):
@@ -29,6 +30,8 @@ class Packer(Protocol):
 def make_packer(strategy: str, token_counter: TokenCounter | None = None, k_min: int = 1) -> Packer:
     if strategy == "ebm-exact":
         return ExactPacker(k_min=k_min)
+    if strategy == "ebm-exact-paper":  # the paper's objective: quotas, then utility
+        return ExactPacker(k_min=k_min, objective="paper")
     if strategy == "ebm-greedy":
         return GreedyPacker(k_min=k_min)
     if strategy == "fifo":
@@ -109,9 +112,11 @@ class ContextPacker:
     def run(self, record: PatientRecord, query: str, window: int, as_of: datetime | None = None,
             evidence: Sequence[Fragment] = (), evidence_similarity: Mapping[str, float] | None = None,
             headers: Sequence[str] | None = None) -> PackResult:
-        """Pack the record (and any evidence fragments) into `window` tokens; see `candidates`."""
-        return self.packer.pack(self.candidates(record, query, as_of, evidence, evidence_similarity, headers),
-                                window)
+        """Pack the record (and any evidence fragments) into `window` tokens; see `candidates`. Near-copies
+        among the record's fragments are collapsed first (`packing.dedup`)."""
+        candidates = self.candidates(record, query, as_of, evidence, evidence_similarity, headers)
+        patient_ids = {f.id for f in record.fragments}
+        return pack_collapsed(self.packer, candidates, window, eligible=lambda c: c.fragment.id in patient_ids)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -17,6 +17,7 @@ class State(StrEnum):
 
 class PackReason(StrEnum):
     MUST_KEEP = "must_keep"
+    CURRENT_ENCOUNTER = "current_encounter"  # a T1/T2 finding of this visit, protected by the critical-first objective
     QUOTA = "quota"
     DENSITY_RANK = "density_rank"
     OPTIMAL = "optimal"
@@ -29,6 +30,7 @@ class DropReason(StrEnum):
     CAPACITY = "capacity"  # no state fitted the room left (or the window)
     DENSITY_RANK = "density_rank"  # the window went to denser / higher-utility fragments
     TRUNCATED_AWAY = "truncated_away"  # uniform share rounded the fragment down to zero words
+    DUPLICATE = "duplicate"  # a near-copy of a kept fragment (copy-forward notes); `detail` names the kept one
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,7 @@ class Candidate:
     similarity: float
     must_keep: bool
     order: int
+    current: bool = False  # part of the current encounter (see packing.utility.is_current)
 
     @property
     def tier(self) -> Tier:
@@ -65,6 +68,11 @@ class Candidate:
     @property
     def full(self) -> PackOption:
         return self.options[0]
+
+    @property
+    def critical(self) -> bool:
+        """What the critical-first objective protects: must-keep, or T1/T2 of the current encounter."""
+        return self.must_keep or (self.current and self.tier in (Tier.T1, Tier.T2))
 
 
 @dataclass(frozen=True)

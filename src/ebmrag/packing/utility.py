@@ -55,8 +55,11 @@ class UtilityParams:
     decay_lambda: float = 5.0  # per year
     epsilon: float = 0.0
     similarity_floor: float = 0.05
+    encounter_window_hours: float = 72.0  # without encounter ids: fragments this close to the newest are current
 
     def __post_init__(self) -> None:
+        if self.encounter_window_hours < 0:
+            raise ValueError(f"encounter_window_hours must be >= 0, got {self.encounter_window_hours}")
         if self.decay_lambda < 0:
             raise ValueError(f"decay_lambda must be >= 0, got {self.decay_lambda}")
         if not 0 <= self.epsilon <= 1:
@@ -71,13 +74,28 @@ class UtilityParams:
     def from_dict(cls, data: Mapping[str, Any]) -> UtilityParams:
         weights = TierWeights(**data.get("weights", {}))
         return cls(weights, float(data.get("decay_lambda", 5.0)), float(data.get("epsilon", 0.0)),
-                   float(data.get("similarity_floor", 0.05)))
+                   float(data.get("similarity_floor", 0.05)), float(data.get("encounter_window_hours", 72.0)))
 
 
 def age_in_years(fragment: Fragment, as_of: datetime | None) -> float:
     if fragment.timestamp is None or as_of is None or (fragment.decision and fragment.decision.standing):
         return 0.0
     return max(0.0, (as_of - fragment.timestamp).total_seconds() / SECONDS_PER_YEAR)
+
+
+def current_encounter_id(fragments: Sequence[Fragment]) -> str | None:
+    """The encounter of the newest fragment that names one (record order breaks ties); None when none does."""
+    named = [(f.timestamp is not None, f.timestamp, i, f.encounter) for i, f in enumerate(fragments) if f.encounter]
+    if not named:
+        return None
+    return max(named, key=lambda t: (t[0], t[1] or datetime.min, t[2]))[3]
+
+
+def hours_before(fragment: Fragment, as_of: datetime | None) -> float | None:
+    """Hours from the fragment to `as_of` whatever its tier (standing facts too); None when undated."""
+    if fragment.timestamp is None or as_of is None:
+        return None
+    return max(0.0, (as_of - fragment.timestamp).total_seconds() / 3600)
 
 
 def fragment_header(fragment: Fragment) -> str:
@@ -103,6 +121,8 @@ class MeasuredFragment:
     compressed_tokens: int = 0
     compressed_similarity: float = 0.0
     fidelity_ratio: float = 1.0
+    hours_before_newest: float | None = None  # None: undated (treated as part of the current encounter)
+    same_encounter: bool | None = None  # the record names encounters: is this the newest one's?
 
 
 class CandidateBuilder:
@@ -157,9 +177,12 @@ class CandidateBuilder:
         cost_b = iter(costs[len(fragments) :])
         line_b = iter(lines_b)
         measured = []
+        encounter = current_encounter_id(fragments)
         for order, fragment in enumerate(fragments):
+            same = (fragment.encounter == encounter) if encounter and fragment.encounter else None
             item = MeasuredFragment(fragment, headers[order], lines[order], costs[order], float(sims[order]),
-                                    age_in_years(fragment, as_of))
+                                    age_in_years(fragment, as_of), hours_before_newest=hours_before(fragment, as_of),
+                                    same_encounter=same)
             compression = compressions[order]
             if compression and bodies_b[order]:
                 item = replace(item, compressed_line=next(line_b), compressed_body=bodies_b[order] or "",
@@ -183,5 +206,14 @@ def score_candidates(measured: Sequence[MeasuredFragment], params: UtilityParams
                                       fidelity * base * max(item.compressed_similarity, params.similarity_floor),
                                       fidelity, item.compressed_body))
         must_keep = bool(fragment.decision and fragment.decision.must_keep)
-        candidates.append(Candidate(fragment, item.header, tuple(options), item.similarity, must_keep, order))
+        candidates.append(Candidate(fragment, item.header, tuple(options), item.similarity, must_keep, order,
+                                    is_current(item, params)))
     return candidates
+
+
+def is_current(item: MeasuredFragment, params: UtilityParams) -> bool:
+    """Part of the current encounter: by encounter id when the record names them, else by time (undated
+    fragments count as current: a note without a date is read as today's)."""
+    if item.same_encounter is not None:
+        return item.same_encounter
+    return item.hours_before_newest is None or item.hours_before_newest <= params.encounter_window_hours

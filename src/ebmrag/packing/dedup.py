@@ -1,0 +1,130 @@
+"""Copy-forward notes collapsed: near-duplicate fragments take one slot, never several.
+
+Charts repeat themselves (a nursing line copied into every shift note, a history pasted forward), and
+without this step every copy competes for the window as if it were new evidence. Two fragments are
+copies when their word 3-gram shingles (characters for Chinese) overlap by Jaccard ≥ `threshold` (0.7) AND
+they state the same numbers: "K 6.4 mmol/L" and "K 4.1 mmol/L" are different results, never copies.
+The copy kept is the most critical (must-keep, then tier), then the newest, then the first in record
+order; every other copy is dropped with reason `duplicate`, naming the kept one.
+
+Candidate pairs come from MinHash with banding (16 hashes, 8 bands of 2), then the exact Jaccard is
+checked, so the cost stays near-linear in the number of fragments.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from datetime import datetime
+from typing import Protocol
+
+import numpy as np
+
+from ebmrag.packing.types import Candidate, DroppedFragment, DropReason, PackResult, drop_entry
+
+
+class Packer(Protocol):
+    def pack(self, candidates: Sequence[Candidate], window: int) -> PackResult: ...
+
+
+_WORD = re.compile(r"[a-z0-9]+(?:\.[0-9]+)?|[\u4e00-\u9fff]")
+_NUMBER = re.compile(r"\d+(?:[.,]\d+)?")
+_PRIME = (1 << 61) - 1
+_HASHES, _BANDS = 16, 8
+_rng = np.random.default_rng(20261122)
+_A = _rng.integers(1, _PRIME, _HASHES, dtype=np.uint64)
+_B = _rng.integers(0, _PRIME, _HASHES, dtype=np.uint64)
+
+
+def shingles(text: str) -> frozenset[str]:
+    words = _WORD.findall(text.lower())
+    if len(words) < 3:
+        return frozenset(" ".join(words[i:i + 1]) for i in range(len(words)))
+    return frozenset(" ".join(words[i:i + 3]) for i in range(len(words) - 2))
+
+
+def numbers(text: str) -> tuple[str, ...]:
+    return tuple(sorted(n.replace(",", ".") for n in _NUMBER.findall(text)))
+
+
+def _signature(items: frozenset[str]) -> tuple[int, ...]:
+    hashes = np.array([zlib.crc32(s.encode()) for s in items], dtype=np.uint64)
+    if not hashes.size:
+        return (0,) * _HASHES
+    mixed = (hashes[None, :] * _A[:, None] + _B[:, None]) % np.uint64(_PRIME)
+    return tuple(int(v) for v in mixed.min(axis=1))
+
+
+def _keep_rank(candidate: Candidate) -> tuple[bool, int, datetime, int]:
+    """Higher is kept: must-keep, then the more objective tier, then the newest, then the first in order."""
+    stamp = candidate.fragment.timestamp or datetime.min.replace(tzinfo=None)
+    if stamp.tzinfo is not None:
+        stamp = stamp.replace(tzinfo=None)
+    return candidate.must_keep, -candidate.tier.rank, stamp, -candidate.order
+
+
+def collapse_duplicates(candidates: Sequence[Candidate], threshold: float = 0.7,
+                        eligible: Callable[[Candidate], bool] | None = None
+                        ) -> tuple[list[Candidate], list[DroppedFragment]]:
+    """(the candidates to pack, the copies dropped); `eligible` limits which candidates are compared."""
+    pool = [c for c in candidates if eligible is None or eligible(c)]
+    if len(pool) < 2:
+        return list(candidates), []
+    groups: dict[str, list[Candidate]] = defaultdict(list)
+    root = _copy_groups(pool, threshold)
+    for candidate in pool:
+        groups[root(candidate.fragment.id)].append(candidate)
+    dropped: dict[str, DroppedFragment] = {}
+    for members in groups.values():
+        kept = max(members, key=_keep_rank)
+        for copy in members:
+            if copy is not kept:
+                detail = f"a near-copy of {kept.fragment.id}, which is considered instead"
+                dropped[copy.fragment.id] = drop_entry(copy, DropReason.DUPLICATE, detail)
+    return [c for c in candidates if c.fragment.id not in dropped], list(dropped.values())
+
+
+def _copy_groups(pool: Sequence[Candidate], threshold: float) -> Callable[[str], str]:
+    """Union-find over fragment ids: verbatim copies in one pass, near-copies through MinHash buckets."""
+    sets = {c.fragment.id: shingles(c.fragment.text) for c in pool}
+    nums = {c.fragment.id: numbers(c.fragment.text) for c in pool}
+    parent = {c.fragment.id: c.fragment.id for c in pool}
+
+    def root(fid: str) -> str:
+        while parent[fid] != fid:
+            parent[fid] = parent[parent[fid]]
+            fid = parent[fid]
+        return fid
+
+    exact: dict[tuple[frozenset[str], tuple[str, ...]], str] = {}
+    unique: list[str] = []
+    for fid in parent:
+        earlier = exact.setdefault((sets[fid], nums[fid]), fid)
+        if earlier != fid and sets[fid]:
+            parent[root(fid)] = root(earlier)
+        else:
+            unique.append(fid)
+    buckets: dict[tuple[int, tuple[int, ...], tuple[str, ...]], list[str]] = defaultdict(list)
+    rows = _HASHES // _BANDS
+    for fid in unique:
+        signature = _signature(sets[fid])
+        for band in range(_BANDS):
+            buckets[(band, signature[band * rows:(band + 1) * rows], nums[fid])].append(fid)
+    for members in buckets.values():
+        for i, one in enumerate(members):
+            for other in members[i + 1:]:
+                a, b = sets[one], sets[other]
+                if a and b and len(a & b) / len(a | b) >= threshold:
+                    parent[root(other)] = root(one)
+    return root
+
+
+def pack_collapsed(packer: Packer, candidates: Sequence[Candidate], window: int,
+                   eligible: Callable[[Candidate], bool] | None = None) -> PackResult:
+    """Collapse copies, pack the rest; the copies join the trace's dropped list with their reason."""
+    kept, copies = collapse_duplicates(candidates, eligible=eligible)
+    result = packer.pack(kept, window)
+    return replace(result, dropped=(*result.dropped, *copies))
