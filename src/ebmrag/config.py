@@ -18,6 +18,7 @@ tokenizer = "bundled"    # or "hf:/path/tokenizer.json", "tiktoken:/path/file.ti
 embedding_model = ""     # a local sentence-transformers folder; empty = bundled all-MiniLM-L6-v2
 cache_dir = ""           # empty = $XDG_CACHE_HOME/ebmrag
 tier_rules = ""          # empty = the bundled rules/tiers.toml
+tier_model = "bundled"   # learned tier classifier where no rule speaks; a path of your own, or "" for rules only
 
 [kb]                     # fixed when a knowledge base is created (stored in its manifest)
 embedding_model = ""     # a local sentence-transformers folder; empty = bundled all-MiniLM-L6-v2
@@ -131,6 +132,7 @@ class ModelSettings:
     embedding_model: str = ""
     cache_dir: str = ""
     tier_rules: str = ""
+    tier_model: str = "bundled"  # where no tier rule speaks: "bundled" (rules/tier_model.npz), a path, or "" for none
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from pydantic import BaseModel, StrictStr
 
 from ebmrag.agent.gate import Label
 from ebmrag.errors import ConfigError, LLMError, require_extra
+from ebmrag.evidence.text_classifier import LinearTextClassifier, fit_linear_classifier
 from ebmrag.generate.completion import complete_json
 from ebmrag.index.search import HybridRetriever
 from ebmrag.protocols import ChatClient, ChatMessage, Embedder
@@ -123,26 +124,16 @@ class ClassifierLabeller:
     """A trained A/B/C classifier as a gate labeller (the `SentenceLabeller` protocol)."""
 
     def __init__(self, path: str | Path, embedder: Embedder) -> None:
-        self.path = Path(path)
-        try:
-            with np.load(self.path) as data:
-                self.weights, self.bias = data["weights"], data["bias"]
-                meta = json.loads(str(data["meta"]))
-        except (OSError, KeyError, ValueError) as exc:
-            raise ConfigError(f"gate model {self.path} could not be read: {exc}") from exc
-        self.labels = [Label(v) for v in meta["labels"]]
-        self.embedder = embedder
+        self.model = LinearTextClassifier(path, embedder)
+        self.path, self.embedder = self.model.path, embedder
+        self.labels = [Label(v) for v in self.model.labels]
 
     def probabilities(self, texts: Sequence[str]) -> np.ndarray[Any, np.dtype[np.float64]]:
-        logits = np.asarray(self.embedder.embed(list(texts)), np.float64) @ self.weights.T + self.bias
-        logits -= logits.max(axis=1, keepdims=True)
-        exp = np.exp(logits)
-        return np.asarray(exp / exp.sum(axis=1, keepdims=True))
+        return self.model.probabilities(texts)
 
     def label(self, text: str, section: str | None) -> tuple[Label, str]:
-        p = self.probabilities([text])[0]
-        best = int(np.argmax(p))
-        return self.labels[best], f"classifier p={p[best]:.2f}"
+        label, p = self.model.predict([text])[0]
+        return Label(label), f"classifier p={p:.2f}"
 
     def to_dict(self) -> dict[str, Any]:
         return {"type": "classifier", "path": str(self.path)}
@@ -167,13 +158,7 @@ def train_classifier(examples: Sequence[AnnotatedSentence], embedder: Embedder, 
                                                         else None)
     model = LogisticRegression(max_iter=2000, class_weight="balanced").fit(train_x, train_y)
     report = classification_report(test_y, model.predict(test_x), output_dict=True, zero_division=0)
-    final = LogisticRegression(max_iter=2000, class_weight="balanced").fit(vectors, y)
-    weights, bias = final.coef_, final.intercept_
-    if len(final.classes_) == 2:  # scikit-learn stores one row for two classes: expand to a softmax pair
-        weights, bias = np.vstack([-weights[0] / 2, weights[0] / 2]), np.array([-bias[0] / 2, bias[0] / 2])
-    meta = {"labels": [str(c) for c in final.classes_], "embedding_model": getattr(embedder, "model_name", "")}
-    with Path(out).open("wb") as handle:
-        np.savez(handle, weights=weights, bias=bias, meta=np.array(json.dumps(meta)))
+    fit_linear_classifier([e.text for e in examples], labels, embedder, out)
     per_label = {k: {m: round(float(v[m]), 4) for m in ("precision", "recall", "f1-score", "support")}
                  for k, v in report.items() if k in {"A", "B", "C"}}
     return TrainReport(len(examples), len(test_y), round(float(report["accuracy"]), 4), per_label)

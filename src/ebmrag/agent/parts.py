@@ -45,7 +45,7 @@ def build_packer(settings: Settings, strategy: str | None = None, k_min: int | N
         name = "ebm-exact-paper"
     return ContextPacker(name, k_min if k_min is not None else p.k_min, utility_params(settings),
                          m.tokenizer, m.embedding_model or None, str(cache_dir(settings)), m.tier_rules or None,
-                         embedder)
+                         embedder, m.tier_model)
 
 
 def open_kb(settings: Settings, kb: Path) -> KnowledgeBase:

@@ -33,7 +33,15 @@ from ebmrag.eval.packing_report import dataset_dir
 from ebmrag.eval.packing_suite import NEUTRAL, Suite, rows_table
 from ebmrag.evidence.embeddings import SentenceEmbedder
 from ebmrag.evidence.tokens import make_token_counter
-from ebmrag.factory import cache_dir, make_llm_client, make_retriever, open_kb, require_llm_client, utility_params
+from ebmrag.factory import (
+    build_packer,
+    cache_dir,
+    make_llm_client,
+    make_retriever,
+    open_kb,
+    require_llm_client,
+    utility_params,
+)
 from ebmrag.generate.llm import OpenAIChatClient
 from ebmrag.index.sync import ingest_paths
 from ebmrag.packing.packer import STRATEGIES, make_packer
@@ -226,14 +234,49 @@ def eval_retrieval(
     typer.echo(json.dumps(result.to_json(), indent=2) if as_json else table)
 
 
-@eval_app.command("tiers")
-def eval_tiers(
-    data_dir: Annotated[Path, typer.Option("--data-dir", help="Folder with agentclinic_*.jsonl files.")],
+@eval_app.command("compression")
+def eval_compression(
+    data_root: Annotated[Path, typer.Option("--data-root", help="Folder holding MIRAGE, AgentClinic, CMB-Clin files.")],
     out: Annotated[Path | None, typer.Option(help="Write the markdown report here.")] = None,
+    as_json: JsonOption = False,
 ) -> None:
-    """Agreement of the tier classifier with the typed fields of AgentClinic cases."""
-    from ebmrag.eval.tier_agreement import agreement_report, measure_agreement
+    """List the entities the entity-preserving compression (state B) drops from critical fragments."""
+    from ebmrag.eval.compression_check import check_compression, compression_markdown
 
     with user_errors():
-        report = agreement_report(measure_agreement(data_dir))
+        check = check_compression(data_root)
+    if as_json:
+        typer.echo(json.dumps(check.to_json(), ensure_ascii=False, indent=1))
+        return
+    write_report(compression_markdown(check), out)
+
+
+@eval_app.command("tiers")
+def eval_tiers(
+    data_dir: Annotated[Path, typer.Option("--data-dir", help="Folder with agentclinic_*.jsonl files (with "
+                                           "--text-only: AgentClinic, NEJM and CMB-Clin files, searched below).")],
+    out: Annotated[Path | None, typer.Option(help="Write the markdown report here.")] = None,
+    text_only: Annotated[bool, typer.Option("--text-only", help="Hide sections: tier from the text alone, "
+                                            "per-tier precision and recall.")] = False,
+    as_json: JsonOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """Agreement of the tier classifier with labels that do not come from it (typed fields, sections)."""
+    from ebmrag.eval.tier_agreement import (
+        agreement_report,
+        measure_agreement,
+        measure_text_only,
+        text_only_markdown,
+    )
+
+    with user_errors():
+        if not text_only:
+            report = agreement_report(measure_agreement(data_dir))
+        else:
+            classifier = build_packer(load_settings(config)).classifier  # rules + the configured tier model
+            measured = measure_text_only(data_dir, classifier)
+            if as_json:
+                typer.echo(json.dumps(measured.to_json(("agentclinic-medqa", "cmb-clin")), indent=1))
+                return
+            report = text_only_markdown(measured)
     write_report(report, out)

@@ -9,12 +9,16 @@ is what free text and MedQA vignettes get).
 
 from __future__ import annotations
 
+import json
+import re
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ebmrag.errors import RecordError
-from ebmrag.eval.cases import field_label
+from ebmrag.eval.cases import cmb_case, field_label
 from ebmrag.evidence.fragment import Tier
 from ebmrag.evidence.loaders import load_records
 from ebmrag.evidence.tiers import TierClassifier
@@ -93,4 +97,110 @@ def agreement_report(agreement: Agreement) -> str:
     ]
     for section, gold, got, text in agreement.misses[:15]:
         lines.append(f"| {section} | {gold.value} | {got.value} | {text.replace('|', '/')} |")
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- text only, every labelled source
+_NEJM_ITEM = re.compile(r"(?:^|(?<=[.\s]))([A-Z][A-Za-z0-9 ,/&()'-]{2,60}):\s")
+_NEJM_HEADINGS = ((Tier.T1, re.compile(r"biops|patholog|histolog|cytolog|stain|immunohisto|genetic|sequenc|karyotyp"
+                                       r"|molecular|smear|aspirat|culture", re.I)),
+                  (Tier.T2, re.compile(r"laborator|\blab|blood|serum|urin|level|count|imaging|\bct\b|tomograph|mri"
+                                       r"|magnetic|radiograph|x-ray|ultraso|echocardiog|electrocardiog|\becg|endoscop"
+                                       r"|laryngoscop|bronchoscop|angiogra|\bscan|fluid|test", re.I)),
+                  (Tier.T3, re.compile(r"physical exam|examination|vital|blood pressure|pulse|temperature", re.I)))
+
+
+def _nejm_units(raw: dict[str, Any]) -> Iterator[tuple[Tier, str]]:
+    """NEJM cases: the patient-actor brief is T4; findings are labelled by the heading they sit under."""
+    if str(raw.get("patient_info", "")).strip():
+        yield Tier.T4, str(raw["patient_info"])
+    text = str(raw.get("physical_exams", ""))
+    marks = list(_NEJM_ITEM.finditer(text))
+    for mark, following in zip(marks, [*marks[1:], None], strict=False):
+        body = text[mark.end(): following.start() if following else len(text)].strip(" -")
+        tier = next((t for t, pattern in _NEJM_HEADINGS if pattern.search(mark.group(1))), None)
+        if tier is not None and body:
+            yield tier, f"{mark.group(1)}: {body}"
+
+
+def labelled_texts(data_dir: Path) -> dict[str, list[tuple[Tier, str]]]:
+    """(gold tier, text) per source, found by pattern anywhere under `data_dir`: AgentClinic MedQA fields,
+    NEJM case headings, CMB-Clin sections. Sections are returned only as labels, never shown to a classifier."""
+    root = Path(data_dir)
+    found: dict[str, list[tuple[Tier, str]]] = {}
+    for path in sorted(root.rglob("agentclinic_medqa*.jsonl")):
+        for record in load_records(path):
+            found.setdefault("agentclinic-medqa", []).extend(
+                (gold, f.text) for f in record.fragments if (gold := field_label(f.section or "")) is not None)
+    for path in sorted(root.rglob("agentclinic_nejm*.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                found.setdefault("agentclinic-nejm", []).extend(_nejm_units(json.loads(line)))
+    for path in sorted(root.rglob("cmb_clin*.json")):
+        for raw in json.loads(path.read_text(encoding="utf-8")):
+            case = cmb_case(raw)
+            if case:
+                texts = {f.id: f.text for f in case.record.fragments}
+                found.setdefault("cmb-clin", []).extend((tier, texts[fid]) for fid, tier in case.gold_tiers.items())
+    if not found:
+        raise RecordError(str(data_dir), "no agentclinic_medqa*.jsonl, agentclinic_nejm*.jsonl or cmb_clin*.json found")
+    return found
+
+
+@dataclass(frozen=True)
+class TextOnlyReport:
+    confusion: dict[str, Counter[tuple[Tier, Tier]]]  # per source
+
+    @property
+    def pooled(self) -> Counter[tuple[Tier, Tier]]:
+        total: Counter[tuple[Tier, Tier]] = Counter()
+        for confusion in self.confusion.values():
+            total.update(confusion)
+        return total
+
+    @staticmethod
+    def per_tier(confusion: Counter[tuple[Tier, Tier]]) -> dict[str, dict[str, float]]:
+        out = {}
+        for tier in Tier:
+            predicted = sum(n for (_, got), n in confusion.items() if got is tier)
+            actual = sum(n for (gold, _), n in confusion.items() if gold is tier)
+            hit = confusion[(tier, tier)]
+            out[tier.value] = {"precision": round(hit / predicted, 4) if predicted else 0.0,
+                               "recall": round(hit / actual, 4) if actual else 0.0, "support": actual}
+        return out
+
+    def to_json(self, sources: tuple[str, ...] | None = None) -> dict[str, Any]:
+        chosen: Counter[tuple[Tier, Tier]] = Counter()
+        for name, confusion in self.confusion.items():
+            if sources is None or name in sources:
+                chosen.update(confusion)
+        total = sum(chosen.values())
+        return {"fragments": total, "agreement": round(Agreement.rate(chosen) / 100, 4) if total else 0.0,
+                "per_tier": self.per_tier(chosen),
+                "sources": {name: {"fragments": sum(c.values()), "agreement": round(Agreement.rate(c) / 100, 4)}
+                            for name, c in self.confusion.items()}}
+
+
+def measure_text_only(data_dir: Path, classifier: TierClassifier | None = None) -> TextOnlyReport:
+    classifier = classifier or TierClassifier()
+    confusion: dict[str, Counter[tuple[Tier, Tier]]] = {}
+    for source, items in labelled_texts(data_dir).items():
+        counts: Counter[tuple[Tier, Tier]] = Counter()
+        for gold, text in items:
+            counts[(gold, classifier.classify(text, None).tier)] += 1
+        confusion[source] = counts
+    return TextOnlyReport(confusion)
+
+
+def text_only_markdown(report: TextOnlyReport) -> str:
+    data = report.to_json()
+    lines = ["# Tier classifier from text alone (sections hidden)", "",
+             "Command: `ebmrag eval tiers --text-only --data-dir ../shared/data --out docs/results/tiers_text_only.md`",
+             "", f"{data['fragments']} labelled fragments; agreement **{100 * data['agreement']:.1f} %**.", "",
+             "| source | fragments | agreement |", "|---|---|---|",
+             *(f"| {name} | {s['fragments']} | {100 * s['agreement']:.1f} % |" for name, s in data["sources"].items()),
+             "", "| tier | precision | recall | support |", "|---|---|---|---|",
+             *(f"| {t} | {100 * v['precision']:.1f} % | {100 * v['recall']:.1f} % | {v['support']} |"
+               for t, v in data["per_tier"].items()), "", "## Confusion (rows: label, columns: classifier)", "",
+             *_confusion_table(report.pooled)]
     return "\n".join(lines) + "\n"

@@ -28,6 +28,7 @@ class EntityKind(StrEnum):
     FINDING = "finding"
     DRUG = "drug"
     CONCLUSION = "conclusion"
+    QUALIFIER = "qualifier"  # what makes a finding critical: grade, stage, size, receptor status, side, score
     DATE = "date"
 
 
@@ -78,7 +79,8 @@ _DATE = re.compile(
     re.IGNORECASE,
 )
 _SCOPE_END = re.compile(r"\.(?!\d)|[!?。！？\n;；]|\b(?:but|however|although)\b", re.IGNORECASE)
-_CLAUSE_END = re.compile(r"[,，;；:：]|(?=\s(?:but|however|although)\s)", re.IGNORECASE)
+# A comma inside a number ("1,100/mm3") is a thousands separator, not a clause end.
+_CLAUSE_END = re.compile(r"(?<!\d),|,(?!\d{3}(?!\d))|[，;；:：]|(?=\s(?:but|however|although)\s)", re.IGNORECASE)
 
 
 class EntityExtractor:
@@ -118,6 +120,12 @@ class EntityExtractor:
             ),
             EntityKind.CONCLUSION: _word_pattern(lex["conclusions"]),
         }
+        qualifiers = lex.get("qualifiers", [])
+        try:
+            self._qualifier = re.compile("|".join(f"(?:{q})" for q in qualifiers), re.IGNORECASE) if qualifiers \
+                else None
+        except re.error as exc:
+            raise ConfigError(f"entity lexicon {path}: a qualifiers pattern is not a valid regex: {exc}") from exc
         self._negation = _word_pattern(lex["negation_cues"])
         self._filler = _word_pattern(lex["filler"])
 
@@ -128,6 +136,8 @@ class EntityExtractor:
         found += [(m.start(), m.end(), EntityKind.DATE) for m in _DATE.finditer(text)]
         for kind, pattern in self._patterns.items():
             found += [(m.start(), m.end(), kind) for m in pattern.finditer(text)]
+        if self._qualifier is not None:
+            found += [(m.start(), m.end(), EntityKind.QUALIFIER) for m in self._qualifier.finditer(text) if m.group()]
         found.sort(key=lambda item: (item[0], -(item[1] - item[0])))
         entities: list[Entity] = []
         scopes = self.negation_scopes(text)

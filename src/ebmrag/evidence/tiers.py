@@ -9,15 +9,19 @@ from __future__ import annotations
 
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ebmrag.errors import ConfigError
 from ebmrag.evidence.fragment import Fragment, PatientRecord, Tier, TierDecision
+from ebmrag.evidence.lexicon import drug_mentions
+from ebmrag.evidence.text_classifier import LinearTextClassifier
 
 DEFAULT_RULES_PATH = Path(__file__).parent / "rules" / "tiers.toml"
+MODEL_T1_MIN = 0.85  # below this the model's T1 is not taken (T1 precision; measured in docs/results/tiers.md)
+BUNDLED_TIER_MODEL = Path(__file__).parent / "rules" / "tier_model.npz"  # bench/train_tier_model.py
 
 
 @dataclass(frozen=True)
@@ -30,13 +34,16 @@ class TierRule:
     standing: bool = False
     must_keep: bool = False
     description: str = ""
+    requires_drug: bool = False  # the text must also name a drug or drug class (evidence.lexicon)
 
     def matches(self, section: str, text: str) -> bool:
         if self.sections and not any(p.search(section) for p in self.sections):
             return False
         if self.text_any and not any(p.search(text) for p in self.text_any):
             return False
-        return not any(p.search(text) for p in self.text_none)
+        if any(p.search(text) for p in self.text_none):
+            return False
+        return not self.requires_drug or bool(drug_mentions(text))
 
     def decision(self) -> TierDecision:
         return TierDecision(self.tier, self.id, standing=self.standing, must_keep=self.must_keep)
@@ -75,7 +82,8 @@ def parse_rule(raw: Mapping[str, Any]) -> TierRule:
     rule_id = raw.get("id")
     if not isinstance(rule_id, str) or not rule_id:
         raise ConfigError(f"tier rule without an id: {dict(raw)!r}")
-    unknown = set(raw) - {"id", "tier", "sections", "text_any", "text_none", "standing", "must_keep", "description"}
+    unknown = set(raw) - {"id", "tier", "sections", "text_any", "text_none", "standing", "must_keep", "description",
+                          "requires_drug"}
     if unknown:
         raise ConfigError(f"tier rule {rule_id!r}: unknown keys {sorted(unknown)}")
     rule = TierRule(
@@ -87,6 +95,7 @@ def parse_rule(raw: Mapping[str, Any]) -> TierRule:
         standing=bool(raw.get("standing", False)),
         must_keep=bool(raw.get("must_keep", False)),
         description=str(raw.get("description", "")),
+        requires_drug=bool(raw.get("requires_drug", False)),
     )
     if not rule.sections and not rule.text_any:
         raise ConfigError(f"tier rule {rule_id!r}: needs `sections` or `text_any`, else it matches everything")
@@ -94,9 +103,12 @@ def parse_rule(raw: Mapping[str, Any]) -> TierRule:
 
 
 class TierClassifier:
-    """Assigns T1..T4 to fragments: section/resource type first, text cues second (see the rule file)."""
+    """Assigns T1..T4 to fragments: section/resource type first, text cues second (see the rule file), and,
+    where no rule speaks, an optional learned classifier over sentence embeddings (`model`). A rule hit
+    always takes precedence; a model decision records the model and its probability as its rule id."""
 
-    def __init__(self, rules_path: str | Path | None = None) -> None:
+    def __init__(self, rules_path: str | Path | None = None, model: LinearTextClassifier | None = None) -> None:
+        self.model = model
         self.rules_path = Path(rules_path) if rules_path is not None else None
         path = self.rules_path or DEFAULT_RULES_PATH
         try:
@@ -121,21 +133,40 @@ class TierClassifier:
             raise ConfigError(f"tier rule file {path}: duplicate rule ids {duplicates}")
         return rules
 
-    def classify(self, text: str, section: str | None = None) -> TierDecision:
+    def rule_decision(self, text: str, section: str | None = None) -> TierDecision | None:
+        """The first matching rule's decision, or None when no rule speaks."""
         normalized = normalize_section(section)
-        for rule in self.rules:
-            if rule.matches(normalized, text):
-                return rule.decision()
-        return self.default
+        return next((rule.decision() for rule in self.rules if rule.matches(normalized, text)), None)
+
+    def classify(self, text: str, section: str | None = None) -> TierDecision:
+        return self.classify_many([(text, section)])[0]
+
+    def classify_many(self, items: Sequence[tuple[str, str | None]]) -> list[TierDecision]:
+        """Rules first; the texts no rule speaks for go to the model in one batch (or get the default tier)."""
+        decisions = [self.rule_decision(text, section) for text, section in items]
+        silent = [i for i, d in enumerate(decisions) if d is None]
+        if self.model is not None and silent:
+            predictions = self.model.predict([items[i][0] for i in silent])
+            for i, (label, p) in zip(silent, predictions, strict=True):
+                if label == Tier.T1.value and p < MODEL_T1_MIN:
+                    continue  # T1 from text alone needs a confident model; else the default tier stands
+                decisions[i] = TierDecision(Tier(label), f"model:{self.model.path.stem} p={p:.2f}",
+                                            standing=label == Tier.T1.value)
+        return [d if d is not None else self.default for d in decisions]
 
     def classify_fragment(self, fragment: Fragment) -> Fragment:
         return fragment.with_decision(self.classify(fragment.text, fragment.section))
 
     def run(self, record: PatientRecord) -> PatientRecord:
-        return record.replace_fragments(self.classify_fragment(f) for f in record.fragments)
+        decisions = self.classify_many([(f.text, f.section) for f in record.fragments])
+        return record.replace_fragments(f.with_decision(d) for f, d in zip(record.fragments, decisions, strict=True))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rules_path": str(self.rules_path) if self.rules_path else None}
+        """The model, when there is one, is rebuilt by its owner (it needs the embedder): see ContextPacker."""
+        data: dict[str, Any] = {"rules_path": str(self.rules_path) if self.rules_path else None}
+        if self.model is not None:
+            data["model_path"] = str(self.model.path)
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TierClassifier:

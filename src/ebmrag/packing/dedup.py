@@ -5,7 +5,10 @@ without this step every copy competes for the window as if it were new evidence.
 copies when their word 3-gram shingles (characters for Chinese) overlap by Jaccard ≥ `threshold` (0.7) AND
 they state the same numbers: "K 6.4 mmol/L" and "K 4.1 mmol/L" are different results, never copies.
 The copy kept is the most critical (must-keep, then tier), then the newest, then the first in record
-order; every other copy is dropped with reason `duplicate`, naming the kept one.
+order; every other copy is dropped with reason `duplicate`, naming the kept one. Among objective
+results (T1/T2) a fragment whose shingles lie almost wholly (≥ 90 %) inside a longer one's, numbers
+included, is a copy of it too ("Biopsy: adenocarcinoma" inside "Inhibin B raised. Biopsy: adenocarcinoma"),
+and the longer one, which says everything the shorter says, is kept.
 
 Candidate pairs come from MinHash with banding (16 hashes, 8 bands of 2), then the exact Jaccard is
 checked, so the cost stays near-linear in the number of fragments.
@@ -15,7 +18,7 @@ from __future__ import annotations
 
 import re
 import zlib
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime
@@ -84,7 +87,31 @@ def collapse_duplicates(candidates: Sequence[Candidate], threshold: float = 0.7,
             if copy is not kept:
                 detail = f"a near-copy of {kept.fragment.id}, which is considered instead"
                 dropped[copy.fragment.id] = drop_entry(copy, DropReason.DUPLICATE, detail)
+    survivors = [c for c in pool if c.fragment.id not in dropped and c.tier.compressible]
+    for copy, whole in _contained(survivors):
+        if _keep_rank(whole)[:3] >= _keep_rank(copy)[:3]:  # never trade a newer or more critical copy for it
+            detail = f"its text lies within {whole.fragment.id}, which is considered instead"
+            dropped.setdefault(copy.fragment.id, drop_entry(copy, DropReason.DUPLICATE, detail))
     return [c for c in candidates if c.fragment.id not in dropped], list(dropped.values())
+
+
+def _contained(pool: Sequence[Candidate], share: float = 0.9) -> list[tuple[Candidate, Candidate]]:
+    """(copy, whole) pairs: the copy's shingles and numbers lie (almost) wholly inside the longer whole."""
+    sets = {c.fragment.id: shingles(c.fragment.text) for c in pool}
+    nums = {c.fragment.id: Counter(numbers(c.fragment.text)) for c in pool}
+    by_size = sorted(pool, key=lambda c: len(sets[c.fragment.id]))
+    pairs = []
+    for i, small in enumerate(by_size):
+        a = sets[small.fragment.id]
+        if not a:
+            continue
+        for large in by_size[i + 1:]:
+            b = sets[large.fragment.id]
+            inside = len(a & b) >= share * len(a) and not nums[small.fragment.id] - nums[large.fragment.id]
+            if len(b) > len(a) and inside:
+                pairs.append((small, large))
+                break
+    return pairs
 
 
 def _copy_groups(pool: Sequence[Candidate], threshold: float) -> Callable[[str], str]:

@@ -8,7 +8,8 @@ from typing import Any, Protocol
 
 from ebmrag.evidence.embeddings import SentenceEmbedder
 from ebmrag.evidence.fragment import Fragment, PatientRecord
-from ebmrag.evidence.tiers import TierClassifier
+from ebmrag.evidence.text_classifier import LinearTextClassifier
+from ebmrag.evidence.tiers import BUNDLED_TIER_MODEL, TierClassifier
 from ebmrag.evidence.tokens import make_token_counter
 from ebmrag.packing.baselines import FifoPacker, SemanticPacker, UniformPacker
 from ebmrag.packing.dedup import pack_collapsed
@@ -62,6 +63,7 @@ class ContextPacker:
         cache_dir: str | None = None,
         rules_path: str | None = None,
         embedder: SentenceEmbedder | None = None,
+        tier_model: str | None = "bundled",
     ) -> None:
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown packing strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
@@ -69,8 +71,11 @@ class ContextPacker:
         self.k_min = k_min
         self.params = params or UtilityParams()
         self.tokenizer = tokenizer
-        self.classifier = TierClassifier(rules_path)
         self.embedder = embedder or SentenceEmbedder(model_path, cache_dir=cache_dir)
+        self.tier_model = tier_model or None
+        model_file = BUNDLED_TIER_MODEL if tier_model == "bundled" else tier_model
+        self.classifier = TierClassifier(rules_path, LinearTextClassifier(model_file, self.embedder)
+                                         if model_file else None)
         self.token_counter = make_token_counter(tokenizer)
         self.packer = make_packer(strategy, self.token_counter, k_min)
         self.builder = CandidateBuilder(self.embedder, self.token_counter, self.params)
@@ -81,9 +86,12 @@ class ContextPacker:
     def classify(self, record: PatientRecord) -> PatientRecord:
         """Tiers for the fragments that have none yet; a fragment that already carries a decision keeps it,
         so a caller that classified once (the answer engine's gate) does not pay twice."""
-        if all(f.decision is not None for f in record.fragments):
+        todo = [f for f in record.fragments if f.decision is None]
+        if not todo:
             return record
-        return record.replace_fragments(f if f.decision else self.classifier.classify_fragment(f)
+        decided = dict(zip((f.id for f in todo), self.classifier.classify_many([(f.text, f.section) for f in todo]),
+                           strict=True))
+        return record.replace_fragments(f.with_decision(decided[f.id]) if f.id in decided else f
                                         for f in record.fragments)
 
     def prepare(self, record: PatientRecord, texts: Sequence[str] = ()) -> None:
@@ -127,6 +135,7 @@ class ContextPacker:
             "model_path": self.embedder.to_dict()["model_path"],
             "cache_dir": self.embedder.to_dict()["cache_dir"],
             "rules_path": self.classifier.to_dict()["rules_path"],
+            "tier_model": self.tier_model,
         }
 
     @classmethod

@@ -1,0 +1,66 @@
+"""A linear classifier over sentence embeddings, saved as plain arrays (never a pickle).
+
+Used where rules are silent: the tier classifier's fallback (rules/tier_model.npz) and the retrieval
+gate's trained A/B/C labeller. A file holds `weights` (labels × dim), `bias` and a JSON `meta` with
+the label order and the embedding model it was trained on; loading it runs no code, and prediction
+is a softmax in NumPy, so scikit-learn is needed only to train.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ebmrag.errors import ConfigError, require_extra
+from ebmrag.protocols import Embedder
+
+FloatMatrix = np.ndarray[Any, np.dtype[np.float64]]
+
+
+class LinearTextClassifier:
+    def __init__(self, path: str | Path, embedder: Embedder) -> None:
+        self.path = Path(path)
+        try:
+            with np.load(self.path) as data:
+                self.weights, self.bias = data["weights"], data["bias"]
+                self.meta: dict[str, Any] = json.loads(str(data["meta"]))
+        except (OSError, KeyError, ValueError) as exc:
+            raise ConfigError(f"classifier {self.path} could not be read: {exc}") from exc
+        self.labels = [str(label) for label in self.meta["labels"]]
+        self.embedder = embedder
+
+    def probabilities(self, texts: Sequence[str]) -> FloatMatrix:
+        logits = np.asarray(self.embedder.embed(list(texts)), np.float64) @ self.weights.T + self.bias
+        logits -= logits.max(axis=1, keepdims=True)
+        exp = np.exp(logits)
+        return np.asarray(exp / exp.sum(axis=1, keepdims=True))
+
+    def predict(self, texts: Sequence[str]) -> list[tuple[str, float]]:
+        """(label, probability) per text, in one embedding call."""
+        if not texts:
+            return []
+        p = self.probabilities(texts)
+        best = p.argmax(axis=1)
+        return [(self.labels[int(b)], float(p[i, b])) for i, b in enumerate(best)]
+
+
+def fit_linear_classifier(texts: Sequence[str], labels: Sequence[str], embedder: Embedder, out: str | Path,
+                          c: float = 1.0, extra_meta: dict[str, Any] | None = None) -> FloatMatrix:
+    """Fit multinomial logistic regression (balanced classes) and save it; returns the embedded texts."""
+    require_extra("sklearn", "embed", "training a text classifier")
+    from sklearn.linear_model import LogisticRegression
+
+    vectors = np.asarray(embedder.embed(list(texts)), np.float64)
+    model = LogisticRegression(max_iter=3000, C=c, class_weight="balanced").fit(vectors, np.asarray(labels))
+    weights, bias = model.coef_, model.intercept_
+    if len(model.classes_) == 2:  # scikit-learn stores one row for two classes: expand to a softmax pair
+        weights, bias = np.vstack([-weights[0] / 2, weights[0] / 2]), np.array([-bias[0] / 2, bias[0] / 2])
+    meta = {"labels": [str(c) for c in model.classes_], "embedding_model": getattr(embedder, "model_name", ""),
+            **(extra_meta or {})}
+    with Path(out).open("wb") as handle:
+        np.savez(handle, weights=weights, bias=bias, meta=np.array(json.dumps(meta)))
+    return vectors
