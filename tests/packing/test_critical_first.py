@@ -56,7 +56,8 @@ def test_pack_reports_both_objectives(tmp_path: Path) -> None:
     record = {"patient_id": "p", "fragments": [
         {"id": "hist", "text": "He asks about the antibiotic for his wound infection, the antibiotic he took before "
                                "for the wound, which antibiotic is safe for a wound like this, and whether the wound "
-                               "infection antibiotic can be taken with food.", "timestamp": stamp, "section": "History"},
+                               "infection antibiotic can be taken with food.", "timestamp": stamp,
+         "section": "History"},
         {"id": "k", "text": "Potassium 6.4 mmol/L.", "timestamp": stamp, "section": "Labs"}]}
     path = tmp_path / "r.json"
     path.write_text(json.dumps(record))

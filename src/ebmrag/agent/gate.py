@@ -123,7 +123,8 @@ class RuleLabeller:
         self.symptoms = _symptom_pattern()
 
     def label(self, text: str, section: str | None) -> tuple[Label, str]:
-        tier = self.classifier.classify(text, section)
+        # Rules only: the gate labels sentence by sentence, where a model call each would dominate `ask`.
+        tier = self.classifier.rule_decision(text, section) or self.classifier.default
         if tier.tier in (Tier.T1, Tier.T2):
             return Label.A, f"objective result ({tier.tier.value}, rule {tier.rule_id})"
         entities = [e for e in self.extractor.extract(text) if e.kind in _KEY_KINDS and not e.negated]

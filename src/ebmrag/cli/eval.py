@@ -263,6 +263,7 @@ def eval_tiers(
 ) -> None:
     """Agreement of the tier classifier with labels that do not come from it (typed fields, sections)."""
     from ebmrag.eval.tier_agreement import (
+        MEASURED_SOURCES,
         agreement_report,
         measure_agreement,
         measure_text_only,
@@ -276,7 +277,7 @@ def eval_tiers(
             classifier = build_packer(load_settings(config)).classifier  # rules + the configured tier model
             measured = measure_text_only(data_dir, classifier)
             if as_json:
-                typer.echo(json.dumps(measured.to_json(("agentclinic-medqa", "cmb-clin")), indent=1))
+                typer.echo(json.dumps(measured.to_json(MEASURED_SOURCES), indent=1))
                 return
             report = text_only_markdown(measured)
     write_report(report, out)

@@ -147,6 +147,9 @@ def labelled_texts(data_dir: Path) -> dict[str, list[tuple[Tier, str]]]:
     return found
 
 
+MEASURED_SOURCES = ("agentclinic-medqa", "cmb-clin")
+
+
 @dataclass(frozen=True)
 class TextOnlyReport:
     confusion: dict[str, Counter[tuple[Tier, Tier]]]  # per source
@@ -193,14 +196,21 @@ def measure_text_only(data_dir: Path, classifier: TierClassifier | None = None) 
 
 
 def text_only_markdown(report: TextOnlyReport) -> str:
-    data = report.to_json()
+    """The measure pools AgentClinic MedQA and CMB-Clin (labels from typed fields and sections); NEJM, whose
+    labels come from the headings of free text, is reported apart."""
+    data = report.to_json(MEASURED_SOURCES)
+    chosen: Counter[tuple[Tier, Tier]] = Counter()
+    for name in MEASURED_SOURCES:
+        chosen.update(report.confusion.get(name, Counter()))
     lines = ["# Tier classifier from text alone (sections hidden)", "",
              "Command: `ebmrag eval tiers --text-only --data-dir ../shared/data --out docs/results/tiers_text_only.md`",
-             "", f"{data['fragments']} labelled fragments; agreement **{100 * data['agreement']:.1f} %**.", "",
+             "", f"AgentClinic MedQA + CMB-Clin: {data['fragments']} labelled fragments; agreement "
+             f"**{100 * data['agreement']:.1f} %**.", "",
              "| source | fragments | agreement |", "|---|---|---|",
              *(f"| {name} | {s['fragments']} | {100 * s['agreement']:.1f} % |" for name, s in data["sources"].items()),
-             "", "| tier | precision | recall | support |", "|---|---|---|---|",
+             "", "| tier (AgentClinic MedQA + CMB-Clin) | precision | recall | support |", "|---|---|---|---|",
              *(f"| {t} | {100 * v['precision']:.1f} % | {100 * v['recall']:.1f} % | {v['support']} |"
-               for t, v in data["per_tier"].items()), "", "## Confusion (rows: label, columns: classifier)", "",
-             *_confusion_table(report.pooled)]
+               for t, v in data["per_tier"].items()), "",
+             "## Confusion, AgentClinic MedQA + CMB-Clin (rows: label, columns: classifier)", "",
+             *_confusion_table(chosen)]
     return "\n".join(lines) + "\n"

@@ -34,7 +34,7 @@ class TierRule:
     standing: bool = False
     must_keep: bool = False
     description: str = ""
-    requires_drug: bool = False  # the text must also name a drug or drug class (evidence.lexicon)
+    drug_within: int = 0  # > 0: a drug or drug class (evidence.lexicon) within this many characters of the match
 
     def matches(self, section: str, text: str) -> bool:
         if self.sections and not any(p.search(section) for p in self.sections):
@@ -43,7 +43,15 @@ class TierRule:
             return False
         if any(p.search(text) for p in self.text_none):
             return False
-        return not self.requires_drug or bool(drug_mentions(text))
+        return not self.drug_within or self._drug_near(text)
+
+    def _drug_near(self, text: str) -> bool:
+        for pattern in self.text_any:
+            for match in pattern.finditer(text):
+                around = text[max(0, match.start() - self.drug_within): match.end() + self.drug_within]
+                if drug_mentions(around):
+                    return True
+        return False
 
     def decision(self) -> TierDecision:
         return TierDecision(self.tier, self.id, standing=self.standing, must_keep=self.must_keep)
@@ -83,7 +91,7 @@ def parse_rule(raw: Mapping[str, Any]) -> TierRule:
     if not isinstance(rule_id, str) or not rule_id:
         raise ConfigError(f"tier rule without an id: {dict(raw)!r}")
     unknown = set(raw) - {"id", "tier", "sections", "text_any", "text_none", "standing", "must_keep", "description",
-                          "requires_drug"}
+                          "drug_within"}
     if unknown:
         raise ConfigError(f"tier rule {rule_id!r}: unknown keys {sorted(unknown)}")
     rule = TierRule(
@@ -95,7 +103,7 @@ def parse_rule(raw: Mapping[str, Any]) -> TierRule:
         standing=bool(raw.get("standing", False)),
         must_keep=bool(raw.get("must_keep", False)),
         description=str(raw.get("description", "")),
-        requires_drug=bool(raw.get("requires_drug", False)),
+        drug_within=int(raw.get("drug_within", 0)),
     )
     if not rule.sections and not rule.text_any:
         raise ConfigError(f"tier rule {rule_id!r}: needs `sections` or `text_any`, else it matches everything")
