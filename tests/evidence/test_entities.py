@@ -69,3 +69,10 @@ def test_negated_entities_are_marked() -> None:
 def test_drug_allergen_names_found() -> None:
     kinds = {e.text.lower(): e.kind for e in default_extractor().extract("Anaphylaxis to amoxicillin and latex.")}
     assert kinds["amoxicillin"] is EntityKind.DRUG and kinds["latex"] is EntityKind.DRUG
+
+
+def test_thousands_separators_never_split_a_value() -> None:
+    """Before the fix, the clause cut at "1," and state B could read "100/mm3" for a count of 1,100/mm3."""
+    text = "Laboratory studies show a leukocyte count of 1,100/mm3 with 20,000/mm3 platelets, and the family is here."
+    state_b = EntityCompressor().compress(text).text
+    assert "1,100/mm3" in state_b and "20,000/mm3" in state_b

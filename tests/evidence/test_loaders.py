@@ -150,3 +150,10 @@ def test_fhir_bundle_mixing_patients_is_rejected(tmp_path: Path) -> None:
 def test_fhir_invalid_status_rejected(tmp_path: Path) -> None:
     with pytest.raises(RecordError, match="status"):
         load_record(_write(tmp_path, _bundle(PATIENT, dict(CREATININE, status="done"))))
+
+
+def test_fhir_encounter_references_are_kept(tmp_path: Path) -> None:
+    visit = {**CREATININE, "encounter": {"reference": "Encounter/e7"}}
+    record = load_record(_write(tmp_path, _bundle(PATIENT, ALLERGY, visit)))
+    encounters = {f.id: f.encounter for f in record.fragments}
+    assert encounters == {"AllergyIntolerance/a1": None, "Observation/o1": "Encounter/e7"}
