@@ -103,8 +103,10 @@ def _body(candidate: Candidate, line: str) -> str:
     return line[len(candidate.header) + 1 :] if line.startswith(candidate.header) else line
 
 
-def complete_costs(prepared: PreparedCase, candidates: Sequence[Candidate]) -> list[int]:
-    """Per critical fragment, the cheapest state that keeps all its entities; sorted. Window-independent."""
+def complete_costs(prepared: PreparedCase, candidates: Sequence[Candidate],
+                   copies: Sequence[DroppedFragment] = ()) -> list[int]:
+    """Per critical fragment, the cheapest state that keeps all its entities; sorted. Window-independent.
+    A critical copy whose kept twin is critical too rides along with it at no cost."""
     costs = []
     for candidate in candidates:
         keys = prepared.critical_keys.get(candidate.fragment.id)
@@ -113,6 +115,7 @@ def complete_costs(prepared: PreparedCase, candidates: Sequence[Candidate]) -> l
         complete = [o.tokens for o in candidate.options if keys <= entity_keys(_body(candidate, o.text))]
         if complete:
             costs.append(min(complete))
+    costs += [0 for d in copies if d.fragment_id in prepared.critical_keys and d.duplicate_of in prepared.critical_keys]
     return sorted(costs)
 
 
@@ -132,20 +135,24 @@ def entity_ceiling(prepared: PreparedCase, candidates: Sequence[Candidate], wind
 
 
 def score_pack(prepared: PreparedCase, candidates: Sequence[Candidate], result: PackResult) -> CaseScore:
+    """A critical fragment collapsed as a copy counts as kept when the fragment kept in its place is packed
+    (its text, numbers included, is in the context); its entities are then checked in that text."""
     by_id = {c.fragment.id: c for c in candidates}
     packed = {p.fragment_id: p for p in result.packed}
+    twin = {d.fragment_id: d.duplicate_of for d in result.dropped if d.duplicate_of}
     score = CaseScore()
     for fragment_id, tier in prepared.case.gold_tiers.items():
         if tier not in (Tier.T1, Tier.T2):
             continue
-        entry = packed.get(fragment_id)
+        holder = twin.get(fragment_id, fragment_id)
+        entry = packed.get(holder)
         score.critical += 1
         score.t1 += tier is Tier.T1
         if entry is None:
             continue
         score.kept += 1
         score.t1_kept += tier is Tier.T1
-        body = _body(by_id[fragment_id], entry.text)
+        body = _body(by_id[holder], entry.text)
         score.entity_kept += prepared.critical_keys[fragment_id] <= entity_keys(body)
     return score
 
@@ -197,7 +204,7 @@ def evaluate(prepared: Sequence[PreparedCase], packers: Sequence[Packer], window
     scores: dict[tuple[str, int], list[CaseScore]] = {(p.name, w): [] for p in packers for w in windows}
     for item in prepared:
         candidates, copies = collapse_duplicates(item.candidates(params))  # as ContextPacker.run does
-        costs = complete_costs(item, candidates)
+        costs = complete_costs(item, candidates, copies)
         for window in windows:
             results = {id(p): _timed(p, candidates, window, copies) for p in packers}
             own = results.get(id(reference))

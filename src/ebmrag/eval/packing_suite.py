@@ -93,14 +93,15 @@ class Suite:
         rows = []
         for level in levels:
             prepared = self.prepare(cases, replace(self.noise, count=level))
-            for row in self.windows_table(prepared, [window], ("fifo", "ebm-greedy", "ebm-exact")):
+            for row in self.windows_table(prepared, [window], ("fifo", "ebm-greedy", "ebm-exact-paper", "ebm-exact")):
                 rows.append({"noise": level, **_short(row)})
         return Table("noise", f"Noise sweep at W = {window} ({len(cases)} cases)", rows)
 
     def k_min_table(self, prepared: Sequence[PreparedCase], windows: Sequence[int] = (256, 512)) -> Table:
         rows = []
         for k_min in K_MINS:
-            packers: list[Packer] = [GreedyPacker(k_min=k_min), ExactPacker(k_min=k_min)]
+            packers: list[Packer] = [GreedyPacker(k_min=k_min), ExactPacker(k_min=k_min, objective="paper"),
+                                     ExactPacker(k_min=k_min)]
             for row in evaluate(prepared, packers, windows, UtilityParams(), k_min=k_min):
                 rows.append({"k_min": k_min, **_short(row)})
         return Table("kmin", f"k_min at W = {', '.join(map(str, windows))}", rows)
@@ -117,7 +118,7 @@ class Suite:
         rows = []
         for label, weights in (("chosen on validation", best), ("paper θ*", TierWeights()),
                                ("flat", TierWeights(1.0, 1.0, 1.0))):
-            for packer in (GreedyPacker(), ExactPacker()):
+            for packer in (GreedyPacker(), ExactPacker(objective="paper"), ExactPacker()):
                 row = evaluate(test, [packer], [window], UtilityParams(weights))[0]
                 rows.append({"weights": label, "alpha": weights.alpha, "beta": weights.beta,
                              "gamma": weights.gamma, **_short(row)})
@@ -131,7 +132,7 @@ class Suite:
         rows = []
         for epsilon, decay in itertools.product(EPSILONS, LAMBDAS):
             params = UtilityParams(TierWeights(), decay, epsilon)
-            for row in evaluate(prepared, [GreedyPacker(), ExactPacker()], [window], params):
+            for row in evaluate(prepared, [GreedyPacker(), *BOTH_OBJECTIVES], [window], params):
                 rows.append({"epsilon": epsilon, "lambda": decay, **_short(row)})
         return Table("epsilon_lambda", f"ε × λ at W = {window}", rows)
 
@@ -141,9 +142,12 @@ class Suite:
         rows = []
         for decay in DECAYS_PAST_THE_PAPER:
             params = UtilityParams(TierWeights(), decay)
-            for row in evaluate(prepared, [GreedyPacker(), ExactPacker()], windows, params):
+            for row in evaluate(prepared, [GreedyPacker(), *BOTH_OBJECTIVES], windows, params):
                 rows.append({"lambda": decay, "half_life_days": round(365.25 * 0.693 / decay, 1), **_short(row)})
         return Table("decay", "λ beyond the paper's grid (per year)", rows)
+
+
+BOTH_OBJECTIVES = (ExactPacker(objective="paper"), ExactPacker())  # reported side by side (issue 12)
 
 
 def _short(row: PackingRow) -> dict[str, Any]:

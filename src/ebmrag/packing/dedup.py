@@ -86,12 +86,14 @@ def collapse_duplicates(candidates: Sequence[Candidate], threshold: float = 0.7,
         for copy in members:
             if copy is not kept:
                 detail = f"a near-copy of {kept.fragment.id}, which is considered instead"
-                dropped[copy.fragment.id] = drop_entry(copy, DropReason.DUPLICATE, detail)
+                dropped[copy.fragment.id] = replace(drop_entry(copy, DropReason.DUPLICATE, detail),
+                                                    duplicate_of=kept.fragment.id)
     survivors = [c for c in pool if c.fragment.id not in dropped and c.tier.compressible]
     for copy, whole in _contained(survivors):
         if _keep_rank(whole)[:3] >= _keep_rank(copy)[:3]:  # never trade a newer or more critical copy for it
             detail = f"its text lies within {whole.fragment.id}, which is considered instead"
-            dropped.setdefault(copy.fragment.id, drop_entry(copy, DropReason.DUPLICATE, detail))
+            dropped.setdefault(copy.fragment.id, replace(drop_entry(copy, DropReason.DUPLICATE, detail),
+                                                         duplicate_of=whole.fragment.id))
     return [c for c in candidates if c.fragment.id not in dropped], list(dropped.values())
 
 

@@ -97,6 +97,7 @@ class DroppedFragment:
     reason: DropReason
     detail: str = ""
     must_keep: bool = False
+    duplicate_of: str = ""  # reason duplicate: the fragment kept in its place
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,8 @@ class PackResult:
                         "utility": round(p.utility, 6), "reason": p.reason.value,
                         "excluded_states": [s.value for s in p.excluded_states]} for p in self.packed],
             "dropped": [{"fragment_id": d.fragment_id, "tier": d.tier.value, "reason": d.reason.value,
-                         "detail": d.detail} for d in self.dropped],
+                         "detail": d.detail, **({"duplicate_of": d.duplicate_of} if d.duplicate_of else {})}
+                        for d in self.dropped],
             "context": self.context,
         }
 
