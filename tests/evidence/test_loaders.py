@@ -157,3 +157,23 @@ def test_fhir_encounter_references_are_kept(tmp_path: Path) -> None:
     record = load_record(_write(tmp_path, _bundle(PATIENT, ALLERGY, visit)))
     encounters = {f.id: f.encounter for f in record.fragments}
     assert encounters == {"AllergyIntolerance/a1": None, "Observation/o1": "Encounter/e7"}
+
+
+@pytest.mark.parametrize("urls", [("http://a.example/fhir/Patient/p1", "http://b.example/fhir/Patient/p1"), (None, None)])
+def test_two_patients_sharing_an_id_are_refused_not_merged(tmp_path: Path, urls: tuple[str | None, str | None]) -> None:
+    """Issue 18.1: before, both became Patient/p1 and one person's allergy sat beside the other's creatinine."""
+    other = {**PATIENT, "name": [{"family": "Other"}]}
+    entries = [{"resource": PATIENT, **({"fullUrl": urls[0]} if urls[0] else {})},
+               {"resource": other, **({"fullUrl": urls[1]} if urls[1] else {})},
+               {"resource": {**ALLERGY, "patient": {"reference": urls[0] or "Patient/p1"}}},
+               {"resource": {**CREATININE, "subject": {"reference": urls[1] or "Patient/p1"}}}]
+    path = _write(tmp_path, {"resourceType": "Bundle", "type": "collection", "entry": entries})
+    with pytest.raises(RecordError, match=r"entry\[0\].*entry\[1\].*two Patient resources with id 'p1'"):
+        load_record(path)
+
+
+def test_a_reference_to_another_server_is_another_patient(tmp_path: Path) -> None:
+    entries = [{"fullUrl": "http://a.example/fhir/Patient/p1", "resource": PATIENT},
+               {"resource": {**CREATININE, "subject": {"reference": "http://b.example/fhir/Patient/p1"}}}]
+    with pytest.raises(RecordError, match="one record must hold exactly one patient"):
+        load_record(_write(tmp_path, {"resourceType": "Bundle", "type": "collection", "entry": entries}))

@@ -152,16 +152,33 @@ def _validate(bundle: Mapping[str, Any], origin: str) -> None:
         raise RecordError(origin, f"not a valid FHIR R4 Bundle: {exc}") from None
 
 
+def _patient_aliases(bundle: Mapping[str, Any], origin: str) -> dict[str, str]:
+    """Reference -> the patient it names. A Patient is identified by its Bundle entry (fullUrl), not by its
+    bare id: two Patient resources sharing an id (from two servers, or without fullUrls) are two people,
+    and a record naming both is refused, with both entries named, rather than merged into one."""
+    aliases: dict[str, str] = {}
+    seen: dict[str, tuple[int, str]] = {}  # "Patient/<id>" -> (entry index, fullUrl)
+    for index, entry in enumerate(bundle.get("entry") or []):
+        resource = entry.get("resource") or {}
+        if resource.get("resourceType") != "Patient" or not resource.get("id"):
+            continue
+        relative, full_url = f"Patient/{resource['id']}", str(entry.get("fullUrl") or "")
+        if relative in seen:
+            first, first_url = seen[relative]
+            raise RecordError(origin, f"entry[{first}] ({first_url or 'no fullUrl'}) and entry[{index}] "
+                                      f"({full_url or 'no fullUrl'}) are two Patient resources with id "
+                                      f"{resource['id']!r}: a reference to {relative} could mean either; "
+                                      "one record must hold exactly one patient")
+        seen[relative] = (index, full_url)
+        aliases[relative] = relative
+        if full_url:
+            aliases[full_url] = relative
+    return aliases
+
+
 def record_from_fhir_bundle(bundle: Mapping[str, Any], origin: str) -> PatientRecord:
     _validate(bundle, origin)
-    aliases = {}  # a reference may use the Patient's fullUrl (urn:uuid:...) or "Patient/<id>"
-    for entry in bundle.get("entry") or []:
-        resource = entry.get("resource") or {}
-        if resource.get("resourceType") == "Patient" and resource.get("id"):
-            canonical = f"Patient/{resource['id']}"
-            aliases[canonical] = canonical
-            if entry.get("fullUrl"):
-                aliases[entry["fullUrl"]] = canonical
+    aliases = _patient_aliases(bundle, origin)  # a reference may use the fullUrl (urn:uuid:...) or "Patient/<id>"
     patients = set(aliases.values())
     fragments: list[tuple[str, Fragment]] = []
     for index, entry in enumerate(bundle.get("entry") or []):
