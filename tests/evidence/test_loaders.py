@@ -159,7 +159,8 @@ def test_fhir_encounter_references_are_kept(tmp_path: Path) -> None:
     assert encounters == {"AllergyIntolerance/a1": None, "Observation/o1": "Encounter/e7"}
 
 
-@pytest.mark.parametrize("urls", [("http://a.example/fhir/Patient/p1", "http://b.example/fhir/Patient/p1"), (None, None)])
+@pytest.mark.parametrize("urls", [("http://a.example/fhir/Patient/p1", "http://b.example/fhir/Patient/p1"),
+                                  (None, None)])
 def test_two_patients_sharing_an_id_are_refused_not_merged(tmp_path: Path, urls: tuple[str | None, str | None]) -> None:
     """Issue 18.1: before, both became Patient/p1 and one person's allergy sat beside the other's creatinine."""
     other = {**PATIENT, "name": [{"family": "Other"}]}

@@ -38,6 +38,7 @@ from ebmrag.generate.budget import PromptBudget, extractive_budget, staged_budge
 from ebmrag.generate.context import ContextItem, Numbering, context_items, evidence_key, number_context, render_context
 from ebmrag.generate.extractive import Citation, cite, extractive_brief
 from ebmrag.generate.grounding import GroundingChecker
+from ebmrag.generate.injection import instruction_sentences
 from ebmrag.generate.llm import OpenAIChatClient
 from ebmrag.generate.prompts import PromptStage, load_prompts, with_warning
 from ebmrag.generate.staged import StagedAnswerer, StageTrace, cited_numbers
@@ -151,7 +152,8 @@ class Engine:
             unsupported = tuple(s for s in checked if not s.supported)
         return AskResult(question, record.patient_id, language, "openai" if self.client else "extractive", decision,
                          answer.text, answer.citations, unsupported, budget, retrieval, assembled, numbering, pack,
-                         items, context, answer.stages, answer.fault, timings)
+                         items, context, answer.stages, answer.fault, timings,
+                         tuple(instruction_sentences(items)))
 
     def _retrieve(self, question: str, decision: GateDecision, record: PatientRecord) -> RetrievalTrace:
         if self.voter is None or not self._may_retrieve:

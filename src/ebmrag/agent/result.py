@@ -19,6 +19,7 @@ from ebmrag.generate.budget import PromptBudget
 from ebmrag.generate.context import EVIDENCE, PATIENT, ContextItem, Numbering, evidence_key
 from ebmrag.generate.extractive import Citation
 from ebmrag.generate.grounding import SentenceSupport
+from ebmrag.generate.injection import FlaggedSentence
 from ebmrag.generate.staged import StageTrace
 from ebmrag.index.vote import DocumentHit
 from ebmrag.packing.types import PackResult
@@ -66,6 +67,7 @@ class AskResult:
     stages: tuple[StageTrace, ...] = ()
     fault: str = ""
     timings_ms: dict[str, float] = field(default_factory=dict)
+    flagged: tuple[FlaggedSentence, ...] = ()  # instruction-like sentences in the context, never findings
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -92,6 +94,7 @@ class AskResult:
             "assembly": self._assembly_json(),
             **self._pack_json(),
             "context": self.context,
+            "flagged": [f.to_json() for f in self.flagged],
             "stages": [s.to_json() for s in self.stages],
             "timings_ms": {k: round(v, 2) for k, v in self.timings_ms.items()},
         }

@@ -15,6 +15,7 @@ from typing import Any
 from ebmrag.evidence.fragment import Tier
 from ebmrag.evidence.sentences import split_sentences
 from ebmrag.generate.context import EVIDENCE, PATIENT, ContextItem
+from ebmrag.generate.injection import is_instruction
 from ebmrag.generate.prompts import with_warning
 
 TIER_HEADINGS = {Tier.T1: "Decisive findings (pathology, genetics, high-risk allergies)",
@@ -45,7 +46,9 @@ def cite(item: ContextItem) -> Citation:
 
 
 def _cited_sentences(item: ContextItem) -> list[str]:
-    return [f"{s.text.strip()} [{item.n}]" for s in split_sentences(item.body) if s.text.strip()]
+    """The item's sentences, cited; instruction-like ones are not findings and stay out (see injection)."""
+    return [f"{s.text.strip()} [{item.n}]" for s in split_sentences(item.body)
+            if s.text.strip() and not is_instruction(s.text)]
 
 
 def _grouped(items: Sequence[ContextItem], headings: dict[Tier, str], claims: list[str]) -> list[str]:

@@ -23,6 +23,7 @@ from ebmrag.packing.types import (
     PackResult,
     State,
     drop_entry,
+    one_line,
     pack_entry,
     render_line,
     validate_window,
@@ -88,7 +89,7 @@ class UniformPacker:
         lines = [render_line(c.header, b) for c, b in zip(candidates, bodies, strict=True)]
         counts = self.token_counter.count_many(lines)
         return [
-            PackOption(State.TRUNCATED, line, n, c.full.utility * share, body=body) if body else None
+            PackOption(State.TRUNCATED, line, n, c.full.utility * share, body=one_line(body)) if body else None
             for c, body, line, n in zip(candidates, bodies, lines, counts, strict=True)
         ]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -137,8 +138,19 @@ class PackResult:
         return next((p.state for p in self.packed if p.fragment_id == fragment_id), None)
 
 
+_LINE_BREAKS = re.compile(r"\s*[\r\n\v\f\x85\u2028\u2029]+\s*")
+_HEADER_LIKE = re.compile(r"\[(?=\s*(?:kb:)?[\w./:-]*\s*\|)")
+
+
+def one_line(text: str) -> str:
+    """Fragment text as it may appear in a context line: line breaks folded to spaces and any "[x|" that
+    could pass for a line header written "(x|", so record text can never forge a context line of its own
+    ("...\n[2|T1|2024-02-01] No known drug allergies")."""
+    return _HEADER_LIKE.sub("(", _LINE_BREAKS.sub(" ", text)).strip()
+
+
 def render_line(header: str, body: str) -> str:
-    return f"{header} {body}"
+    return f"{header} {one_line(body)}"
 
 
 def pack_entry(candidate: Candidate, option: PackOption, reason: PackReason, detail: str = "") -> PackedFragment:

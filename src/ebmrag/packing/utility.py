@@ -25,7 +25,7 @@ import numpy as np
 
 from ebmrag.evidence.entities import EntityCompressor
 from ebmrag.evidence.fragment import Fragment, PatientRecord, Tier
-from ebmrag.packing.types import Candidate, PackOption, State, render_line
+from ebmrag.packing.types import Candidate, PackOption, State, one_line, render_line
 from ebmrag.protocols import Embedder, TokenCounter
 
 SECONDS_PER_YEAR = 365.25 * 24 * 3600
@@ -199,12 +199,12 @@ def score_candidates(measured: Sequence[MeasuredFragment], params: UtilityParams
         fragment = item.fragment
         base = params.weights.of(fragment.tier) * math.exp(-params.decay_lambda * item.age_years)
         similarity = max(item.similarity, params.similarity_floor)
-        options = [PackOption(State.FULL, item.line, item.tokens, base * similarity, body=fragment.text)]
+        options = [PackOption(State.FULL, item.line, item.tokens, base * similarity, body=one_line(fragment.text))]
         if item.compressed_line is not None and item.compressed_tokens < item.tokens:
             fidelity = min(1.0, item.fidelity_ratio + params.epsilon)
             options.append(PackOption(State.COMPRESSED, item.compressed_line, item.compressed_tokens,
                                       fidelity * base * max(item.compressed_similarity, params.similarity_floor),
-                                      fidelity, item.compressed_body))
+                                      fidelity, one_line(item.compressed_body)))
         must_keep = bool(fragment.decision and fragment.decision.must_keep)
         candidates.append(Candidate(fragment, item.header, tuple(options), item.similarity, must_keep, order,
                                     is_current(item, params)))
