@@ -59,6 +59,7 @@ from typing import Any
 from ebmrag.errors import ConfigError, KnowledgeBaseError
 
 EMBEDDING_PRECISIONS = ("auto", "fp32", "bf16", "int8")
+MAX_WINDOW = 1_000_000  # far above today's largest model windows (~200k); a guard against typos, not a tuning knob
 CHUNKERS = ("", "fixed", "recursive", "structure", "sentence")
 
 
@@ -186,8 +187,10 @@ class AnswerSettings:
     gate_theta2: float = 0.25  # below: retrieve and warn (the paper prints 0.1, which can never fire)
 
     def __post_init__(self) -> None:
-        if self.window < 1 or self.max_queries < 1:
-            raise ValueError("window and max_queries must be >= 1")
+        if not 1 <= self.window <= MAX_WINDOW:
+            raise ValueError(f"window must be a whole number of tokens from 1 to {MAX_WINDOW:,}, got {self.window}")
+        if self.max_queries < 1:
+            raise ValueError(f"max_queries must be >= 1, got {self.max_queries}")
         if not 0 < self.evidence_share <= 1:
             raise ValueError(f"evidence_share must be in (0, 1], got {self.evidence_share}")
         check_gate_params(self.gate_alpha, self.gate_beta, self.gate_gamma, self.gate_theta1, self.gate_theta2)

@@ -39,3 +39,12 @@ def test_ask_names_bad_input(config: Path) -> None:
     assert "Traceback" not in missing.output
     no_llm = runner.invoke(app, ["ask", "Q?", "--patient", "demo-colon", "--llm", "openai", "--config", str(config)])
     assert no_llm.exit_code == 2 and "needs --base-url and --model" in no_llm.output
+
+
+@pytest.mark.parametrize("window", ["0", "-5"])
+def test_ask_window_out_of_range_names_the_window_only(config: Path, window: str) -> None:
+    """Issue 18.6/18.9: 0 meant 4096; -5 mentioned the internal max_queries."""
+    result = CliRunner().invoke(app, ["ask", "Q?", "--patient", "demo-colon", "--window", window,
+                                      "--config", str(config)])
+    assert result.exit_code == 2 and "window must be a whole number of tokens" in result.stderr
+    assert "max_queries" not in result.output

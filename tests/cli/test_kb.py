@@ -71,3 +71,8 @@ def test_a_missing_kb_extra_is_one_line_naming_the_extra(tmp_path: Path, monkeyp
     assert "needs the 'kb' extra" in result.output and "pip install 'ebmrag[kb]'" in result.output
     assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
     assert not (tmp_path / "kb" / "CURRENT").exists(), "nothing half-built is left serving"
+
+
+def test_zero_results_is_an_error_not_the_default(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["search", "x", "--kb", str(tmp_path / "kb"), "--k", "0"])
+    assert result.exit_code == 2 and "k must be >= 1" in result.stderr

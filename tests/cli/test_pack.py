@@ -40,3 +40,13 @@ def test_bad_config_is_reported(tmp_path: Path) -> None:
     path = demo_record_paths()[0]
     result = runner.invoke(app, ["pack", str(path), "--query", "q", "--config", str(config)])
     assert result.exit_code == 2 and "[packing].window must be int" in result.output
+
+
+@pytest.mark.parametrize("window", ["0", "-5", "1000000000"])
+def test_zero_or_absurd_windows_are_errors_not_defaults(window: str) -> None:
+    """Issue 18.2 and 18.6: 0 used to mean the default window, 10^9 grew to 21.9 GB."""
+    path = demo_record_paths()[0]
+    result = runner.invoke(app, ["pack", str(path), "--query", "q", "--window", window, "--json"])
+    assert result.exit_code == 2 and "window must be a whole number of tokens from 1 to" in result.stderr
+    assert result.stdout == "", "errors never reach stdout, where --json output is parsed"
+    assert "Traceback" not in result.output and len(result.stderr.strip().splitlines()) == 1

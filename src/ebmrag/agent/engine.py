@@ -45,7 +45,7 @@ from ebmrag.generate.staged import StagedAnswerer, StageTrace, cited_numbers
 from ebmrag.index.types import SearchHit
 from ebmrag.index.vote import DocumentVoter
 from ebmrag.packing.packer import ContextPacker
-from ebmrag.packing.types import PackResult
+from ebmrag.packing.types import PackResult, validate_window
 from ebmrag.protocols import ChatClient
 
 
@@ -138,7 +138,9 @@ class Engine:
         with _timed(timings, "retrieval"):
             retrieval = self._retrieve(question, decision, record)
         prompts = self._prompts(language) if self.client else None
-        budget = self._budget(window or self.settings.window, question, decision.warning, history, prompts)
+        window = window if window is not None else self.settings.window
+        validate_window(window)
+        budget = self._budget(window, question, decision.warning, history, prompts)
         with _timed(timings, "packing"):
             assembled = self._assemble(retrieval, budget.context)
             numbering = number_context(record, assembled.selected if assembled else ())

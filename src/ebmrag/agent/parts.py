@@ -115,7 +115,7 @@ def engine_parts(settings: Settings, *, kb: str | Path | None = None, llm: str |
     """Keyword arguments of `Engine`: without `kb`, the bundled demo knowledge base (built on first use)."""
     from dataclasses import replace
 
-    answer = replace(settings.answer, window=window or settings.answer.window,
+    answer = replace(settings.answer, window=window if window is not None else settings.answer.window,
                      retrieval=retrieval or settings.answer.retrieval)
     client = make_llm_client(settings, llm, model, base_url)  # before the KB: a bad flag fails fast
     knowledge_base = None

@@ -105,10 +105,10 @@ def search(
         filters = Filters(source, section, authority, date_from, date_to)
         if by_document:
             r = settings.retrieval
-            voter = DocumentVoter(retriever, r.vote_chunks, k or r.vote_documents, r.vote_min_score)
+            voter = DocumentVoter(retriever, r.vote_chunks, k if k is not None else r.vote_documents, r.vote_min_score)
             documents = voter.run([s.text for s in split_sentences(query)] or [query], filters)
         else:
-            hits = retriever.run(query, k or settings.retrieval.k, filters)
+            hits = retriever.run(query, k if k is not None else settings.retrieval.k, filters)
     if by_document:
         _print_documents(documents, as_json)
         return

@@ -64,7 +64,7 @@ def pack(
         packer = build_packer(settings, strategy, k_min, objective=objective)
         patient = load_record(record, patient_id)
         when: datetime | None = parse_timestamp(as_of, "--as-of") if as_of else None
-        result = packer.run(patient, query, window or settings.packing.window, when)
+        result = packer.run(patient, query, window if window is not None else settings.packing.window, when)
     if as_json:
         typer.echo(json.dumps(result.to_json(), ensure_ascii=False, indent=2))
         return

@@ -21,12 +21,13 @@ back-pointers for the largest tier (n: fragments, q: k_min, W: window).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from ebmrag.evidence.fragment import Tier
 from ebmrag.packing.quota import tier_quotas, validate_k_min
 from ebmrag.packing.types import (
     Candidate,
@@ -42,6 +43,7 @@ from ebmrag.packing.types import (
 
 FloatArray = npt.NDArray[np.float64]
 OBJECTIVES = ("critical", "paper")
+MAX_TABLE_CELLS = 48_000_000  # back-pointer bytes of the largest tier's table; above it the token grid coarsens
 
 
 @dataclass
@@ -114,8 +116,37 @@ class ExactPacker:
 
     def solve(self, candidates: Sequence[Candidate], window: int) -> dict[int, int]:
         """Candidate index -> chosen option index, for the packed candidates only."""
+        return self._solve(candidates, window)[0]
+
+    def _solve(self, candidates: Sequence[Candidate], window: int) -> tuple[dict[int, int], str]:
+        """The choice and a note when it was not the plain DP. When everything fits in full, each fragment
+        takes its best state on its own (every level of the objective is then at its maximum). When the table
+        would exceed MAX_TABLE_CELLS, token costs are rounded up to a grid of g tokens (and the window down),
+        so memory stays bounded and every packing found still fits the real window; the result is optimal on
+        that grid."""
         validate_window(window)
+        if sum(c.full.tokens for c in candidates) <= window:
+            return {i: self._best_alone(c) for i, c in enumerate(candidates)}, ""
         quotas = tier_quotas(candidates, self.k_min)
+        largest = max((sum(c.tier is t for c in candidates) for t in quotas), default=0)
+        cells = largest * (max(quotas.values(), default=0) + 1) * (window + 1)
+        grid = -(-cells // MAX_TABLE_CELLS) if cells > MAX_TABLE_CELLS else 1
+        if grid == 1:
+            return self._solve_grid(candidates, window, quotas), ""
+        scaled = [replace(c, options=tuple(replace(o, tokens=-(-o.tokens // grid)) for o in c.options))
+                  for c in candidates]
+        note = (f"exact on a {grid}-token grid (costs rounded up, window {window} -> {window // grid} units) "
+                f"to bound memory: {len(candidates)} fragments x {window} tokens")
+        return self._solve_grid(scaled, window // grid, quotas), note
+
+    def _best_alone(self, candidate: Candidate) -> int:
+        """With room for everything: the full text of a critical fragment, else the state of highest utility."""
+        if self.objective == "critical" and candidate.critical:
+            return 0
+        best = max(o.utility for o in candidate.options)
+        return next(j for j, o in enumerate(candidate.options) if o.utility == best)
+
+    def _solve_grid(self, candidates: Sequence[Candidate], window: int, quotas: dict[Tier, int]) -> dict[int, int]:
         utility_bound = sum(max((o.utility for o in c.options), default=0.0) for c in candidates)
         slot_bonus = utility_bound + 1.0
         bonus = self._bonus(candidates, slot_bonus, sum(quotas.values()))
@@ -148,7 +179,7 @@ class ExactPacker:
         return chosen
 
     def pack(self, candidates: Sequence[Candidate], window: int) -> PackResult:
-        chosen = self.solve(candidates, window)
+        chosen, note = self._solve(candidates, window)
         packed: list[PackedFragment] = []
         dropped: list[DroppedFragment] = []
         for index, candidate in enumerate(candidates):
@@ -157,7 +188,7 @@ class ExactPacker:
                                          "in the optimal packing"))
             else:
                 dropped.append(self._why_dropped(candidate, window))
-        return PackResult(self.name, window, tuple(packed), tuple(dropped))
+        return PackResult(self.name, window, tuple(packed), tuple(dropped), note)
 
     def _reason(self, candidate: Candidate) -> PackReason:
         if self.objective == "paper":

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from ebmrag.config import MAX_WINDOW
 from ebmrag.evidence.fragment import Fragment, Tier
 
 
@@ -107,6 +108,7 @@ class PackResult:
     window: int
     packed: tuple[PackedFragment, ...]
     dropped: tuple[DroppedFragment, ...]
+    solver_note: str = ""  # how the solver got there when not by its plain method (e.g. a coarser token grid)
 
     @property
     def tokens_used(self) -> int:
@@ -125,6 +127,7 @@ class PackResult:
         """The fixed JSON shape of `ebmrag pack --json`: every fragment, packed or dropped, with its reason."""
         return {
             "window": self.window, "tokens_used": self.tokens_used, "strategy": self.strategy,
+            **({"solver_note": self.solver_note} if self.solver_note else {}),
             "packed": [{"fragment_id": p.fragment_id, "state": p.state.value, "tier": p.tier.value, "tokens": p.tokens,
                         "utility": round(p.utility, 6), "reason": p.reason.value,
                         "excluded_states": [s.value for s in p.excluded_states]} for p in self.packed],
@@ -176,5 +179,5 @@ def drop_entry(candidate: Candidate, reason: DropReason, detail: str) -> Dropped
 
 
 def validate_window(window: int) -> None:
-    if not isinstance(window, int) or window < 1:
-        raise ValueError(f"window must be a positive number of tokens, got {window!r}")
+    if not isinstance(window, int) or isinstance(window, bool) or not 1 <= window <= MAX_WINDOW:
+        raise ValueError(f"window must be a whole number of tokens from 1 to {MAX_WINDOW:,}, got {window!r}")
