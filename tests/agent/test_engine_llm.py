@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -163,3 +164,14 @@ def test_the_relevance_filter_drops_documents_the_model_rejects(make_engine: Cal
     rejected = [d for d in retrieved if not d["relevance"]["keep"]]
     assert rejected and all(d["relevance"]["status"] is False for d in rejected)
     assert not any("pneumonia" in i.body for i in result.items if i.kind == "evidence")
+
+
+def test_a_dead_endpoint_costs_one_timeout_not_one_per_stage(make_engine: Callable[..., Engine]) -> None:
+    """Issue 18.5: a server that accepts and never answers cost 2 stages x 3 attempts x 60 s before the fallback."""
+    fake = FakeOpenAI(("slow", (3.0, "{}")))
+    started = time.perf_counter()
+    result = ask(make_engine, fake, timeout=0.5)
+    elapsed = time.perf_counter() - started
+    assert result.fault and result.answer.startswith("The model's answer could not be used")
+    assert elapsed < 2.5, f"{elapsed:.1f} s: later stages must not wait out the timeout again"
+    assert "not asked again" in result.fault

@@ -61,7 +61,10 @@ def ask(
                               retrieval=retrieval)
         with stderr.status("loading the bundled embedding model..."):
             engine.warm_up()
-        result = engine.ask(question, record)
+        waiting = "retrieving, packing and asking the model (stages run in order)..." if llm or engine.client \
+            else "retrieving and packing..."
+        with stderr.status(waiting):
+            result = engine.ask(question, record)
     if as_json:
         typer.echo(json.dumps(result.to_json(), ensure_ascii=False, indent=1))
         return

@@ -58,6 +58,10 @@ class Usage:
                 "completion_tokens": self.completion_tokens, "retries": self.retries}
 
 
+class RequestRejected(LLMError):
+    """The endpoint answered and refused the request (4xx other than 408/409/429): not a dead endpoint."""
+
+
 class ReplyCache:
     """sha256(request) -> reply, in one SQLite file; safe to share between runs."""
 
@@ -82,19 +86,25 @@ class OpenAIChatClient:
     """POST {base_url}/chat/completions; the API key comes from the argument or OPENAI_API_KEY."""
 
     def __init__(self, base_url: str, model: str, api_key: str | None = None, timeout: float = 60.0,
-                 max_retries: int = 2, backoff: float = 0.5, cache_dir: str | Path | None = None) -> None:
+                 max_retries: int = 2, backoff: float = 0.5, cache_dir: str | Path | None = None,
+                 breaker_seconds: float = 60.0) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
         if not model.strip():
             raise ValueError("model is empty: name the model the endpoint serves")
-        if timeout <= 0 or max_retries < 0 or backoff < 0:
-            raise ValueError("timeout must be > 0, max_retries and backoff >= 0")
+        if timeout <= 0 or max_retries < 0 or backoff < 0 or breaker_seconds < 0:
+            raise ValueError("timeout must be > 0, max_retries, backoff and breaker_seconds >= 0")
         self.base_url, self.model = base_url.rstrip("/"), model
         self.api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY", "")
         self.timeout, self.max_retries, self.backoff = timeout, max_retries, backoff
         self.cache_dir = Path(cache_dir) if cache_dir else None
         self.cache = ReplyCache(self.cache_dir / "llm_replies.sqlite") if self.cache_dir else None
         self.usage = Usage()
+        # Circuit breaker: once the endpoint failed past its retries, later calls (the next stages of the
+        # same answer) fail at once for `breaker_seconds` instead of waiting out the timeouts again.
+        self.breaker_seconds = breaker_seconds
+        self._open_until, self._last_failure = 0.0, ""
+        self._breaker_lock = threading.Lock()
 
     def payload(self, messages: Sequence[ChatMessage], temperature: float, max_tokens: int) -> dict[str, Any]:
         """The request body; the cache key is its hash, so an identical request never reaches the model twice."""
@@ -118,6 +128,21 @@ class OpenAIChatClient:
         return reply
 
     def _post(self, body: dict[str, Any]) -> dict[str, Any]:
+        with self._breaker_lock:
+            remaining = self._open_until - time.monotonic()
+            if remaining > 0:
+                raise LLMError(f"{self.base_url} is not asked again for {remaining:.0f} s: it failed just before "
+                               f"({self._last_failure})")
+        try:
+            return self._post_with_retries(body)
+        except RequestRejected:
+            raise  # the server is alive and refused this request: later requests may well succeed
+        except LLMError as exc:
+            with self._breaker_lock:
+                self._open_until, self._last_failure = time.monotonic() + self.breaker_seconds, str(exc)
+            raise
+
+    def _post_with_retries(self, body: dict[str, Any]) -> dict[str, Any]:
         data = json.dumps(body).encode()
         headers = {"Content-Type": "application/json"}
         if self.api_key:
@@ -136,7 +161,7 @@ class OpenAIChatClient:
                 detail = exc.read().decode("utf-8", "replace")[:300]
                 last = f"HTTP {exc.code} from {url}: {detail}"
                 if exc.code not in RETRY_STATUS:
-                    raise LLMError(last) from None
+                    raise RequestRejected(last) from None
             except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
                 reason = getattr(exc, "reason", exc)
                 last = f"no reply from {url} within {self.timeout:g} s: {reason}"
@@ -146,7 +171,7 @@ class OpenAIChatClient:
     def to_dict(self) -> dict[str, Any]:
         """Everything but the key, which stays in the environment or the settings file."""
         return {"base_url": self.base_url, "model": self.model, "timeout": self.timeout,
-                "max_retries": self.max_retries, "backoff": self.backoff,
+                "max_retries": self.max_retries, "backoff": self.backoff, "breaker_seconds": self.breaker_seconds,
                 "cache_dir": str(self.cache_dir) if self.cache_dir else None}
 
     @classmethod
