@@ -58,7 +58,7 @@ class Usage:
                 "completion_tokens": self.completion_tokens, "retries": self.retries}
 
 
-class RequestRejected(LLMError):
+class RequestRejectedError(LLMError):
     """The endpoint answered and refused the request (4xx other than 408/409/429): not a dead endpoint."""
 
 
@@ -135,7 +135,7 @@ class OpenAIChatClient:
                                f"({self._last_failure})")
         try:
             return self._post_with_retries(body)
-        except RequestRejected:
+        except RequestRejectedError:
             raise  # the server is alive and refused this request: later requests may well succeed
         except LLMError as exc:
             with self._breaker_lock:
@@ -161,7 +161,7 @@ class OpenAIChatClient:
                 detail = exc.read().decode("utf-8", "replace")[:300]
                 last = f"HTTP {exc.code} from {url}: {detail}"
                 if exc.code not in RETRY_STATUS:
-                    raise RequestRejected(last) from None
+                    raise RequestRejectedError(last) from None
             except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
                 reason = getattr(exc, "reason", exc)
                 last = f"no reply from {url} within {self.timeout:g} s: {reason}"
