@@ -117,4 +117,5 @@ class AskResult:
 
         pack = self.pack.to_json()
         return {"strategy": pack["strategy"], "context_budget": pack["window"], "tokens_used": pack["tokens_used"],
-                "packed": [named(p) for p in pack["packed"]], "dropped": [named(d) for d in pack["dropped"]]}
+                "packed": [named(p) for p in pack["packed"]], "dropped": [named(d) for d in pack["dropped"]],
+                "record_skipped": list(self.pack.record_skipped)}

@@ -68,6 +68,8 @@ def pack(
     if as_json:
         typer.echo(json.dumps(result.to_json(), ensure_ascii=False, indent=2))
         return
+    for note in result.record_skipped:
+        stderr.print(f"[yellow]not packed:[/] {note}", highlight=False, soft_wrap=True)
     console.print(trace_table(result, f"{result.strategy} · {patient.patient_id} · window {result.window}"))
     console.rule("packed context")
     console.print(result.context, highlight=False, markup=False)

@@ -12,7 +12,8 @@ are skipped with a log line too, never silently.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ebmrag.errors import RecordError
@@ -100,7 +101,7 @@ def _condition(r: Mapping[str, Any]) -> tuple[str, str]:
 def _observation(r: Mapping[str, Any]) -> tuple[str, str]:
     codes = _codes(r.get("category"))
     section = next((_OBSERVATION_CATEGORY[c] for c in codes if c in _OBSERVATION_CATEGORY), "Observation")
-    text = f"{_text(r.get('code'))}: {_value(r)}"
+    text = f"{_text(r.get('code'))}: {_value(r) or 'no value recorded'}"
     flags = ", ".join(_text(i) for i in r.get("interpretation") or [] if _text(i))
     ranges = "; ".join(
         rr.get("text") or f"{rr.get('low', {}).get('value', '')}-{rr.get('high', {}).get('value', '')}"
@@ -131,6 +132,20 @@ def _imaging_study(r: Mapping[str, Any]) -> tuple[str, str]:
     return "Imaging study", f"Imaging study ({modalities or 'modality not stated'}): {description}".strip() + "."
 
 
+def _medication(kind: str) -> Callable[[Mapping[str, Any]], tuple[str, str]]:
+    """MedicationRequest (an order: what the patient is meant to take) or MedicationStatement (what the patient
+    says they take); a current warfarin order is exactly what a safe-antibiotic question needs."""
+    def render(r: Mapping[str, Any]) -> tuple[str, str]:
+        drug = _text(r.get("medicationCodeableConcept")) or str((r.get("medicationReference") or {}).get("display")
+                                                                 or "unnamed medication")
+        state = ", ".join(str(r[k]) for k in ("status", "intent") if r.get(k))
+        dosages = r.get("dosageInstruction") or r.get("dosage") or []
+        dose = "; ".join(str(d.get("text")) for d in dosages if d.get("text"))
+        label = "Medication order" if kind == "MedicationRequest" else "Medication statement"
+        return label, f"{label}: {drug}" + (f" ({state})" if state else "") + (f"; {dose}" if dose else "") + "."
+    return render
+
+
 _RENDERERS = {
     "AllergyIntolerance": (_allergy, "patient", ("recordedDate", "onsetDateTime")),
     "Condition": (_condition, "subject", ("recordedDate", "onsetDateTime")),
@@ -138,6 +153,8 @@ _RENDERERS = {
     "DiagnosticReport": (_report, "subject", ("effectiveDateTime", "issued")),
     "Procedure": (_procedure, "subject", ("performedDateTime",)),
     "ImagingStudy": (_imaging_study, "subject", ("started",)),
+    "MedicationRequest": (_medication("MedicationRequest"), "subject", ("authoredOn",)),
+    "MedicationStatement": (_medication("MedicationStatement"), "subject", ("effectiveDateTime", "dateAsserted")),
 }
 
 
@@ -181,6 +198,7 @@ def record_from_fhir_bundle(bundle: Mapping[str, Any], origin: str) -> PatientRe
     aliases = _patient_aliases(bundle, origin)  # a reference may use the fullUrl (urn:uuid:...) or "Patient/<id>"
     patients = set(aliases.values())
     fragments: list[tuple[str, Fragment]] = []
+    unused: Counter[str] = Counter()
     for index, entry in enumerate(bundle.get("entry") or []):
         resource = entry.get("resource") or {}
         kind = resource.get("resourceType")
@@ -188,7 +206,7 @@ def record_from_fhir_bundle(bundle: Mapping[str, Any], origin: str) -> PatientRe
         if kind == "Patient":
             continue
         if kind not in _RENDERERS:
-            log.info("%s: resource type not used for packing, skipped", where)
+            unused[str(kind)] += 1
             continue
         status = resource.get("status") or resource.get("verificationStatus", {}).get("coding", [{}])[0].get("code")
         if kind == "Observation" and status not in _OBSERVATION_STATUS:
@@ -218,4 +236,7 @@ def record_from_fhir_bundle(bundle: Mapping[str, Any], origin: str) -> PatientRe
         )
     if not fragments:
         raise RecordError(origin, "the Bundle holds no supported clinical resource")
-    return PatientRecord(subjects.pop(), tuple(f for _, f in fragments), origin)
+    skipped = tuple(f"{kind} x{n}: resource type not used for packing" for kind, n in sorted(unused.items()))
+    for note in skipped:
+        log.warning("%s: %s", origin, note)
+    return PatientRecord(subjects.pop(), tuple(f for _, f in fragments), origin, skipped)

@@ -85,7 +85,7 @@ class PatientRecord:
     patient_id: str
     fragments: tuple[Fragment, ...]
     origin: str = "<memory>"
-
+    skipped: tuple[str, ...] = ()  # what the loader read but did not turn into fragments, and why
     def __post_init__(self) -> None:
         if not self.patient_id.strip():
             raise RecordError(self.origin, "patient_id is empty")

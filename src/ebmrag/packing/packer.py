@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -124,7 +125,8 @@ class ContextPacker:
         among the record's fragments are collapsed first (`packing.dedup`)."""
         candidates = self.candidates(record, query, as_of, evidence, evidence_similarity, headers)
         patient_ids = {f.id for f in record.fragments}
-        return pack_collapsed(self.packer, candidates, window, eligible=lambda c: c.fragment.id in patient_ids)
+        result = pack_collapsed(self.packer, candidates, window, eligible=lambda c: c.fragment.id in patient_ids)
+        return replace(result, record_skipped=record.skipped) if record.skipped else result
 
     def to_dict(self) -> dict[str, Any]:
         return {

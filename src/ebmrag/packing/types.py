@@ -109,6 +109,7 @@ class PackResult:
     packed: tuple[PackedFragment, ...]
     dropped: tuple[DroppedFragment, ...]
     solver_note: str = ""  # how the solver got there when not by its plain method (e.g. a coarser token grid)
+    record_skipped: tuple[str, ...] = ()  # what the record's loader left out (never silent)
 
     @property
     def tokens_used(self) -> int:
@@ -128,6 +129,7 @@ class PackResult:
         return {
             "window": self.window, "tokens_used": self.tokens_used, "strategy": self.strategy,
             **({"solver_note": self.solver_note} if self.solver_note else {}),
+            **({"record_skipped": list(self.record_skipped)} if self.record_skipped else {}),
             "packed": [{"fragment_id": p.fragment_id, "state": p.state.value, "tier": p.tier.value, "tokens": p.tokens,
                         "utility": round(p.utility, 6), "reason": p.reason.value,
                         "excluded_states": [s.value for s in p.excluded_states]} for p in self.packed],
