@@ -181,7 +181,7 @@ def test_a_reference_to_another_server_is_another_patient(tmp_path: Path) -> Non
 
 
 def test_medications_become_fragments_and_unused_resources_are_reported(tmp_path: Path) -> None:
-    """Issue 18.8: MedicationRequest vanished (only -v logged it); an Observation without a value became "Creatinine: ."."""
+    """Issue 18.8: MedicationRequest vanished (only -v logged it); a valueless Observation became "Creatinine: ."."""
     warfarin = {"resourceType": "MedicationRequest", "id": "m1", "status": "active", "intent": "order",
                 "subject": {"reference": "Patient/p1"}, "authoredOn": "2026-01-01",
                 "medicationCodeableConcept": {"text": "Warfarin 5 mg tablet"},
@@ -193,7 +193,8 @@ def test_medications_become_fragments_and_unused_resources_are_reported(tmp_path
     record = TierClassifier().run(load_record(_write(tmp_path, _bundle(PATIENT, warfarin, {**empty, "id": "o2"},
                                                                         encounter))))
     by_id = {f.id: f for f in record.fragments}
-    assert by_id["MedicationRequest/m1"].text == "Medication order: Warfarin 5 mg tablet (active, order); 5 mg once daily."
+    assert by_id["MedicationRequest/m1"].text == ("Medication order: Warfarin 5 mg tablet (active, order); "
+                                                  "5 mg once daily.")
     assert by_id["MedicationRequest/m1"].tier.value == "T3"
     assert by_id["Observation/o2"].text.startswith("Creatinine: no value recorded")
     assert record.skipped == ("Encounter x1: resource type not used for packing",)
