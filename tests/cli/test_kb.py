@@ -76,3 +76,22 @@ def test_a_missing_kb_extra_is_one_line_naming_the_extra(tmp_path: Path, monkeyp
 def test_zero_results_is_an_error_not_the_default(tmp_path: Path) -> None:
     result = runner.invoke(app, ["search", "x", "--kb", str(tmp_path / "kb"), "--k", "0"])
     assert result.exit_code == 2 and "k must be >= 1" in result.stderr
+
+
+def test_small_defects_are_named(tmp_path: Path) -> None:
+    """Issue 18.9: delete created a missing KB; a lone surrogate broke later without the file's name."""
+    missing = tmp_path / "nowhere"
+    result = runner.invoke(app, ["delete", "doc", "--kb", str(missing)])
+    assert result.exit_code == 2 and "not a knowledge base yet" in result.stderr and not missing.exists()
+    corpus = tmp_path / "bad.jsonl"
+    corpus.write_text('{"id": "a", "text": "Colchicine for gout \\ud800 flares."}\n{"id": "b", "text": "Fine."}\n')
+    config = tmp_path / "ebmrag.toml"
+    config.write_text(f'[models]\ncache_dir = "{tmp_path / "cache"}"\n')
+    ingested = runner.invoke(app, ["ingest", str(corpus), "--kb", str(tmp_path / "kb"), "--config", str(config)])
+    assert "bad.jsonl:1: contains an unpaired UTF-16 surrogate" in ingested.output
+    assert "Traceback" not in ingested.output
+
+
+def test_a_folder_given_as_a_record_is_named_a_folder(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["pack", str(tmp_path), "--query", "q"])
+    assert result.exit_code == 2 and "is a folder" in result.stderr

@@ -18,6 +18,7 @@ from ebmrag.cli.common import (
     console,
     progress_bar,
     progress_callback,
+    stderr,
     user_errors,
 )
 from ebmrag.config import load_settings
@@ -61,7 +62,7 @@ def ingest(
             report = ingest_paths(knowledge_base, paths, sync, field_map, max_file_mb * 2**20, progress_callback(bar))
     console.print(report_table(report))
     for error in report.errors:
-        console.print(f"[red]error[/] {escape(str(error))}", highlight=False)
+        stderr.print(f"[red]error[/] {escape(str(error))}", highlight=False, soft_wrap=True)
     if report.errors and not report.changed and not report.unchanged:
         raise typer.Exit(code=1)
 
@@ -76,7 +77,7 @@ def delete(
         report = open_kb(load_settings(config), kb).apply([], doc_ids)
     console.print(report_table(report))
     for error in report.errors:
-        console.print(f"[red]error[/] {escape(str(error))}", highlight=False)
+        stderr.print(f"[red]error[/] {escape(str(error))}", highlight=False, soft_wrap=True)
     if report.errors:
         raise typer.Exit(code=1)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -39,6 +40,16 @@ def parse_timestamp(value: Any, where: str) -> datetime | None:
     except ValueError:
         raise RecordError(where, f"not an ISO-8601 date/time: {value!r}") from None
     return stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def lone_surrogate(text: str) -> str | None:
+    """A JSON `\\udXXX` escape without its pair is not Unicode: it breaks hashing, storage and tokenizers later,
+    far from the file. Returns a description naming the offset, or None."""
+    match = _SURROGATE.search(text)
+    return f"an unpaired UTF-16 surrogate (\\u{ord(match.group()):04x}) at character {match.start()}" if match else None
 
 
 @dataclass(frozen=True)

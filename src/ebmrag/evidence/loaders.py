@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ebmrag.errors import RecordError
-from ebmrag.evidence.fragment import Fragment, PatientRecord, parse_timestamp
+from ebmrag.evidence.fragment import Fragment, PatientRecord, lone_surrogate, parse_timestamp
 from ebmrag.evidence.sentences import split_sentences
 
 
@@ -140,6 +140,8 @@ def records_from_data(data: Any, origin: str, default_id: str) -> Iterator[Patie
 def load_records(path: str | Path) -> list[PatientRecord]:
     """All patient records in a file (.json, .jsonl, or .txt/.md free text)."""
     path = Path(path)
+    if path.is_dir():
+        raise RecordError(str(path), "is a folder: give one record file (.json, .jsonl, .txt, .md)")
     if not path.is_file():
         raise RecordError(str(path), "file not found")
     try:
@@ -163,9 +165,13 @@ def load_records(path: str | Path) -> list[PatientRecord]:
 
 def _parse_json(raw: str, origin: str) -> Any:
     try:
-        return json.loads(raw)
+        data = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise RecordError(origin, f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    problem = lone_surrogate(json.dumps(data, ensure_ascii=False))
+    if problem:
+        raise RecordError(origin, f"contains {problem} of the decoded JSON: not valid Unicode")
+    return data
 
 
 def load_record(path: str | Path, patient_id: str | None = None) -> PatientRecord:

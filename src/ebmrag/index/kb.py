@@ -120,7 +120,10 @@ class KnowledgeBase:
 
     def apply(self, documents: Sequence[Document], delete_ids: Sequence[str] = (),
               origins: dict[str, str] | None = None, progress: Progress | None = None) -> IngestReport:
-        """Upsert `documents` and delete `delete_ids` in one new generation (none if nothing changed)."""
+        """Upsert `documents` and delete `delete_ids` in one new generation (none if nothing changed). With no
+        document to add, a path that is not a knowledge base yet is an error, not a new empty directory."""
+        if not documents and not self.exists:
+            raise KnowledgeBaseError(f"{self.root} is not a knowledge base yet; nothing to delete or add there")
         report = IngestReport()
         with generations.writer_lock(self.root):
             generations.remove_partials(self.root)

@@ -16,6 +16,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 from ebmrag.errors import IngestError, require_extra
+from ebmrag.evidence.fragment import lone_surrogate
 from ebmrag.ingest.corpora import recognise_record
 from ebmrag.ingest.documents import AUTHORITIES, Document, DocumentBuilder, Section, normalize_text
 
@@ -150,6 +151,9 @@ def _read_jsonl(path: Path, text: str, field_map: FieldMap) -> ReadResult:
             record = json.loads(line)
             if not isinstance(record, dict):
                 raise IngestError(where, f"a JSONL line must be a JSON object, got {type(record).__name__}")
+            problem = lone_surrogate(json.dumps(record, ensure_ascii=False))
+            if problem:
+                raise IngestError(where, f"contains {problem}: not valid Unicode")
             documents.append(recognise_record(record, str(path)) or _mapped_document(record, field_map, path, number))
         except json.JSONDecodeError as exc:
             errors.append(IngestError(where, f"not JSON: {exc.msg} at column {exc.colno}"))
