@@ -166,3 +166,23 @@ def test_kill_9_mid_ingest_keeps_the_last_generation(tmp_path: Path, embedder, s
     assert len({r.chunk_id for r in rows}) == len(rows)
     assert {r.doc_id for r in rows} == {*GUIDES, "extra"}
     assert reopened.reader().dense.size == len(rows)
+
+
+def test_ids_are_unique_across_sources_and_stable_across_spellings(tmp_path: Path, embedder,  # type: ignore[no-untyped-def]
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 18.3: orgB/guidelines silently replaced orgA/guidelines; naming the file directly added a copy."""
+    for org, text in (("orgA", "Give antibiotics within one hour of sepsis recognition."),
+                      ("orgB", "Measure lactate before the first antibiotic dose.")):
+        (tmp_path / org / "guidelines").mkdir(parents=True)
+        (tmp_path / org / "guidelines" / "sepsis.md").write_text(f"# Sepsis\n{text}\n")
+    kb = KnowledgeBase(tmp_path / "kb", embedder=embedder)
+    assert ingest_paths(kb, [tmp_path / "orgA" / "guidelines"]).added == ["guidelines/sepsis.md"]
+    monkeypatch.chdir(tmp_path / "orgA")
+    for spelling in (Path("guidelines"), Path("./guidelines/"), Path("guidelines/sepsis.md")):
+        again = ingest_paths(kb, [spelling])
+        assert (again.added, again.updated, again.unchanged) == ([], [], ["guidelines/sepsis.md"]), spelling
+    clash = ingest_paths(kb, [tmp_path / "orgB" / "guidelines"])
+    assert not clash.changed and "already names" in str(clash.errors[0])
+    assert "one hour" in chunk_rows(kb)[0].text, "orgA's document is still there"
+    both = ingest_paths(kb, [tmp_path / "orgB" / "guidelines"], source="orgB")
+    assert both.added == ["orgB/sepsis.md"] and len(chunk_rows(kb)) == 2

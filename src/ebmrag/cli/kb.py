@@ -51,6 +51,8 @@ def ingest(
     sync: Annotated[bool, typer.Option(help="Delete documents that came from these paths and are gone.")] = False,
     field: Annotated[list[str] | None, typer.Option("--field", help="JSONL mapping NAME=FIELD: text=body.")] = None,
     max_file_mb: Annotated[int, typer.Option(help="Refuse files larger than this.")] = 50,
+    source: Annotated[str, typer.Option(help="Name this source: ids become NAME/<path>, so two folders of "
+                                        "one name stay apart.")] = "",
     config: ConfigOption = None,
 ) -> None:
     """Add or update documents; unchanged ones are skipped by content hash. Bad files are reported, not fatal."""
@@ -59,7 +61,8 @@ def ingest(
         knowledge_base = open_kb(settings, kb)
         field_map = FieldMap.parse(field or [])
         with progress_bar() as bar:
-            report = ingest_paths(knowledge_base, paths, sync, field_map, max_file_mb * 2**20, progress_callback(bar))
+            report = ingest_paths(knowledge_base, paths, sync, field_map, max_file_mb * 2**20, progress_callback(bar),
+                                  source)
     console.print(report_table(report))
     for error in report.errors:
         stderr.print(f"[red]error[/] {escape(str(error))}", highlight=False, soft_wrap=True)

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
+from ebmrag.errors import IngestError
 from ebmrag.index import store
 from ebmrag.index.kb import IngestReport, KnowledgeBase
 from ebmrag.ingest.pipeline import FileBatch, collect
@@ -37,9 +39,44 @@ def stale_documents(kb: KnowledgeBase, paths: Sequence[Path], batch: FileBatch) 
     return stale
 
 
+def reconcile_ids(kb: KnowledgeBase, batch: FileBatch) -> list[IngestError]:
+    """Keep ids stable and unique across sources, in place:
+    - a file the KB already holds under another id (the same file spelled another way) keeps its stored id;
+    - an id the KB already gives to a document from another file that still exists is a collision: the
+      new document is refused, named, and not written (never a silent replacement)."""
+    if not kb.exists:
+        return []
+    stored = store.documents(kb.reader().db)
+    by_origin: dict[str, list[str]] = {}
+    for doc_id, stored_row in stored.items():
+        by_origin.setdefault(stored_row.origin, []).append(doc_id)
+    per_file: dict[str, int] = {}
+    for document in batch.documents:
+        origin = batch.origins.get(document.doc_id, "")
+        per_file[origin] = per_file.get(origin, 0) + 1
+    errors, kept = [], []
+    for document in batch.documents:
+        origin = batch.origins.get(document.doc_id, "")
+        known = by_origin.get(origin, [])
+        if len(known) == 1 and per_file[origin] == 1 and known[0] != document.doc_id:
+            del batch.origins[document.doc_id]
+            document = replace(document, doc_id=known[0])
+            batch.origins[document.doc_id] = origin
+        row = stored.get(document.doc_id)
+        if row is not None and row.origin != origin and Path(row.origin).exists():
+            errors.append(IngestError(origin, f"id {document.doc_id!r} already names {row.origin}; not ingested "
+                                              "(give --source NAME to keep both, or delete the other first)"))
+            continue
+        kept.append(document)
+    batch.documents[:] = kept
+    return errors
+
+
 def ingest_paths(kb: KnowledgeBase, paths: Sequence[Path], sync: bool = False, field_map: FieldMap | None = None,
-                 max_bytes: int = DEFAULT_MAX_FILE_BYTES, progress: Progress | None = None) -> IngestReport:
-    batch = collect(paths, field_map, max_bytes, progress)
+                 max_bytes: int = DEFAULT_MAX_FILE_BYTES, progress: Progress | None = None,
+                 source: str = "") -> IngestReport:
+    batch = collect(paths, field_map, max_bytes, progress, source)
+    batch.errors.extend(reconcile_ids(kb, batch))
     deletions = stale_documents(kb, paths, batch) if sync else []
     report = kb.apply(batch.documents, deletions, batch.origins, progress)
     report.errors[:0] = batch.errors

@@ -29,27 +29,30 @@ class FileBatch:
     failed_files: set[str] = field(default_factory=set)
 
 
-def _files(path: Path) -> list[tuple[Path, str]]:
-    """(file, doc_id) pairs; hidden files and unsupported suffixes inside folders are skipped."""
+def _files(path: Path, source: str = "") -> list[tuple[Path, str]]:
+    """(file, doc_id) pairs; hidden files and unsupported suffixes inside folders are skipped. Ids are
+    "<folder name>/<relative path>" (a file named alone: "<its folder's name>/<file name>"), or
+    "<source>/<relative path>" with an explicit source name, which keeps two folders of one name apart."""
+    path = path.resolve()
     if path.is_file():
-        return [(path, path.name)]
+        return [(path, f"{source or path.parent.name}/{path.name}")]
     found = []
     for file in sorted(path.rglob("*")):
         relative = file.relative_to(path)
         if file.is_file() and file.suffix.lower() in SUFFIXES and not any(p.startswith(".") for p in relative.parts):
-            found.append((file, f"{path.resolve().name}/{relative.as_posix()}"))
+            found.append((file, f"{source or path.name}/{relative.as_posix()}"))
     return found
 
 
 def collect(paths: Sequence[Path], field_map: FieldMap | None = None,
-            max_bytes: int = DEFAULT_MAX_FILE_BYTES, progress: Progress | None = None) -> FileBatch:
+            max_bytes: int = DEFAULT_MAX_FILE_BYTES, progress: Progress | None = None, source: str = "") -> FileBatch:
     batch = FileBatch()
     files: list[tuple[Path, str]] = []
     for path in paths:
         if not path.exists():
             batch.errors.append(IngestError(str(path), "no such file or folder"))
             continue
-        files.extend(_files(path))
+        files.extend(_files(path, source))
     for done, (file, doc_id) in enumerate(files):
         if progress:
             progress("reading", done, len(files))
