@@ -45,6 +45,7 @@ window = 4096            # the whole prompt budget: system + context + history +
 retrieval = "auto"       # auto (the retrieval gate decides) | always | never
 ordering = "relevance_first"   # or edges_first
 relevance_filter = false # LLM judges each retrieved document (needs --llm openai)
+model_seconds = 180      # one time budget for all model calls of one answer; past it, stages degrade at once
 gate_theta1 = 0.35       # gate thresholds and weights: gate_alpha/beta/gamma = 1.0/0.5/0.1
 gate_theta2 = 0.25
 """
@@ -179,6 +180,7 @@ class AnswerSettings:
     grounding_threshold: float = 0.6
     prompts: str = ""  # a TOML file with the four stages; empty = the bundled set for the question's language
     evidence_share: float = 0.5  # the most of the context that knowledge-base evidence may take
+    model_seconds: float = 180.0  # one time budget for all model calls of one answer; then the offline brief
     gate_model: str = ""  # a classifier from `ebmrag gate train`; empty = the label-free rule labeller
     gate_alpha: float = 1.0  # completeness weights of A, B, C sentences (ICA-RAG)
     gate_beta: float = 0.5
@@ -189,6 +191,8 @@ class AnswerSettings:
     def __post_init__(self) -> None:
         if not 1 <= self.window <= MAX_WINDOW:
             raise ValueError(f"window must be a whole number of tokens from 1 to {MAX_WINDOW:,}, got {self.window}")
+        if self.model_seconds <= 0:
+            raise ValueError(f"model_seconds must be > 0, got {self.model_seconds}")
         if self.max_queries < 1:
             raise ValueError(f"max_queries must be >= 1, got {self.max_queries}")
         if not 0 < self.evidence_share <= 1:

@@ -175,3 +175,21 @@ def test_a_dead_endpoint_costs_one_timeout_not_one_per_stage(make_engine: Callab
     assert result.fault and result.answer.startswith("The model's answer could not be used")
     assert elapsed < 2.5, f"{elapsed:.1f} s: later stages must not wait out the timeout again"
     assert "not asked again" in result.fault
+
+
+def test_one_time_budget_bounds_all_stages_of_an_answer(make_engine: Callable[..., Engine]) -> None:
+    """Issue 18.5: a slow but living model is given one budget per answer; stages past it degrade at once."""
+    well_behaved = clinician()
+
+    def slow(body: dict[str, Any]) -> str:
+        time.sleep(0.4)
+        return well_behaved(body)
+
+    started = time.perf_counter()
+    result = ask(make_engine, FakeOpenAI(slow), model_seconds=0.6)
+    elapsed = time.perf_counter() - started
+    statuses = [s.status for s in result.stages]
+    assert statuses[:2] == ["ok", "ok"] and "failed" in statuses[2:], statuses
+    assert "time budget for model calls ran out" in result.fault
+    assert result.answer.startswith("Creatinine 2.8"), "the draft stands when the reviewer had no time"
+    assert elapsed < 3.0

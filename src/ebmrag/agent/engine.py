@@ -213,7 +213,9 @@ class Engine:
         if self.client is None or prompts is None:
             return _brief(question, items, warning)
         full_question = f"{history}\n\n{question}" if history else question
-        staged = StagedAnswerer(self.client, prompts).run(full_question, context, {i.n for i in items}, warning)
+        deadline = time.monotonic() + self.settings.model_seconds
+        staged = StagedAnswerer(self.client, prompts).run(full_question, context, {i.n for i in items}, warning,
+                                                          deadline)
         if staged.answer is None:
             brief = _brief(question, items, warning)
             note = (f"The model's answer could not be used ({staged.fault}); this is the offline evidence brief "

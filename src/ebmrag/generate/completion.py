@@ -54,12 +54,18 @@ def parse_json(text: str, schema: type[T]) -> T:
 
 def complete_json(client: ChatClient, messages: Sequence[ChatMessage], schema: type[T], *,
                   temperature: float = 0.0, max_tokens: int = 512, check: Callable[[T], None] | None = None,
-                  retry_hint: str = "Reply again with only the JSON object.") -> Completion[T]:
-    """Ask for `schema`; `check` adds rules pydantic cannot express (raise ValueError). One retry at most."""
+                  retry_hint: str = "Reply again with only the JSON object.",
+                  deadline: float | None = None) -> Completion[T]:
+    """Ask for `schema`; `check` adds rules pydantic cannot express (raise ValueError). One retry at most.
+    `deadline` (time.monotonic()) is shared by every model call of one answer: past it, no call starts."""
     started, history = time.perf_counter(), list(messages)
     prompt_tokens = completion_tokens = 0
     error, text, cached = "", "", False
     for attempt in (1, 2):
+        if deadline is not None and time.monotonic() >= deadline:
+            error = f"attempt {attempt}: the answer's time budget for model calls ran out"
+            return Completion(None, "failed", attempt - 1, error, text, time.perf_counter() - started,
+                              prompt_tokens, completion_tokens, cached)
         try:
             reply = client.complete(history, temperature, max_tokens)
         except LLMError as exc:

@@ -120,8 +120,13 @@ class StagedAnswerer:
         if missing:
             raise ValueError(f"prompt stages missing: {missing}")
         self.client, self.prompts = client, dict(prompts)
+        self._deadline: float | None = None
 
-    def run(self, question: str, context: str, numbers: Collection[int], warning: str = "") -> StagedAnswer:
+    def run(self, question: str, context: str, numbers: Collection[int], warning: str = "",
+            deadline: float | None = None) -> StagedAnswer:
+        """`deadline` (time.monotonic()) bounds all the stages' model calls together; a stage that would start
+        after it fails at once and the answer degrades as for any failed stage."""
+        self._deadline = deadline
         values = {"question": question, "context": context, "warning": warning_block(warning)}
         traces: list[StageTrace] = []
         evaluation = self._stage("evidence_evaluator", values, numbers, traces)
@@ -147,7 +152,8 @@ class StagedAnswerer:
         done = complete_json(self.client, stage.messages(**values), STAGE_SCHEMAS[name],
                              temperature=stage.temperature, max_tokens=stage.max_tokens,
                              check=lambda value: check_citations(value, numbers),
-                             retry_hint="Reply again with only the JSON object, citing only numbers of the context.")
+                             retry_hint="Reply again with only the JSON object, citing only numbers of the context.",
+                             deadline=self._deadline)
         output = done.value.model_dump() if done.value is not None else None
         traces.append(StageTrace(name, done.status, done.attempts, done.seconds, output, done.error,
                                  done.prompt_tokens, done.completion_tokens, done.cached))
