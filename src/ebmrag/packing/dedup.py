@@ -98,20 +98,27 @@ def collapse_duplicates(candidates: Sequence[Candidate], threshold: float = 0.7,
 
 
 def _contained(pool: Sequence[Candidate], share: float = 0.9) -> list[tuple[Candidate, Candidate]]:
-    """(copy, whole) pairs: the copy's shingles and numbers lie (almost) wholly inside the longer whole."""
+    """(copy, whole) pairs: the copy's shingles and numbers lie (almost) wholly inside a longer whole. Only
+    fragments sharing the copy's rarest shingle are compared (an inverted index), so the cost stays near
+    linear in the record instead of quadratic."""
     sets = {c.fragment.id: shingles(c.fragment.text) for c in pool}
     nums = {c.fragment.id: Counter(numbers(c.fragment.text)) for c in pool}
-    by_size = sorted(pool, key=lambda c: len(sets[c.fragment.id]))
+    by_id = {c.fragment.id: c for c in pool}
+    holders: dict[str, list[str]] = defaultdict(list)
+    for fid, items in sets.items():
+        for item in items:
+            holders[item].append(fid)
     pairs = []
-    for i, small in enumerate(by_size):
+    for small in sorted(pool, key=lambda c: len(sets[c.fragment.id])):
         a = sets[small.fragment.id]
         if not a:
             continue
-        for large in by_size[i + 1:]:
-            b = sets[large.fragment.id]
-            inside = len(a & b) >= share * len(a) and not nums[small.fragment.id] - nums[large.fragment.id]
-            if len(b) > len(a) and inside:
-                pairs.append((small, large))
+        rarest = min(a, key=lambda item: len(holders[item]))
+        for other in holders[rarest]:
+            b = sets[other]
+            inside = len(b) > len(a) and len(a & b) >= share * len(a)
+            if inside and not nums[small.fragment.id] - nums[other]:
+                pairs.append((small, by_id[other]))
                 break
     return pairs
 

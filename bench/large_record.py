@@ -1,0 +1,84 @@
+"""Large records (issue 18.10): `pack` of a 20,000-fragment record, cold and with stored embeddings, and the
+memory of the exact solver at W = 200,000 with 2,000 fragments.
+
+Run: python bench/large_record.py --out docs/benchmarks.md
+
+"Stored embeddings" is the embedder's on-disk cache (`[models] cache_dir`): a second `pack` of the same
+record reads the vectors instead of computing them. The record is synthetic: varied note sentences with
+numbers, so tiers, compression and copy-forward collapse all have work to do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import random
+import tempfile
+import time
+import tracemalloc
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+
+from ebmrag.evidence.fragment import Fragment, PatientRecord
+from ebmrag.packing.packer import ContextPacker
+from report import write_section  # bench/ is on sys.path when a script here runs
+
+TEMPLATES = ("Potassium {a}.{b} mmol/L on the {w} panel.", "Creatinine {a}.{b} mg/dL, urea {c} mmol/L.",
+             "Patient resting, observations stable, pain score {b} of 10.",
+             "CT chest shows a {a} mm nodule in the {s} lobe.",
+             "Biopsy of the {s} breast: ductal carcinoma, grade {g}.", "Seen by physiotherapy, walked {c} metres.",
+             "Hives and throat swelling after cefuroxime in 20{c}.", "Blood pressure {c}0/{a}0 mmHg, pulse {c}.")
+
+
+def record(n: int, seed: int = 3) -> PatientRecord:
+    rng = random.Random(seed)
+    start = datetime(2024, 1, 1, tzinfo=UTC)
+    fragments = []
+    for i in range(n):
+        text = rng.choice(TEMPLATES).format(a=rng.randint(2, 9), b=rng.randint(0, 9), c=rng.randint(10, 99),
+                                            g=rng.randint(1, 3), w=rng.choice(["morning", "evening"]),
+                                            s=rng.choice(["left", "right"]))
+        fragments.append(Fragment(f"f{i}", "p", f"{text} Note {i}.", "Notes", start + timedelta(hours=i)))
+    return PatientRecord("p", tuple(fragments))
+
+
+def timed_pack(packer: ContextPacker, patient: PatientRecord, window: int) -> float:
+    started = time.perf_counter()
+    packer.run(patient, "Which antibiotic is safe given his allergy and kidney function?", window)
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--fragments", type=int, default=20_000)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    big = record(args.fragments)
+    with tempfile.TemporaryDirectory() as cache:
+        cold_packer = ContextPacker(cache_dir=cache)
+        cold_packer.warm_up()
+        cold = timed_pack(cold_packer, big, 2048)
+        stored_packer = ContextPacker(cache_dir=cache)  # a new process would start like this: vectors on disk
+        stored_packer.warm_up()
+        stored = timed_pack(stored_packer, big, 2048)
+        medium = record(2000, seed=4)
+        stored_packer.run(medium, "warm", 256)
+        tracemalloc.start()
+        wide = timed_pack(stored_packer, medium, 200_000)
+        peak = tracemalloc.get_traced_memory()[1] / 2**20
+        tracemalloc.stop()
+    lines = [f"## Large records (`pack`), {date.today().isoformat()}", "",
+             f"Machine: {platform.machine()}, Python {platform.python_version()}, 2 cores. "
+             "Command: `python bench/large_record.py --out docs/benchmarks.md`.", "",
+             "| case | seconds |", "|---|---|",
+             f"| {args.fragments:,} fragments, W = 2,048, cold (every fragment embedded) | {cold:.1f} |",
+             f"| the same record again, embeddings stored on disk (a new packer) | {stored:.1f} |",
+             f"| 2,000 fragments, W = 200,000 (embeddings stored; peak traced memory {peak:.0f} MB) | {wide:.1f} |"]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        write_section(args.out, "large-record", text)
+
+
+if __name__ == "__main__":
+    main()
