@@ -8,6 +8,7 @@ packer would load the same model at the knowledge base's profile (see `shared_em
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -113,8 +114,6 @@ def engine_parts(settings: Settings, *, kb: str | Path | None = None, llm: str |
                  base_url: str | None = None, model: str | None = None, window: int | None = None,
                  retrieval: str | None = None) -> dict[str, Any]:
     """Keyword arguments of `Engine`: without `kb`, the bundled demo knowledge base (built on first use)."""
-    from dataclasses import replace
-
     answer = replace(settings.answer, window=window if window is not None else settings.answer.window,
                      retrieval=retrieval or settings.answer.retrieval)
     client = make_llm_client(settings, llm, model, base_url)  # before the KB: a bad flag fails fast

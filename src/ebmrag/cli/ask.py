@@ -61,7 +61,7 @@ def ask(
                               retrieval=retrieval)
         with stderr.status("loading the bundled embedding model..."):
             engine.warm_up()
-        waiting = "retrieving, packing and asking the model (stages run in order)..." if llm or engine.client \
+        waiting = "retrieving, packing and asking the model (stages run in order)..." if engine.client \
             else "retrieving and packing..."
         with stderr.status(waiting):
             result = engine.ask(question, record)

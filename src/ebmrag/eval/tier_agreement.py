@@ -154,11 +154,12 @@ MEASURED_SOURCES = ("agentclinic-medqa", "cmb-clin")
 class TextOnlyReport:
     confusion: dict[str, Counter[tuple[Tier, Tier]]]  # per source
 
-    @property
-    def pooled(self) -> Counter[tuple[Tier, Tier]]:
+    def combined(self, sources: tuple[str, ...] | None = None) -> Counter[tuple[Tier, Tier]]:
+        """The confusion counts of the named sources (all of them without names), added up."""
         total: Counter[tuple[Tier, Tier]] = Counter()
-        for confusion in self.confusion.values():
-            total.update(confusion)
+        for name, confusion in self.confusion.items():
+            if sources is None or name in sources:
+                total.update(confusion)
         return total
 
     @staticmethod
@@ -173,10 +174,7 @@ class TextOnlyReport:
         return out
 
     def to_json(self, sources: tuple[str, ...] | None = None) -> dict[str, Any]:
-        chosen: Counter[tuple[Tier, Tier]] = Counter()
-        for name, confusion in self.confusion.items():
-            if sources is None or name in sources:
-                chosen.update(confusion)
+        chosen = self.combined(sources)
         total = sum(chosen.values())
         return {"fragments": total, "agreement": round(Agreement.rate(chosen) / 100, 4) if total else 0.0,
                 "per_tier": self.per_tier(chosen),
@@ -199,9 +197,6 @@ def text_only_markdown(report: TextOnlyReport) -> str:
     """The measure pools AgentClinic MedQA and CMB-Clin (labels from typed fields and sections); NEJM, whose
     labels come from the headings of free text, is reported apart."""
     data = report.to_json(MEASURED_SOURCES)
-    chosen: Counter[tuple[Tier, Tier]] = Counter()
-    for name in MEASURED_SOURCES:
-        chosen.update(report.confusion.get(name, Counter()))
     lines = ["# Tier classifier from text alone (sections hidden)", "",
              "Command: `ebmrag eval tiers --text-only --data-dir ../shared/data --out docs/results/tiers_text_only.md`",
              "", f"AgentClinic MedQA + CMB-Clin: {data['fragments']} labelled fragments; agreement "
@@ -212,5 +207,5 @@ def text_only_markdown(report: TextOnlyReport) -> str:
              *(f"| {t} | {100 * v['precision']:.1f} % | {100 * v['recall']:.1f} % | {v['support']} |"
                for t, v in data["per_tier"].items()), "",
              "## Confusion, AgentClinic MedQA + CMB-Clin (rows: label, columns: classifier)", "",
-             *_confusion_table(chosen)]
+             *_confusion_table(report.combined(MEASURED_SOURCES))]
     return "\n".join(lines) + "\n"

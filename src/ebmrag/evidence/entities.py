@@ -198,8 +198,10 @@ def _join_clauses(clauses: list[str]) -> str:
 class EntityCompressor:
     """Builds state B: the clauses that hold key entities, filler removed, negation intact."""
 
-    def __init__(self, extractor: EntityExtractor | None = None) -> None:
+    def __init__(self, extractor: EntityExtractor | None = None, memory: int = 8192) -> None:
         self.extractor = extractor or default_extractor()
+        self._memory: dict[str, Compression] = {}  # text -> state B; `prepare` and `run` ask for the same texts
+        self._limit = memory
 
     def _compress_sentence(self, sentence: str) -> str:
         entities = self.extractor.extract(sentence)
@@ -222,6 +224,16 @@ class EntityCompressor:
         return slim if before <= after else kept
 
     def compress(self, text: str) -> Compression:
+        """State B of `text`, computed once per text (a pure function of the text and the lexicon)."""
+        found = self._memory.get(text)
+        if found is None:
+            found = self._compress(text)
+            if len(self._memory) >= self._limit:
+                self._memory.clear()
+            self._memory[text] = found
+        return found
+
+    def _compress(self, text: str) -> Compression:
         original = {e.key for e in self.extractor.extract(text)}
         pieces = [self._compress_sentence(s.text) for s in split_sentences(text)]
         compressed = " ".join(p if p[-1] in ".!?。！？" else p + "." for p in pieces if p)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ebmrag.errors import ConfigError
-from ebmrag.evidence.fragment import Fragment, PatientRecord, Tier, TierDecision
+from ebmrag.evidence.fragment import PatientRecord, Tier, TierDecision
 from ebmrag.evidence.lexicon import drug_mentions
 from ebmrag.evidence.text_classifier import LinearTextClassifier
 
@@ -161,9 +161,6 @@ class TierClassifier:
                 decisions[i] = TierDecision(Tier(label), f"model:{self.model.path.stem} p={p:.2f}",
                                             standing=label == Tier.T1.value)
         return [d if d is not None else self.default for d in decisions]
-
-    def classify_fragment(self, fragment: Fragment) -> Fragment:
-        return fragment.with_decision(self.classify(fragment.text, fragment.section))
 
     def run(self, record: PatientRecord) -> PatientRecord:
         decisions = self.classify_many([(f.text, f.section) for f in record.fragments])

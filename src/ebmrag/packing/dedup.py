@@ -22,16 +22,10 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime
-from typing import Protocol
 
 import numpy as np
 
-from ebmrag.packing.types import Candidate, DroppedFragment, DropReason, PackResult, drop_entry
-
-
-class Packer(Protocol):
-    def pack(self, candidates: Sequence[Candidate], window: int) -> PackResult: ...
-
+from ebmrag.packing.types import Candidate, DroppedFragment, DropReason, Packer, PackResult, drop_entry
 
 _WORD = re.compile(r"[a-z0-9]+(?:\.[0-9]+)?|[\u4e00-\u9fff]")
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)?")
@@ -45,7 +39,7 @@ _B = _rng.integers(0, _PRIME, _HASHES, dtype=np.uint64)
 def shingles(text: str) -> frozenset[str]:
     words = _WORD.findall(text.lower())
     if len(words) < 3:
-        return frozenset(" ".join(words[i:i + 1]) for i in range(len(words)))
+        return frozenset(words)
     return frozenset(" ".join(words[i:i + 3]) for i in range(len(words) - 2))
 
 
@@ -57,15 +51,15 @@ def _signature(items: frozenset[str]) -> tuple[int, ...]:
     hashes = np.array([zlib.crc32(s.encode()) for s in items], dtype=np.uint64)
     if not hashes.size:
         return (0,) * _HASHES
+    # (a·h + b) mod p over uint64: the product may wrap at 2^64, which keeps the family deterministic and
+    # well mixed (all that banding needs); it is not a proof-grade universal hash.
     mixed = (hashes[None, :] * _A[:, None] + _B[:, None]) % np.uint64(_PRIME)
     return tuple(int(v) for v in mixed.min(axis=1))
 
 
 def _keep_rank(candidate: Candidate) -> tuple[bool, int, datetime, int]:
     """Higher is kept: must-keep, then the more objective tier, then the newest, then the first in order."""
-    stamp = candidate.fragment.timestamp or datetime.min.replace(tzinfo=None)
-    if stamp.tzinfo is not None:
-        stamp = stamp.replace(tzinfo=None)
+    stamp = (candidate.fragment.timestamp or datetime.min).replace(tzinfo=None)
     return candidate.must_keep, -candidate.tier.rank, stamp, -candidate.order
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
 from ebmrag.evidence.embeddings import SentenceEmbedder
 from ebmrag.evidence.fragment import Fragment, PatientRecord
@@ -16,17 +16,11 @@ from ebmrag.packing.baselines import FifoPacker, SemanticPacker, UniformPacker
 from ebmrag.packing.dedup import pack_collapsed
 from ebmrag.packing.exact import ExactPacker
 from ebmrag.packing.greedy import GreedyPacker
-from ebmrag.packing.types import Candidate, PackResult
+from ebmrag.packing.types import Candidate, Packer, PackResult
 from ebmrag.packing.utility import CandidateBuilder, TierWeights, UtilityParams, score_candidates
 from ebmrag.protocols import TokenCounter
 
 STRATEGIES = ("ebm-exact", "ebm-exact-paper", "ebm-greedy", "fifo", "semantic", "uniform")
-
-
-class Packer(Protocol):
-    name: str
-
-    def pack(self, candidates: Sequence[Candidate], window: int) -> PackResult: ...
 
 
 def make_packer(strategy: str, token_counter: TokenCounter | None = None, k_min: int = 1) -> Packer:

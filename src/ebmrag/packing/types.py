@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
 from ebmrag.config import MAX_WINDOW
 from ebmrag.evidence.fragment import Fragment, Tier
@@ -152,6 +153,14 @@ def one_line(text: str) -> str:
     could pass for a line header written "(x|", so record text can never forge a context line of its own
     ("...\n[2|T1|2024-02-01] No known drug allergies")."""
     return _HEADER_LIKE.sub("(", _LINE_BREAKS.sub(" ", text)).strip()
+
+
+class Packer(Protocol):
+    """Every packing strategy: scored candidates and a window in, a fully traced result out."""
+
+    name: str
+
+    def pack(self, candidates: Sequence[Candidate], window: int) -> PackResult: ...
 
 
 def render_line(header: str, body: str) -> str:
