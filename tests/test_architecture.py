@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1] / "src" / "ebmrag"
 # share a layer are independent of each other.
 LAYERS: list[set[str]] = [
     {"errors"},
-    {"protocols"},  # the contracts every stage shares
+    {"protocols", "kvcache"},  # the contracts every stage shares; the on-disk cache they all use
     {"config"},  # the settings file: imports nothing above it
     {"evidence"},
     {"packing"},

@@ -12,6 +12,9 @@ epsilon = 0.0
 objective = "critical"   # ebm-exact: must-keep, then the current encounter's T1/T2, then quotas, then utility;
                          # "paper": quotas, then utility (the paper's MCKP)
 encounter_window_hours = 72   # without encounter ids, fragments this close to the newest one are "current"
+prefilter_windows = 4.0       # a record estimated above this many windows is pre-filtered before embedding
+prefilter_min_fragments = 1000  # (and only when it holds more fragments than this); 0 windows = never.
+                              # Critical fragments are never pre-filtered (docs/results/prefilter.md)
 
 [models]
 tokenizer = "bundled"    # or "hf:/path/tokenizer.json", "tiktoken:/path/file.tiktoken"
@@ -122,8 +125,14 @@ class PackingSettings:
     similarity_floor: float = 0.05
     objective: str = "critical"  # ebm-exact: critical (must-keep, current encounter's T1/T2 first) | paper
     encounter_window_hours: float = 72.0  # without encounter ids: this close to the newest fragment is current
+    prefilter_windows: float = 4.0  # records estimated above this many windows are pre-filtered; 0 = never
+    prefilter_min_fragments: int = 1000  # ... and only when they hold more fragments than this
 
     def __post_init__(self) -> None:
+        if self.prefilter_windows != 0 and self.prefilter_windows < 1:
+            raise ValueError(f"prefilter_windows must be 0 (off) or >= 1, got {self.prefilter_windows}")
+        if self.prefilter_min_fragments < 1:
+            raise ValueError(f"prefilter_min_fragments must be >= 1, got {self.prefilter_min_fragments}")
         if self.objective not in ("critical", "paper"):
             raise ValueError(f"objective must be 'critical' or 'paper', got {self.objective!r}")
 

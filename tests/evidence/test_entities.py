@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from ebmrag.evidence.entities import EntityCompressor, EntityExtractor, EntityKind, default_extractor
@@ -76,3 +78,15 @@ def test_thousands_separators_never_split_a_value() -> None:
     text = "Laboratory studies show a leukocyte count of 1,100/mm3 with 20,000/mm3 platelets, and the family is here."
     state_b = EntityCompressor().compress(text).text
     assert "1,100/mm3" in state_b and "20,000/mm3" in state_b
+
+
+def test_state_b_is_stored_on_disk_and_read_back_without_computing(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from ebmrag.kvcache import KeyValueCache
+
+    texts = ["Patient seen. Creatinine 2.1 mg/dL, up from 1.2; no known drug allergies.", "Walked well today."]
+    store = KeyValueCache(tmp_path / "derived.sqlite", "compressions")
+    first = EntityCompressor(store=store).compress_many(texts)
+    monkeypatch.setattr(EntityCompressor, "_compress", lambda *a: pytest.fail("computed again"))
+    again = EntityCompressor(store=store)
+    assert again.compress_many([texts[1], texts[0], texts[1]]) == [first[1], first[0], first[1]]

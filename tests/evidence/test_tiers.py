@@ -6,7 +6,7 @@ import pytest
 
 from ebmrag.errors import ConfigError
 from ebmrag.evidence.fragment import Tier
-from ebmrag.evidence.tiers import TierClassifier
+from ebmrag.evidence.tiers import DEFAULT_RULES_PATH, TierClassifier
 
 
 @pytest.fixture(scope="module")
@@ -65,3 +65,18 @@ def test_bad_rule_files_name_the_problem(tmp_path: Path, content: str, message: 
 
 def test_round_trip(tmp_path: Path) -> None:
     assert TierClassifier.from_dict(TierClassifier().to_dict()).to_dict() == {"rules_path": None}
+
+
+def test_rule_decisions_are_stored_on_disk_and_keyed_by_the_rule_file(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from ebmrag.kvcache import KeyValueCache
+
+    store = KeyValueCache(tmp_path / "derived.sqlite", "tier_rules")
+    items = [("Biopsy: adenocarcinoma.", "Pathology"), ("Walked 40 metres.", "Notes"), ("Hb 9.1 g/dL", None)]
+    first = TierClassifier(store=store).rule_decisions(items)
+    monkeypatch.setattr(TierClassifier, "rule_decision", lambda *a: pytest.fail("computed again"))
+    assert TierClassifier(store=store).rule_decisions(items) == first
+    edited = tmp_path / "tiers.toml"
+    edited.write_text(DEFAULT_RULES_PATH.read_text(encoding="utf-8") + "\n# a clinician's edit\n", encoding="utf-8")
+    with pytest.raises(pytest.fail.Exception, match="computed again"):
+        TierClassifier(edited, store=store).rule_decisions(items)

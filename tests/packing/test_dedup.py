@@ -61,3 +61,22 @@ def test_copies_never_occupy_two_slots_and_every_fragment_is_traced(texts: list[
     assert sorted(p.fragment_id for p in result.packed) + sorted(d.fragment_id for d in result.dropped) != []
     traced = {p.fragment_id for p in result.packed} | {d.fragment_id for d in result.dropped}
     assert traced == {c.fragment.id for c in candidates} and result.tokens_used <= window
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.frozensets(st.text("abcdef ", min_size=1, max_size=8), max_size=12), max_size=30),
+       st.integers(1, 7))
+def test_vectorised_minhash_equals_signing_one_set_at_a_time(sets: list[frozenset[str]], batch: int) -> None:
+    import zlib
+
+    import numpy as np
+
+    from ebmrag.packing.dedup import _A, _B, _HASHES, _PRIME, _signatures
+
+    def one(items: frozenset[str]) -> tuple[int, ...]:
+        if not items:
+            return (0,) * _HASHES
+        hashes = np.array([zlib.crc32(s.encode()) for s in items], dtype=np.uint64)
+        return tuple(int(v) for v in ((hashes[None, :] * _A[:, None] + _B[:, None]) % np.uint64(_PRIME)).min(axis=1))
+
+    assert _signatures(sets, batch) == [one(s) for s in sets]

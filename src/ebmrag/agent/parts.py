@@ -23,6 +23,7 @@ from ebmrag.index.rerank import CrossEncoderReranker
 from ebmrag.index.search import HybridRetriever
 from ebmrag.index.vote import DocumentVoter
 from ebmrag.packing.packer import ContextPacker
+from ebmrag.packing.prefilter import Prefilter
 from ebmrag.packing.utility import TierWeights, UtilityParams
 
 
@@ -44,9 +45,10 @@ def build_packer(settings: Settings, strategy: str | None = None, k_min: int | N
     name = strategy or p.strategy
     if name == "ebm-exact" and (objective or p.objective) == "paper":
         name = "ebm-exact-paper"
+    prefilter = Prefilter(p.prefilter_windows, p.prefilter_min_fragments) if p.prefilter_windows else None
     return ContextPacker(name, k_min if k_min is not None else p.k_min, utility_params(settings),
                          m.tokenizer, m.embedding_model or None, str(cache_dir(settings)), m.tier_rules or None,
-                         embedder, m.tier_model)
+                         embedder, m.tier_model, prefilter)
 
 
 def open_kb(settings: Settings, kb: Path) -> KnowledgeBase:

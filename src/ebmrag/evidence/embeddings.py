@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ import numpy as np
 from ebmrag.config import EMBEDDING_PRECISIONS
 from ebmrag.errors import ModelUnavailableError
 from ebmrag.evidence.tokens import bundled_model_dir
+from ebmrag.kvcache import KeyValueCache
 from ebmrag.protocols import Vectors
 
 
@@ -28,28 +28,17 @@ def default_cache_dir() -> Path:
     return Path(base) / "ebmrag"
 
 
-class _DiskCache:
+class _VectorCache:
+    """float32 vectors in the shared key-value cache (table `vectors`)."""
+
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(str(path))
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("CREATE TABLE IF NOT EXISTS vectors (key TEXT PRIMARY KEY, vector BLOB NOT NULL)")
+        self._store = KeyValueCache(path, "vectors", column="vector")
 
     def get_many(self, keys: Sequence[str]) -> dict[str, Vectors]:
-        found: dict[str, Vectors] = {}
-        for start in range(0, len(keys), 500):
-            chunk = list(keys[start : start + 500])
-            marks = ",".join("?" * len(chunk))
-            rows = self._db.execute(f"SELECT key, vector FROM vectors WHERE key IN ({marks})", chunk)
-            found.update((key, np.frombuffer(blob, dtype=np.float32)) for key, blob in rows)
-        return found
+        return {key: np.frombuffer(blob, dtype=np.float32) for key, blob in self._store.get_many(keys).items()}
 
     def put_many(self, items: dict[str, Vectors]) -> None:
-        with self._db:
-            self._db.executemany(
-                "INSERT OR REPLACE INTO vectors VALUES (?, ?)",
-                [(k, v.astype(np.float32).tobytes()) for k, v in items.items()],
-            )
+        self._store.put_many({k: v.astype(np.float32).tobytes() for k, v in items.items()})
 
 
 def native_bf16() -> bool:
@@ -108,7 +97,7 @@ class SentenceEmbedder:
         self.model_name = base + profile
         self._model: Any = None
         self._memory: dict[str, Vectors] = {}
-        self._disk = _DiskCache(self.cache_dir / "embeddings.sqlite") if self.cache_dir else None
+        self._disk = _VectorCache(self.cache_dir / "embeddings.sqlite") if self.cache_dir else None
 
     def warm_up(self) -> None:
         if self._model is not None:

@@ -9,8 +9,10 @@ entities (N_total) but never keep a clause alive; dropping them is what lowers t
 
 from __future__ import annotations
 
+import json
 import re
 import tomllib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from functools import cache
@@ -18,6 +20,7 @@ from pathlib import Path
 
 from ebmrag.errors import ConfigError
 from ebmrag.evidence.sentences import split_sentences
+from ebmrag.kvcache import KeyValueCache, digest
 
 DEFAULT_LEXICON_PATH = Path(__file__).parent / "rules" / "entities.toml"
 
@@ -89,9 +92,11 @@ class EntityExtractor:
     def __init__(self, lexicon_path: str | Path | None = None) -> None:
         path = Path(lexicon_path) if lexicon_path else DEFAULT_LEXICON_PATH
         try:
-            lex = tomllib.loads(path.read_text(encoding="utf-8"))
+            source = path.read_text(encoding="utf-8")
+            lex = tomllib.loads(source)
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"entity lexicon {path} could not be read: {exc}") from exc
+        self.fingerprint = digest("entities", source)  # what a stored result computed from this lexicon depends on
         missing = {
             "units",
             "tests",
@@ -196,12 +201,18 @@ def _join_clauses(clauses: list[str]) -> str:
 
 
 class EntityCompressor:
-    """Builds state B: the clauses that hold key entities, filler removed, negation intact."""
+    """Builds state B: the clauses that hold key entities, filler removed, negation intact.
 
-    def __init__(self, extractor: EntityExtractor | None = None, memory: int = 8192) -> None:
+    State B is a pure function of the text and the lexicon, so it is memoised in memory and, given a
+    `store` (the packer passes its cache directory's), on disk: a large record packed again costs a lookup.
+    """
+
+    def __init__(self, extractor: EntityExtractor | None = None, memory: int = 8192,
+                 store: KeyValueCache | None = None) -> None:
         self.extractor = extractor or default_extractor()
         self._memory: dict[str, Compression] = {}  # text -> state B; `prepare` and `run` ask for the same texts
         self._limit = memory
+        self.store = store
 
     def _compress_sentence(self, sentence: str) -> str:
         entities = self.extractor.extract(sentence)
@@ -225,13 +236,27 @@ class EntityCompressor:
 
     def compress(self, text: str) -> Compression:
         """State B of `text`, computed once per text (a pure function of the text and the lexicon)."""
-        found = self._memory.get(text)
-        if found is None:
-            found = self._compress(text)
-            if len(self._memory) >= self._limit:
-                self._memory.clear()
-            self._memory[text] = found
-        return found
+        return self.compress_many([text])[0]
+
+    def compress_many(self, texts: Sequence[str]) -> list[Compression]:
+        """State B of each text: memory first, then the disk store in one query, then computed (and stored)."""
+        missing = [t for t in dict.fromkeys(texts) if t not in self._memory]
+        found: dict[str, Compression] = {}
+        if missing and self.store is not None:
+            keys = {digest(self.extractor.fingerprint, t): t for t in missing}
+            for key, blob in self.store.get_many(list(keys)).items():
+                body, total, kept = json.loads(blob)
+                found[keys[key]] = Compression(body, total, kept)
+        fresh = {t: self._compress(t) for t in missing if t not in found}
+        if fresh and self.store is not None:
+            self.store.put_many({digest(self.extractor.fingerprint, t): json.dumps(
+                [c.text, c.entities_total, c.entities_kept]).encode() for t, c in fresh.items()})
+        known = {**found, **fresh}
+        results = [known[t] if t in known else self._memory[t] for t in texts]
+        if len(self._memory) + len(known) > self._limit:
+            self._memory.clear()
+        self._memory.update(known)
+        return results
 
     def _compress(self, text: str) -> Compression:
         original = {e.key for e in self.extractor.extract(text)}

@@ -7,6 +7,7 @@ on the fragment, so every tier in a trace can be traced back to one line of the 
 
 from __future__ import annotations
 
+import json
 import re
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -18,6 +19,7 @@ from ebmrag.errors import ConfigError
 from ebmrag.evidence.fragment import PatientRecord, Tier, TierDecision
 from ebmrag.evidence.lexicon import drug_mentions
 from ebmrag.evidence.text_classifier import LinearTextClassifier
+from ebmrag.kvcache import KeyValueCache, digest
 
 DEFAULT_RULES_PATH = Path(__file__).parent / "rules" / "tiers.toml"
 MODEL_T1_MIN = 0.85  # below this the model's T1 is not taken (T1 precision; measured in docs/results/tiers.md)
@@ -55,6 +57,17 @@ class TierRule:
 
     def decision(self) -> TierDecision:
         return TierDecision(self.tier, self.id, standing=self.standing, must_keep=self.must_keep)
+
+
+def _decision_to_json(decision: TierDecision | None) -> bytes:
+    if decision is None:
+        return b"null"
+    return json.dumps([decision.tier.value, decision.rule_id, decision.standing, decision.must_keep]).encode()
+
+
+def _decision_from_json(blob: bytes) -> TierDecision | None:
+    value = json.loads(blob)
+    return None if value is None else TierDecision(Tier(value[0]), value[1], standing=value[2], must_keep=value[3])
 
 
 def normalize_section(section: str | None) -> str:
@@ -115,12 +128,16 @@ class TierClassifier:
     where no rule speaks, an optional learned classifier over sentence embeddings (`model`). A rule hit
     always takes precedence; a model decision records the model and its probability as its rule id."""
 
-    def __init__(self, rules_path: str | Path | None = None, model: LinearTextClassifier | None = None) -> None:
+    def __init__(self, rules_path: str | Path | None = None, model: LinearTextClassifier | None = None,
+                 store: KeyValueCache | None = None) -> None:
         self.model = model
+        self.store = store  # rule decisions on disk, keyed by the rule file's content: a record is classified once
         self.rules_path = Path(rules_path) if rules_path is not None else None
         path = self.rules_path or DEFAULT_RULES_PATH
         try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
+            source = path.read_text(encoding="utf-8")
+            self.fingerprint = digest("tiers", source)
+            data = tomllib.loads(source)
         except FileNotFoundError:
             raise ConfigError(f"tier rule file not found: {path}") from None
         except tomllib.TOMLDecodeError as exc:
@@ -146,12 +163,31 @@ class TierClassifier:
         normalized = normalize_section(section)
         return next((rule.decision() for rule in self.rules if rule.matches(normalized, text)), None)
 
+    def rule_decisions(self, items: Sequence[tuple[str, str | None]]) -> list[TierDecision | None]:
+        """`rule_decision` for many items, read from and written to the disk store when there is one."""
+        if self.store is None:
+            return [self.rule_decision(text, section) for text, section in items]
+        keys = [digest(self.fingerprint, normalize_section(section), text) for text, section in items]
+        stored = self.store.get_many(list(dict.fromkeys(keys)))
+        fresh: dict[str, bytes] = {}
+        decisions = []
+        for key, (text, section) in zip(keys, items, strict=True):
+            if key in stored or key in fresh:
+                decisions.append(_decision_from_json(stored.get(key) or fresh[key]))
+                continue
+            decision = self.rule_decision(text, section)
+            fresh[key] = _decision_to_json(decision)
+            decisions.append(decision)
+        if fresh:
+            self.store.put_many(fresh)
+        return decisions
+
     def classify(self, text: str, section: str | None = None) -> TierDecision:
         return self.classify_many([(text, section)])[0]
 
     def classify_many(self, items: Sequence[tuple[str, str | None]]) -> list[TierDecision]:
         """Rules first; the texts no rule speaks for go to the model in one batch (or get the default tier)."""
-        decisions = [self.rule_decision(text, section) for text, section in items]
+        decisions = self.rule_decisions(items)
         silent = [i for i, d in enumerate(decisions) if d is None]
         if self.model is not None and silent:
             predictions = self.model.predict([items[i][0] for i in silent])

@@ -12,7 +12,6 @@ import hashlib
 import json
 import logging
 import os
-import sqlite3
 import threading
 import time
 import urllib.error
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ebmrag.errors import LLMError
+from ebmrag.kvcache import KeyValueCache
 from ebmrag.protocols import ChatMessage, LLMReply
 
 log = logging.getLogger(__name__)
@@ -66,20 +66,14 @@ class ReplyCache:
     """sha256(request) -> reply, in one SQLite file; safe to share between runs."""
 
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(str(path), check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("CREATE TABLE IF NOT EXISTS replies (key TEXT PRIMARY KEY, reply TEXT NOT NULL)")
-        self._lock = threading.Lock()
+        self._store = KeyValueCache(path, "replies", column="reply")
 
     def get(self, key: str) -> dict[str, Any] | None:
-        with self._lock:
-            row = self._db.execute("SELECT reply FROM replies WHERE key = ?", (key,)).fetchone()
-        return json.loads(row[0]) if row else None
+        found = self._store.get(key)
+        return json.loads(found) if found is not None else None
 
     def put(self, key: str, reply: dict[str, Any]) -> None:
-        with self._lock, self._db:
-            self._db.execute("INSERT OR REPLACE INTO replies VALUES (?, ?)", (key, json.dumps(reply)))
+        self._store.put_many({key: json.dumps(reply).encode()})
 
 
 class OpenAIChatClient:

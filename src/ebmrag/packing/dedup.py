@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 import zlib
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 
@@ -47,14 +47,26 @@ def numbers(text: str) -> tuple[str, ...]:
     return tuple(sorted(n.replace(",", ".") for n in _NUMBER.findall(text)))
 
 
-def _signature(items: frozenset[str]) -> tuple[int, ...]:
-    hashes = np.array([zlib.crc32(s.encode()) for s in items], dtype=np.uint64)
+def _signatures(sets: Sequence[frozenset[str]], batch: int = 4096) -> list[tuple[int, ...]]:
+    """MinHash signature of every shingle set, vectorised over `batch` sets at a time (bounded memory)."""
+    return [row for start in range(0, len(sets), batch) for row in _sign_batch(sets[start:start + batch])]
+
+
+def _sign_batch(sets: Sequence[frozenset[str]]) -> list[tuple[int, ...]]:
+    """An empty set signs as zeros."""
+    sizes = np.array([len(items) for items in sets])
+    hashes = np.fromiter((zlib.crc32(s.encode()) for items in sets for s in items), dtype=np.uint64,
+                         count=int(sizes.sum()))
     if not hashes.size:
-        return (0,) * _HASHES
+        return [(0,) * _HASHES for _ in sets]
     # (a·h + b) mod p over uint64: the product may wrap at 2^64, which keeps the family deterministic and
     # well mixed (all that banding needs); it is not a proof-grade universal hash.
     mixed = (hashes[None, :] * _A[:, None] + _B[:, None]) % np.uint64(_PRIME)
-    return tuple(int(v) for v in mixed.min(axis=1))
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    nonempty = sizes > 0
+    minima = np.zeros((_HASHES, len(sets)), dtype=np.uint64)
+    minima[:, nonempty] = np.minimum.reduceat(mixed, starts[nonempty], axis=1)
+    return [tuple(column) for column in minima.T.tolist()]
 
 
 def _keep_rank(candidate: Candidate) -> tuple[bool, int, datetime, int]:
@@ -71,7 +83,8 @@ def collapse_duplicates(candidates: Sequence[Candidate], threshold: float = 0.7,
     if len(pool) < 2:
         return list(candidates), []
     groups: dict[str, list[Candidate]] = defaultdict(list)
-    root = _copy_groups(pool, threshold)
+    features = {c.fragment.id: (shingles(c.fragment.text), numbers(c.fragment.text)) for c in pool}
+    root = _copy_groups(features, threshold)
     for candidate in pool:
         groups[root(candidate.fragment.id)].append(candidate)
     dropped: dict[str, DroppedFragment] = {}
@@ -83,7 +96,7 @@ def collapse_duplicates(candidates: Sequence[Candidate], threshold: float = 0.7,
                 dropped[copy.fragment.id] = replace(drop_entry(copy, DropReason.DUPLICATE, detail),
                                                     duplicate_of=kept.fragment.id)
     survivors = [c for c in pool if c.fragment.id not in dropped and c.tier.compressible]
-    for copy, whole in _contained(survivors):
+    for copy, whole in _contained(survivors, features):
         if _keep_rank(whole)[:3] >= _keep_rank(copy)[:3]:  # never trade a newer or more critical copy for it
             detail = f"its text lies within {whole.fragment.id}, which is considered instead"
             dropped.setdefault(copy.fragment.id, replace(drop_entry(copy, DropReason.DUPLICATE, detail),
@@ -91,12 +104,13 @@ def collapse_duplicates(candidates: Sequence[Candidate], threshold: float = 0.7,
     return [c for c in candidates if c.fragment.id not in dropped], list(dropped.values())
 
 
-def _contained(pool: Sequence[Candidate], share: float = 0.9) -> list[tuple[Candidate, Candidate]]:
+def _contained(pool: Sequence[Candidate], features: Mapping[str, tuple[frozenset[str], tuple[str, ...]]],
+               share: float = 0.9) -> list[tuple[Candidate, Candidate]]:
     """(copy, whole) pairs: the copy's shingles and numbers lie (almost) wholly inside a longer whole. Only
     fragments sharing the copy's rarest shingle are compared (an inverted index), so the cost stays near
     linear in the record instead of quadratic."""
-    sets = {c.fragment.id: shingles(c.fragment.text) for c in pool}
-    nums = {c.fragment.id: Counter(numbers(c.fragment.text)) for c in pool}
+    sets = {c.fragment.id: features[c.fragment.id][0] for c in pool}
+    nums = {c.fragment.id: Counter(features[c.fragment.id][1]) for c in pool}
     by_id = {c.fragment.id: c for c in pool}
     holders: dict[str, list[str]] = defaultdict(list)
     for fid, items in sets.items():
@@ -117,11 +131,12 @@ def _contained(pool: Sequence[Candidate], share: float = 0.9) -> list[tuple[Cand
     return pairs
 
 
-def _copy_groups(pool: Sequence[Candidate], threshold: float) -> Callable[[str], str]:
+def _copy_groups(features: Mapping[str, tuple[frozenset[str], tuple[str, ...]]],
+                 threshold: float) -> Callable[[str], str]:
     """Union-find over fragment ids: verbatim copies in one pass, near-copies through MinHash buckets."""
-    sets = {c.fragment.id: shingles(c.fragment.text) for c in pool}
-    nums = {c.fragment.id: numbers(c.fragment.text) for c in pool}
-    parent = {c.fragment.id: c.fragment.id for c in pool}
+    sets = {fid: items for fid, (items, _) in features.items()}
+    nums = {fid: found for fid, (_, found) in features.items()}
+    parent = {fid: fid for fid in features}
 
     def root(fid: str) -> str:
         while parent[fid] != fid:
@@ -139,8 +154,11 @@ def _copy_groups(pool: Sequence[Candidate], threshold: float) -> Callable[[str],
             unique.append(fid)
     buckets: dict[tuple[int, tuple[int, ...], tuple[str, ...]], list[str]] = defaultdict(list)
     rows = _HASHES // _BANDS
-    for fid in unique:
-        signature = _signature(sets[fid])
+    # Near-copies must state the same numbers, so only fragments whose numbers another fragment shares
+    # can have one: the rest skip the MinHash pass.
+    shared = Counter(nums[fid] for fid in unique)
+    unique = [fid for fid in unique if shared[nums[fid]] > 1]
+    for fid, signature in zip(unique, _signatures([sets[fid] for fid in unique]), strict=True):
         for band in range(_BANDS):
             buckets[(band, signature[band * rows:(band + 1) * rows], nums[fid])].append(fid)
     for members in buckets.values():

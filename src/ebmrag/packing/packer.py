@@ -3,23 +3,27 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import asdict, replace
 from datetime import datetime
 from typing import Any
 
 from ebmrag.evidence.embeddings import SentenceEmbedder
+from ebmrag.evidence.entities import EntityCompressor
 from ebmrag.evidence.fragment import Fragment, PatientRecord
 from ebmrag.evidence.text_classifier import LinearTextClassifier
 from ebmrag.evidence.tiers import BUNDLED_TIER_MODEL, TierClassifier
 from ebmrag.evidence.tokens import make_token_counter
+from ebmrag.kvcache import KeyValueCache
 from ebmrag.packing.baselines import FifoPacker, SemanticPacker, UniformPacker
 from ebmrag.packing.dedup import pack_collapsed
 from ebmrag.packing.exact import ExactPacker
 from ebmrag.packing.greedy import GreedyPacker
-from ebmrag.packing.types import Candidate, Packer, PackResult
+from ebmrag.packing.prefilter import Prefilter
+from ebmrag.packing.types import Candidate, DroppedFragment, Packer, PackResult, validate_window
 from ebmrag.packing.utility import CandidateBuilder, TierWeights, UtilityParams, score_candidates
 from ebmrag.protocols import TokenCounter
 
+DEFAULT_PREFILTER = Prefilter()
 STRATEGIES = ("ebm-exact", "ebm-exact-paper", "ebm-greedy", "fifo", "semantic", "uniform")
 
 
@@ -59,21 +63,26 @@ class ContextPacker:
         rules_path: str | None = None,
         embedder: SentenceEmbedder | None = None,
         tier_model: str | None = "bundled",
+        prefilter: Prefilter | None = DEFAULT_PREFILTER,  # None: measure every fragment however large the record
     ) -> None:
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown packing strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
         self.strategy = strategy
         self.k_min = k_min
+        self.prefilter = prefilter
         self.params = params or UtilityParams()
         self.tokenizer = tokenizer
         self.embedder = embedder or SentenceEmbedder(model_path, cache_dir=cache_dir)
         self.tier_model = tier_model or None
         model_file = BUNDLED_TIER_MODEL if tier_model == "bundled" else tier_model
+        derived = self.embedder.cache_dir / "derived.sqlite" if self.embedder.cache_dir else None
         self.classifier = TierClassifier(rules_path, LinearTextClassifier(model_file, self.embedder)
-                                         if model_file else None)
+                                         if model_file else None,
+                                         store=KeyValueCache(derived, "tier_rules") if derived else None)
         self.token_counter = make_token_counter(tokenizer)
         self.packer = make_packer(strategy, self.token_counter, k_min)
-        self.builder = CandidateBuilder(self.embedder, self.token_counter, self.params)
+        compressor = EntityCompressor(store=KeyValueCache(derived, "compressions") if derived else None)
+        self.builder = CandidateBuilder(self.embedder, self.token_counter, self.params, compressor)
 
     def warm_up(self) -> None:
         self.embedder.warm_up()
@@ -93,9 +102,9 @@ class ContextPacker:
         """Embed the record's fragments, their compressed states and `texts` (e.g. the retrieval queries)
         in one batch into the embedder's cache, so a later `run` spends its time on the question only."""
         fragments = self.classify(record).fragments
-        compressor = self.builder.compressor
         bodies = [f.text for f in fragments]
-        bodies += [c.text for f in fragments if f.tier.compressible and (c := compressor.compress(f.text))]
+        compressed = self.builder.compressor.compress_many([f.text for f in fragments if f.tier.compressible])
+        bodies += [c.text for c in compressed if c.text]
         self.embedder.embed([*texts, *bodies])
 
     def candidates(self, record: PatientRecord, query: str, as_of: datetime | None = None,
@@ -115,11 +124,23 @@ class ContextPacker:
     def run(self, record: PatientRecord, query: str, window: int, as_of: datetime | None = None,
             evidence: Sequence[Fragment] = (), evidence_similarity: Mapping[str, float] | None = None,
             headers: Sequence[str] | None = None) -> PackResult:
-        """Pack the record (and any evidence fragments) into `window` tokens; see `candidates`. Near-copies
-        among the record's fragments are collapsed first (`packing.dedup`)."""
+        """Pack the record (and any evidence fragments) into `window` tokens; see `candidates`. A record far
+        larger than the window is pre-filtered first (`packing.prefilter`, never a critical fragment), and
+        near-copies among the record's fragments are collapsed (`packing.dedup`)."""
+        validate_window(window)
+        record = self.classify(record)
+        as_of = as_of or record.latest_timestamp
+        prefiltered: list[DroppedFragment] = []
+        if self.prefilter is not None:
+            kept, prefiltered = self.prefilter.select(record.fragments, query, window, as_of, self.params)
+            if prefiltered:
+                kept_headers = _kept_headers(record.fragments, kept, headers)
+                record, headers = record.replace_fragments(kept), kept_headers
         candidates = self.candidates(record, query, as_of, evidence, evidence_similarity, headers)
         patient_ids = {f.id for f in record.fragments}
         result = pack_collapsed(self.packer, candidates, window, eligible=lambda c: c.fragment.id in patient_ids)
+        if prefiltered:
+            result = replace(result, dropped=(*result.dropped, *prefiltered))
         return replace(result, record_skipped=record.skipped) if record.skipped else result
 
     def to_dict(self) -> dict[str, Any]:
@@ -132,13 +153,25 @@ class ContextPacker:
             "cache_dir": self.embedder.to_dict()["cache_dir"],
             "rules_path": self.classifier.to_dict()["rules_path"],
             "tier_model": self.tier_model,
+            "prefilter": asdict(self.prefilter) if self.prefilter else None,
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], embedder: SentenceEmbedder | None = None) -> ContextPacker:
         values = dict(data)
         values["params"] = UtilityParams.from_dict(values.get("params", {}))
+        if "prefilter" in values:
+            values["prefilter"] = Prefilter(**values["prefilter"]) if values["prefilter"] else None
         return cls(**values, embedder=embedder)
+
+
+def _kept_headers(fragments: Sequence[Fragment], kept: Sequence[Fragment],
+                  headers: Sequence[str] | None) -> list[str] | None:
+    """The caller's headers (record fragments first, then evidence) for the fragments still in the record."""
+    if headers is None:
+        return None
+    by_id = dict(zip((f.id for f in fragments), headers, strict=False))
+    return [by_id[f.id] for f in kept] + list(headers[len(fragments):])
 
 
 __all__ = ["STRATEGIES", "ContextPacker", "Packer", "TierWeights", "UtilityParams", "make_packer"]

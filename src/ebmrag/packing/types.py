@@ -34,6 +34,7 @@ class DropReason(StrEnum):
     DENSITY_RANK = "density_rank"  # the window went to denser / higher-utility fragments
     TRUNCATED_AWAY = "truncated_away"  # uniform share rounded the fragment down to zero words
     DUPLICATE = "duplicate"  # a near-copy of a kept fragment (copy-forward notes); `detail` names the kept one
+    PREFILTERED = "prefiltered"  # a very large record: not among the fragments worth measuring (packing.prefilter)
 
 
 @dataclass(frozen=True)

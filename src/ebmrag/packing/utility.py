@@ -46,7 +46,11 @@ class TierWeights:
             )
 
     def of(self, tier: Tier) -> float:
-        return {Tier.T1: self.alpha, Tier.T2: self.beta, Tier.T3: self.gamma, Tier.T4: 1.0}[tier]
+        if tier is Tier.T1:
+            return self.alpha
+        if tier is Tier.T2:
+            return self.beta
+        return self.gamma if tier is Tier.T3 else 1.0
 
 
 @dataclass(frozen=True)
@@ -159,7 +163,9 @@ class CandidateBuilder:
         if headers is not None and len(headers) != len(fragments):
             raise ValueError(f"{len(headers)} headers for {len(fragments)} fragments")
         can_compress = compressible or (lambda f: f.tier.compressible)
-        compressions = [self.compressor.compress(f.text) if can_compress(f) else None for f in fragments]
+        flags = [can_compress(f) for f in fragments]
+        states = iter(self.compressor.compress_many([f.text for f, flag in zip(fragments, flags, strict=True) if flag]))
+        compressions = [next(states) if flag else None for flag in flags]
         bodies_b = [
             c.text if c and c.text and c.text != f.text else None for f, c in zip(fragments, compressions, strict=True)
         ]
@@ -214,6 +220,11 @@ def score_candidates(measured: Sequence[MeasuredFragment], params: UtilityParams
 def is_current(item: MeasuredFragment, params: UtilityParams) -> bool:
     """Part of the current encounter: by encounter id when the record names them, else by time (undated
     fragments count as current: a note without a date is read as today's)."""
-    if item.same_encounter is not None:
-        return item.same_encounter
-    return item.hours_before_newest is None or item.hours_before_newest <= params.encounter_window_hours
+    return in_current_encounter(item.same_encounter, item.hours_before_newest, params)
+
+
+def in_current_encounter(same_encounter: bool | None, hours_before_newest: float | None,
+                         params: UtilityParams) -> bool:
+    if same_encounter is not None:
+        return same_encounter
+    return hours_before_newest is None or hours_before_newest <= params.encounter_window_hours

@@ -1,0 +1,69 @@
+"""A content-addressed key → bytes store in one SQLite file: the shared shape of every on-disk cache.
+
+Embedding vectors, tier decisions, compressed states and model replies are pure functions of their
+input, so each is cached under sha256(namespace, input). Keys are digests, never patient ids, so a
+cache key names no patient; values may hold record text (a compressed state, a reply), which is why
+`forget` exists: erasing a patient erases the entries computed from their texts.
+
+Writes are SQLite transactions (WAL): a crash leaves the previous state readable. One connection is
+shared by the threads of a process under a lock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+_BATCH = 500  # SQLite's default limit on bound parameters is 999
+
+
+def digest(*parts: str) -> str:
+    """sha256 over the parts, NUL-separated so ("ab", "c") and ("a", "bc") differ."""
+    return hashlib.sha256("\x00".join(parts).encode("utf-8", "surrogatepass")).hexdigest()
+
+
+class KeyValueCache:
+    """get_many / put_many / forget over one table of (key TEXT, `column` BLOB); `column` keeps the
+    files written by earlier versions (vectors.vector, replies.reply) readable."""
+
+    def __init__(self, path: Path, table: str, column: str = "value") -> None:
+        if not (table.isidentifier() and column.isidentifier()):
+            raise ValueError(f"cache table and column names must be identifiers, got {table!r}, {column!r}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path, self.table, self.column = path, table, column
+        self._db = sqlite3.connect(str(path), check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute(f"CREATE TABLE IF NOT EXISTS {table} (key TEXT PRIMARY KEY, {column} BLOB NOT NULL)")
+        self._lock = threading.Lock()
+
+    def get_many(self, keys: Sequence[str]) -> dict[str, bytes]:
+        found: dict[str, bytes] = {}
+        with self._lock:
+            for start in range(0, len(keys), _BATCH):
+                chunk = list(keys[start : start + _BATCH])
+                marks = ",".join("?" * len(chunk))
+                rows = self._db.execute(f"SELECT key, {self.column} FROM {self.table} WHERE key IN ({marks})", chunk)
+                found.update((key, value if isinstance(value, bytes) else str(value).encode()) for key, value in rows)
+        return found
+
+    def get(self, key: str) -> bytes | None:
+        return self.get_many([key]).get(key)
+
+    def put_many(self, items: Mapping[str, bytes]) -> None:
+        with self._lock, self._db:
+            self._db.executemany(f"INSERT OR REPLACE INTO {self.table} VALUES (?, ?)", list(items.items()))
+
+    def forget(self, keys: Iterable[str]) -> int:
+        """Delete these keys; returns how many rows went."""
+        rows = [(k,) for k in keys]
+        with self._lock, self._db:
+            before = self._db.total_changes
+            self._db.executemany(f"DELETE FROM {self.table} WHERE key = ?", rows)
+            return self._db.total_changes - before
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
