@@ -51,6 +51,8 @@ relevance_filter = false # LLM judges each retrieved document (needs --llm opena
 model_seconds = 180      # one time budget for all model calls of one answer; past it, stages degrade at once
 gate_theta1 = 0.35       # gate thresholds and weights: gate_alpha/beta/gamma = 1.0/0.5/0.1
 gate_theta2 = 0.25
+brief_sentences = 12     # the offline brief: at most this many patient sentences (key facts first) ...
+brief_evidence_sentences = 8   # ... and this many knowledge-base sentences; the full context is in the trace
 """
 
 from __future__ import annotations
@@ -196,6 +198,8 @@ class AnswerSettings:
     gate_gamma: float = 0.1
     gate_theta1: float = 0.35  # above: answer from the record (the paper prints 0.3; see docs/results/gate.md)
     gate_theta2: float = 0.25  # below: retrieve and warn (the paper prints 0.1, which can never fire)
+    brief_sentences: int = 12  # the offline brief's patient sentences (must-keep first, then by relevance)
+    brief_evidence_sentences: int = 8
 
     def __post_init__(self) -> None:
         if not 1 <= self.window <= MAX_WINDOW:
@@ -204,6 +208,9 @@ class AnswerSettings:
             raise ValueError(f"model_seconds must be > 0, got {self.model_seconds}")
         if self.max_queries < 1:
             raise ValueError(f"max_queries must be >= 1, got {self.max_queries}")
+        if self.brief_sentences < 1 or self.brief_evidence_sentences < 0:
+            raise ValueError("brief_sentences must be >= 1 and brief_evidence_sentences >= 0, got "
+                             f"{self.brief_sentences} and {self.brief_evidence_sentences}")
         if not 0 < self.evidence_share <= 1:
             raise ValueError(f"evidence_share must be in (0, 1], got {self.evidence_share}")
         check_gate_params(self.gate_alpha, self.gate_beta, self.gate_gamma, self.gate_theta1, self.gate_theta2)

@@ -31,7 +31,7 @@ def test_brief_cites_only_packed_text_and_keeps_the_decisive_facts(make_engine: 
     result = make_engine(retrieval="always").ask(ANTIBIOTIC, colon(), window=900)
     data = json.loads(json.dumps(result.to_json()))
     assert set(data) == {"decision", "answer", "citations", "unsupported", "trace"}
-    assert set(data["decision"]) == {"completeness", "action", "warning"}
+    assert set(data["decision"]) == {"completeness", "action", "warning", "question_type", "reason"}
     trace = data["trace"]
     packed_ids = {(p["kind"], p["id"]) for p in trace["packed"]}
     assert data["citations"] and all((c["kind"], c["id"]) in packed_ids for c in data["citations"])
@@ -53,9 +53,13 @@ def test_gate_decides_retrieval_and_every_fragment_has_a_reason(make_engine: Cal
     engine = make_engine()
     path = demo_record_path("demo-zh")
     assert path is not None
-    rich = engine.ask(demo_query(path), path)
+    rich = engine.ask("最可能的诊断是什么？", path)
     assert rich.decision.action.value == "answer" and not rich.retrieval.performed
     assert rich.to_json()["trace"]["retrieved"] == [] and rich.language == "zh"
+    asks_drugs = engine.ask(demo_query(path), path)  # "...用药有何禁忌？": what a record alone cannot settle
+    assert asks_drugs.decision.question_type == "interaction" and asks_drugs.retrieval.performed
+    assert asks_drugs.decision.completeness == rich.decision.completeness, "the record is the same"
+    assert "needs outside knowledge" in asks_drugs.retrieval.reason
     sparse = PatientRecord("p-sparse", (Fragment("hx", "p-sparse", "Feels tired and unwell for a week."),
                                         Fragment("soc", "p-sparse", "Lives with her husband, retired teacher.")))
     warned = engine.ask("What should be checked first?", sparse)

@@ -64,3 +64,20 @@ def test_full_records_answer_more_and_history_cuts_warn_more(shared_data: Path) 
         assert full.labels()[Label.A] > 0 and cut.labels()[Label.A] < full.labels()[Label.A]
     report = gate_report(gate, {"cmb": shared_data / "cmb_clin"})
     assert "| cmb | full record | 41 |" in report and "Sparsest" in report
+
+
+def test_a_complete_record_still_retrieves_for_a_question_it_cannot_answer() -> None:
+    """Issue 20.4: the Synthea chart scored complete, so a drug-choice question retrieved no guideline."""
+    full = _record("Biopsy shows adenocarcinoma of the sigmoid colon.", "Serum creatinine 2.8 mg/dL.",
+                   "Anaphylaxis to penicillin in 2014.")
+    gate = RetrievalGate()
+    alone = gate.run(full)
+    assert alone.action is Action.ANSWER and alone.question_type == "" and "θ1" in alone.reason
+    drug = gate.run(full, "Which antibiotic is safe for his wound infection?")
+    assert drug.action is Action.RETRIEVE and drug.question_type == "drug_choice"
+    assert "drug_choice question needs outside knowledge" in drug.reason
+    assert drug.completeness == alone.completeness
+    diagnosis = gate.run(full, "What is the most likely diagnosis?")
+    assert diagnosis.action is Action.ANSWER and diagnosis.question_type == "diagnosis"
+    sparse = gate.run(_record("Feels tired.", "Lives alone."), "Which antibiotic is safe?")
+    assert sparse.action is Action.RETRIEVE_WARN, "the question never lowers a warning to plain retrieval"

@@ -138,7 +138,9 @@ def test_fhir_bundle(tmp_path: Path) -> None:
     assert "Penicillin" in texts["AllergyIntolerance/a1"] and "anaphylaxis" in texts["AllergyIntolerance/a1"]
     assert "2.8 mg/dL" in texts["Observation/o1"]
     tiers = {f.id: f.tier.value for f in TierClassifier().run(record).fragments}
-    assert tiers == {"AllergyIntolerance/a1": "T1", "Observation/o1": "T2", "DiagnosticReport/r1": "T1"}
+    assert tiers == {"AllergyIntolerance/a1": "T1", "Observation/o1": "T2", "DiagnosticReport/r1": "T1",
+                     "summary/allergies": "T1", "summary/latest-results": "T2"}
+    assert texts["summary/latest-results"] == "Latest results: creatinine 2.8 mg/dL (2026-01-02)."
 
 
 def test_fhir_bundle_mixing_patients_is_rejected(tmp_path: Path) -> None:
@@ -155,7 +157,7 @@ def test_fhir_invalid_status_rejected(tmp_path: Path) -> None:
 def test_fhir_encounter_references_are_kept(tmp_path: Path) -> None:
     visit = {**CREATININE, "encounter": {"reference": "Encounter/e7"}}
     record = load_record(_write(tmp_path, _bundle(PATIENT, ALLERGY, visit)))
-    encounters = {f.id: f.encounter for f in record.fragments}
+    encounters = {f.id: f.encounter for f in record.fragments if not f.id.startswith("summary/")}
     assert encounters == {"AllergyIntolerance/a1": None, "Observation/o1": "Encounter/e7"}
 
 
@@ -195,6 +197,7 @@ def test_medications_become_fragments_and_unused_resources_are_reported(tmp_path
     by_id = {f.id: f for f in record.fragments}
     assert by_id["MedicationRequest/m1"].text == ("Medication order: Warfarin 5 mg tablet (active, order); "
                                                   "5 mg once daily.")
+    assert by_id["MedicationRequest/m1"].decision.standing, "an active order is current whatever its start date"
     assert by_id["MedicationRequest/m1"].tier.value == "T3"
     assert by_id["Observation/o2"].text.startswith("Creatinine: no value recorded")
-    assert record.skipped == ("Encounter x1: resource type not used for packing",)
+    assert record.skipped == ("Encounter x1: groups its resources by visit (no reason recorded)",)

@@ -35,7 +35,8 @@ def test_brief_copies_only_input_sentences_and_cites_each() -> None:
     assert brief.text.index("Anaphylaxis to penicillin") < brief.text.index("Creatinine 2.8") < brief.text.index(
         "Fever and wound") < brief.text.index("From the knowledge base:") < brief.text.index("Avoid all penicillins")
     assert "[3|T1]" not in brief.text, "line headers are not copied as claims"
-    assert len(cited) == 2 + 1 + 1 + 2
+    assert len(cited) == 4, "a line's off-topic, non-decisive second sentence stays in the context, not the brief"
+    assert "Carries an adrenaline pen" not in brief.text
 
 
 def test_evidence_tiers_follow_the_authority_of_the_source() -> None:
@@ -71,3 +72,21 @@ def test_a_copied_sentence_is_supported_but_a_copied_piece_that_drops_a_negation
     copied, piece = checker.run("Margins clear. Evidence of malignancy in the resected nodes.", context)
     assert (copied.supported, copied.score, copied.nearest) == (True, 1.0, "Margins clear.")
     assert piece.score < 1.0, "only whole sentences take the verbatim shortcut"
+
+
+def test_brief_puts_key_facts_first_drops_nothing_recorded_lines_and_stays_short() -> None:
+    """Issue 20.5: a Synthea brief was 80 bullets, 39 of them "no conclusion recorded", none on the question."""
+    notes = [item(n, PATIENT, f"note{n}", Tier.T4, f"Walked {n} metres with the physiotherapist.", n)
+             for n in range(1, 30)]
+    empty = item(30, PATIENT, "panel", Tier.T2, "Lipid panel: no value recorded.", 30)
+    age = ContextItem(31, PATIENT, "Patient/p", Tier.T3, "[31|T3]", "Patient: 69-year-old male.", 31, must_keep=True)
+    kidney = item(32, PATIENT, "labs", Tier.T2, "Creatinine 2.8 mg/dL, eGFR 24.", 32)
+    brief = extractive_brief("Which antibiotic is safe given his kidney function?", [*notes, empty, age, kidney],
+                             patient_sentences=5)
+    bullets = [line for line in brief.text.splitlines() if line.startswith("- ")]
+    assert len(bullets) == 5 and "no value recorded" not in brief.text
+    assert bullets[0] == "- Patient: 69-year-old male. [31]" and brief.text.startswith("Evidence brief for:")
+    assert "Creatinine 2.8 mg/dL, eGFR 24. [32]" in brief.text
+    assert "(27 more context lines in the packed context, not repeated here.)" in brief.text
+    with pytest.raises(ValueError, match="brief needs"):
+        extractive_brief("q", notes, patient_sentences=0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -143,3 +144,19 @@ def test_bad_k_min_rejected(bad: float) -> None:
 def test_bad_window_rejected() -> None:
     with pytest.raises(ValueError, match="window"):
         ExactPacker().pack([], 0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(candidate_sets(max_size=10), windows, k_mins, st.sampled_from([1.0, 1e-22, 1e-300]))
+def test_no_fragment_that_fits_is_dropped_while_room_is_left(candidates: list[Candidate], window: int, k_min: int,
+                                                             scale: float) -> None:
+    """Issue 20.3: decade-old labs (utility ~e^-50) were dropped "for density" with half the window empty,
+    because their utility vanished beside the objective's big-M bonuses in float64."""
+    tiny = [replace(c, options=tuple(replace(o, utility=o.utility * (scale if c.order % 2 else 1.0))
+                                     for o in c.options)) for c in candidates]
+    result = ExactPacker(k_min=k_min).pack(tiny, window)
+    room = window - result.tokens_used
+    by_id = {c.fragment.id: c for c in tiny}
+    for dropped in result.dropped:
+        assert min(o.tokens for o in by_id[dropped.fragment_id].options) > room, dropped
+        assert f"{room} tokens were left" in dropped.detail or "exceeds the window" in dropped.detail

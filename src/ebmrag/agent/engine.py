@@ -134,7 +134,7 @@ class Engine:
             raise RecordError(record.origin, f"patient {record.patient_id!r} has no fragments: nothing to answer from")
         with _timed(timings, "gate"):
             record = self.packer.classify(record)
-            decision = self.gate.run(record)
+            decision = self.gate.run(record, question)
         with _timed(timings, "retrieval"):
             retrieval = self._retrieve(question, decision, record)
         prompts = self._prompts(language) if self.client else None
@@ -161,7 +161,7 @@ class Engine:
         if self.voter is None or not self._may_retrieve:
             return RetrievalTrace(False, "retrieval is off (no knowledge base or retrieval = never)")
         if self.settings.retrieval == "auto" and decision.action is Action.ANSWER:
-            return RetrievalTrace(False, f"the gate answers directly (completeness {decision.completeness:.2f})")
+            return RetrievalTrace(False, f"the gate answers directly ({decision.reason})")
         queries = self._queries(question, decision)
         if self.shares_embedder:  # one model call for the vote's queries and the packer's fragments
             self.packer.prepare(record, queries)
@@ -169,7 +169,8 @@ class Engine:
         verdicts: tuple[RelevanceVerdict, ...] = ()
         if self.relevance:
             verdicts = tuple(self.relevance.run(question, queries[1:], documents)[1])
-        reason = "retrieval = always" if self.settings.retrieval == "always" else f"gate: {decision.action.value}"
+        reason = "retrieval = always" if self.settings.retrieval == "always" else \
+            f"gate: {decision.action.value} ({decision.reason})"
         return RetrievalTrace(True, reason, queries, tuple(documents), verdicts)
 
     def _queries(self, question: str, decision: GateDecision) -> tuple[str, ...]:
@@ -211,13 +212,13 @@ class Engine:
     def _answer(self, question: str, items: tuple[ContextItem, ...], context: str, warning: str,
                 prompts: dict[str, PromptStage] | None, history: str) -> Answer:
         if self.client is None or prompts is None:
-            return _brief(question, items, warning)
+            return self._brief(question, items, warning)
         full_question = f"{history}\n\n{question}" if history else question
         deadline = time.monotonic() + self.settings.model_seconds
         staged = StagedAnswerer(self.client, prompts).run(full_question, context, {i.n for i in items}, warning,
                                                           deadline)
         if staged.answer is None:
-            brief = _brief(question, items, warning)
+            brief = self._brief(question, items, warning)
             note = (f"The model's answer could not be used ({staged.fault}); this is the offline evidence brief "
                     "built from the same context.")
             return brief._replace(text=f"{note}\n\n{brief.text}", stages=staged.stages, fault=staged.fault)
@@ -226,10 +227,10 @@ class Engine:
         claims = tuple(s.text for s in split_sentences(staged.answer))
         return Answer(with_warning(warning, staged.answer), citations, claims, staged.stages, staged.fault)
 
-
-def _brief(question: str, items: tuple[ContextItem, ...], warning: str) -> Answer:
-    brief = extractive_brief(question, items, warning)
-    return Answer(brief.text, brief.citations, brief.claims)
+    def _brief(self, question: str, items: tuple[ContextItem, ...], warning: str) -> Answer:
+        brief = extractive_brief(question, items, warning, self.settings.brief_sentences,
+                                 self.settings.brief_evidence_sentences)
+        return Answer(brief.text, brief.citations, brief.claims)
 
 
 @contextmanager

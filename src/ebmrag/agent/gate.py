@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 import tomllib
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
 from functools import cache
 from pathlib import Path
@@ -32,6 +32,7 @@ from ebmrag.config import check_gate_params
 from ebmrag.errors import ConfigError
 from ebmrag.evidence.entities import EntityExtractor, EntityKind, default_extractor
 from ebmrag.evidence.fragment import PatientRecord, Tier
+from ebmrag.evidence.questions import QuestionClassifier, default_question_classifier
 from ebmrag.evidence.sentences import split_sentences
 from ebmrag.evidence.tiers import TierClassifier
 
@@ -85,6 +86,8 @@ class GateDecision:
     action: Action
     warning: str
     sentences: tuple[LabelledSentence, ...]
+    question_type: str = ""  # evidence.questions; "" when the gate ran without a question
+    reason: str = ""  # why this action: completeness against θ1/θ2, or what the question asks for
 
     @property
     def queries(self) -> list[str]:
@@ -92,7 +95,8 @@ class GateDecision:
         return [s.text for s in self.sentences if s.label is not Label.C]
 
     def to_json(self) -> dict[str, Any]:
-        return {"completeness": round(self.completeness, 4), "action": self.action.value, "warning": self.warning}
+        return {"completeness": round(self.completeness, 4), "action": self.action.value, "warning": self.warning,
+                **({"question_type": self.question_type} if self.question_type else {}), "reason": self.reason}
 
 
 class SentenceLabeller(Protocol):
@@ -143,30 +147,42 @@ class RuleLabeller:
 class RetrievalGate:
     """Pipeline step: a patient record -> labelled sentences, completeness and the retrieval decision."""
 
-    def __init__(self, labeller: SentenceLabeller | None = None, params: GateParams | None = None) -> None:
+    def __init__(self, labeller: SentenceLabeller | None = None, params: GateParams | None = None,
+                 questions: QuestionClassifier | None = None) -> None:
         self.labeller = labeller or RuleLabeller()
         self.params = params or GateParams()
+        self.questions = questions or default_question_classifier()
 
-    def run(self, record: PatientRecord) -> GateDecision:
+    def run(self, record: PatientRecord, question: str = "") -> GateDecision:
+        """Completeness decides for the record; the question can only add retrieval: a record complete
+        enough to name the diagnosis still cannot say which antibiotic a guideline recommends."""
         sentences = []
         for fragment in record.fragments:
             for sentence in split_sentences(fragment.text):
                 label, reason = self.labeller.label(sentence.text, fragment.section)
                 sentences.append(LabelledSentence(sentence.text, fragment.id, label, reason))
-        return self.decide(sentences)
+        decision = self.decide(sentences)
+        if not question.strip():
+            return decision
+        kind = self.questions.classify(question)
+        if kind.retrieve and decision.action is Action.ANSWER:
+            return replace(decision, action=Action.RETRIEVE, question_type=kind.id,
+                           reason=f"a {kind.id} question needs outside knowledge whatever the record holds "
+                                  f"({decision.reason})")
+        return replace(decision, question_type=kind.id)
 
     def decide(self, sentences: Sequence[LabelledSentence]) -> GateDecision:
         p = self.params
         score = sum(p.weight(s.label) for s in sentences) / (p.alpha * len(sentences)) if sentences else 0.0
         if score > p.theta1:
-            action, warning = Action.ANSWER, ""
+            action, warning, reason = Action.ANSWER, "", f"completeness {score:.2f} > θ1 {p.theta1:.2f}"
         elif score >= p.theta2:
-            action, warning = Action.RETRIEVE, ""
+            action, warning, reason = Action.RETRIEVE, "", f"completeness {score:.2f} ≤ θ1 {p.theta1:.2f}"
         else:
-            action = Action.RETRIEVE_WARN
+            action, reason = Action.RETRIEVE_WARN, f"completeness {score:.2f} < θ2 {p.theta2:.2f}"
             warning = (f"Critical information is sparse (completeness {score:.2f} < {p.theta2:.2f}): "
                        "few decisive findings in the record; the answer may be unreliable.")
-        return GateDecision(score, action, warning, tuple(sentences))
+        return GateDecision(score, action, warning, tuple(sentences), reason=reason)
 
     def to_dict(self) -> dict[str, Any]:
         return {"params": asdict(self.params), "labeller": self.labeller.to_dict()}

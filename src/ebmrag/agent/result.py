@@ -113,6 +113,7 @@ class AskResult:
         def named(entry: dict[str, Any]) -> dict[str, Any]:
             key = entry.pop("fragment_id")
             kind = EVIDENCE if key in chunk_of else PATIENT
+            entry.pop("n", None)  # the answer's own numbering (patient lines, then evidence) is the one cited
             return {"n": number[key], "kind": kind, "id": chunk_of.get(key, key), **entry}
 
         pack = self.pack.to_json()

@@ -22,7 +22,8 @@ from functools import cached_property
 
 from ebmrag.evidence.fragment import Fragment, PatientRecord, Tier, TierDecision
 from ebmrag.generate.assembler import SelectedChunk, edges_first
-from ebmrag.packing.types import PackResult
+from ebmrag.packing.types import PackReason, PackResult
+from ebmrag.packing.utility import fragment_header
 
 AUTHORITY_TIERS = {"guideline": Tier.T3, "systematic_review": Tier.T3}
 PATIENT, EVIDENCE = "patient", "evidence"
@@ -44,6 +45,9 @@ class ContextItem:
     body: str  # the text as placed: full, or the entity-compressed state of a patient fragment
     rank: int  # record order for patient fragments, assembler rank for evidence
     source: str = ""  # document id of an evidence chunk
+    utility: float = 0.0  # the packer's utility of the placed state (tier weight · similarity · decay)
+    must_keep: bool = False  # packed as must-keep (a decisive fact, or one the question needs)
+    section: str | None = None  # the patient fragment's section (the tier rules read it)
 
     @property
     def line(self) -> str:
@@ -67,8 +71,7 @@ class Numbering:
         lines = []
         for n, fragment in enumerate(self.fragments, 1):
             if n <= len(self.patient):
-                date = f"|{fragment.timestamp.date().isoformat()}" if fragment.timestamp else ""
-                lines.append(f"[{n}|{fragment.tier.value}{date}]")
+                lines.append(fragment_header(fragment, n))
             else:
                 chunk = self.chunks[n - len(self.patient) - 1]
                 lines.append(f"[{n}|{chunk.hit.authority}]")
@@ -99,12 +102,14 @@ def context_items(numbering: Numbering, result: PackResult) -> list[ContextItem]
     for packed in result.packed:
         i = position[packed.fragment_id]
         header, body = headers[i], packed.body
+        pinned = packed.reason is PackReason.MUST_KEEP
         if i < len(numbering.patient):
-            items.append(ContextItem(i + 1, PATIENT, packed.fragment_id, packed.tier, header, body, i))
+            items.append(ContextItem(i + 1, PATIENT, packed.fragment_id, packed.tier, header, body, i, "",
+                                     packed.utility, pinned, numbering.patient[i].section))
         else:
             chunk = numbering.chunks[i - len(numbering.patient)]
             items.append(ContextItem(i + 1, EVIDENCE, chunk.hit.chunk_id, packed.tier, header, body,
-                                     i - len(numbering.patient), chunk.hit.doc_id))
+                                     i - len(numbering.patient), chunk.hit.doc_id, packed.utility, pinned))
     return sorted(items, key=lambda item: item.n)
 
 

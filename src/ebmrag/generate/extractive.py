@@ -4,16 +4,22 @@ No model runs, so nothing may be said that is not in the input: each line of the
 copied from a packed patient fragment or evidence chunk, followed by its citation [n]. Headings name
 the groups and carry no claim; the gate's warning, when there is one, comes first. The numbers are
 the context's own (`generate.context`), so the brief cites exactly what a model would have seen.
+It is short by design: the must-keep facts (the allergy status, age and kidney results a drug question
+needs) first, then the sentences the packer rated most relevant, capped per list; the full packed
+context stays in the trace.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 from ebmrag.evidence.fragment import Tier
 from ebmrag.evidence.sentences import split_sentences
+from ebmrag.evidence.tiers import TierClassifier
 from ebmrag.generate.context import EVIDENCE, PATIENT, ContextItem
 from ebmrag.generate.injection import is_instruction
 from ebmrag.generate.prompts import with_warning
@@ -45,35 +51,96 @@ def cite(item: ContextItem) -> Citation:
     return Citation(item.n, item.kind, item.id)
 
 
-def _cited_sentences(item: ContextItem) -> list[str]:
-    """The item's sentences, cited; instruction-like ones are not findings and stay out (see injection)."""
-    return [f"{s.text.strip()} [{item.n}]" for s in split_sentences(item.body)
-            if s.text.strip() and not is_instruction(s.text)]
+# "Creatinine: no value recorded." says a test was ordered, not what it showed: context, never a finding.
+_EMPTY = re.compile(r"\bno (?:value|conclusion|result|text)s? (?:was )?recorded\b|\bnothing recorded\b", re.IGNORECASE)
+KEY_FACTS = "Key facts (must-keep: allergies, decisive results, what the question needs)"
 
 
-def _grouped(items: Sequence[ContextItem], headings: dict[Tier, str], claims: list[str]) -> list[str]:
-    """Heading and bullet lines per tier; the bullets' sentences are also appended to `claims`."""
+_WORDS = re.compile(r"[a-z0-9]{4,}|[\u4e00-\u9fff]")
+PER_ITEM = 3  # a long note contributes its best sentences (beyond the first, only decisive or on-topic ones)
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    item: ContextItem
+    sentence: str  # cited
+    key: bool  # a must-keep fact: the item's only sentence, or a decisive (T1/T2) sentence of it
+    decisive: bool
+    overlap: float  # share of the question's words the sentence contains
+
+    @property
+    def score(self) -> tuple[bool, bool, float, float, int]:
+        return self.key, self.decisive, self.overlap, self.item.utility, -self.item.rank
+
+
+@cache
+def _rules() -> TierClassifier:
+    return TierClassifier()
+
+
+def _sentences(item: ContextItem, asked: set[str]) -> list[_Candidate]:
+    """The item's sentences, cited and scored; instruction-like ones are not findings and stay out (see
+    injection), nor are sentences that only say nothing was recorded."""
+    texts = [s.text.strip() for s in split_sentences(item.body)]
+    texts = [t for t in texts if t and not is_instruction(t) and not _EMPTY.search(t)]
+    found = []
+    for text in texts:
+        decision = _rules().rule_decision(text, item.section)  # a pathology report's every sentence is decisive
+        decisive = decision is not None and decision.tier in (Tier.T1, Tier.T2)
+        words = set(_WORDS.findall(text.lower()))
+        overlap = len(words & asked) / len(asked) if asked else 0.0
+        found.append(_Candidate(item, f"{text} [{item.n}]", item.must_keep and (len(texts) == 1 or decisive),
+                                decisive, overlap))
+    ranked = sorted(found, key=lambda c: c.score, reverse=True)[:PER_ITEM]
+    return ranked[:1] + [c for c in ranked[1:] if c.decisive or c.overlap > 0]
+
+
+def _select(items: Sequence[ContextItem], question: str, limit: int) -> list[_Candidate]:
+    """Key facts first (must-keep items' decisive sentences), then decisive sentences, then the question's
+    words, then the packer's utility, up to `limit` sentences and PER_ITEM per context line."""
+    asked = set(_WORDS.findall(question.lower()))
+    pool = [c for item in items for c in _sentences(item, asked)]
+    return sorted(pool, key=lambda c: c.score, reverse=True)[:limit]
+
+
+def _grouped(chosen: Sequence[_Candidate], headings: dict[Tier, str], claims: list[str],
+             key_facts: bool) -> list[str]:
+    """Heading and bullet lines (key facts first when asked, then per tier, record order within a group)."""
+    groups: list[tuple[str, list[_Candidate]]] = []
+    rest = list(chosen)
+    if key_facts:
+        groups.append((KEY_FACTS, [c for c in rest if c.key]))
+        rest = [c for c in rest if not c.key]
+    groups += [(headings.get(tier, tier.value), [c for c in rest if c.item.tier is tier]) for tier in Tier]
     lines: list[str] = []
-    for tier in Tier:
-        members = sorted((i for i in items if i.tier is tier), key=lambda i: i.rank)
+    for heading, members in groups:
         if not members:
             continue
-        lines.append(f"{headings.get(tier, tier.value)}:")
-        for item in members:
-            sentences = _cited_sentences(item)
-            claims += sentences
-            lines += [f"- {s}" for s in sentences]
+        lines.append(f"{heading}:")
+        for candidate in sorted(members, key=lambda c: (c.item.rank, c.item.n)):
+            claims.append(candidate.sentence)
+            lines.append(f"- {candidate.sentence}")
         lines.append("")
     return lines
 
 
-def extractive_brief(question: str, items: Sequence[ContextItem], warning: str = "") -> Brief:
-    """Patient evidence by tier (T1 first, record order within a tier), then knowledge-base evidence by tier."""
+def extractive_brief(question: str, items: Sequence[ContextItem], warning: str = "",
+                     patient_sentences: int = 12, evidence_sentences: int = 8) -> Brief:
+    """The patient sentences most worth reading for this question (key facts, then by tier), then the
+    knowledge base's, each list capped so the brief stays short; every sentence cites its context line."""
+    if patient_sentences < 1 or evidence_sentences < 0:
+        raise ValueError("the brief needs >= 1 patient sentence and >= 0 evidence sentences")
     claims: list[str] = []
     lines = [f"Evidence brief for: {question}", ""]
-    lines += _grouped([i for i in items if i.kind == PATIENT], TIER_HEADINGS, claims)
-    evidence = [i for i in items if i.kind == EVIDENCE]
+    patient = _select([i for i in items if i.kind == PATIENT], question, patient_sentences)
+    lines += _grouped(patient, TIER_HEADINGS, claims, key_facts=True)
+    evidence = _select([i for i in items if i.kind == EVIDENCE], question, evidence_sentences)
     if evidence:
-        lines += ["From the knowledge base:", *_grouped(evidence, EVIDENCE_HEADINGS, claims)]
+        lines += ["From the knowledge base:", *_grouped(evidence, EVIDENCE_HEADINGS, claims, key_facts=False)]
+    shown = {c.item.n for c in (*patient, *evidence)}
+    left = len([i for i in items if i.n not in shown])
+    if left:
+        lines.append(f"({left} more context line{'s' if left > 1 else ''} in the packed context, not repeated here.)")
     text = with_warning(warning, "\n".join(lines).rstrip() + "\n")
-    return Brief(text, tuple(cite(i) for i in sorted(items, key=lambda i: i.n)), tuple(claims))
+    cited = sorted((i for i in items if i.n in shown), key=lambda i: i.n)
+    return Brief(text, tuple(cite(i) for i in cited), tuple(claims))

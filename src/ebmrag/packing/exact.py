@@ -46,6 +46,9 @@ OBJECTIVES = ("critical", "paper")
 MAX_TABLE_CELLS = 48_000_000  # back-pointer bytes of the largest tier's table; above it the token grid coarsens
 
 
+IntArray = npt.NDArray[np.int64]
+
+
 @dataclass
 class _TierTable:
     members: list[int]
@@ -53,17 +56,30 @@ class _TierTable:
     best_row: npt.NDArray[np.intp]  # (W+1,) row cashed in at the tier boundary
 
 
+@dataclass
+class _Scores:
+    """DP values compared lexicographically: integer objective levels first, then float utility. Levels are
+    exact integers, so a fragment whose utility is 1e-22 (a decade-old lab) still adds to the utility
+    instead of vanishing into a big-M bonus in float64."""
+
+    level: IntArray
+    utility: FloatArray
+
+    def copy(self) -> _Scores:
+        return _Scores(self.level.copy(), self.utility.copy())
+
+
 def _tier_table(
     candidates: Sequence[Candidate],
     members: list[int],
     quota: int,
-    base: FloatArray,
-    bonus: Callable[[Candidate, int], float],
+    base: _Scores,
+    bonus: Callable[[Candidate, int], int],
     window: int,
-) -> tuple[_TierTable, FloatArray]:
+) -> tuple[_TierTable, _Scores]:
     rows = quota + 1
-    dp = np.full((rows, window + 1), -np.inf)
-    dp[0] = base
+    dp = _Scores(np.full((rows, window + 1), _UNREACHABLE, dtype=np.int64), np.zeros((rows, window + 1)))
+    dp.level[0], dp.utility[0] = base.level, base.utility
     decisions = np.zeros((len(members), rows, window + 1), dtype=np.int8)
     for k, index in enumerate(members):
         candidate = candidates[index]
@@ -72,17 +88,27 @@ def _tier_table(
             cost = option.tokens
             if cost > window:
                 continue
-            value = option.utility + bonus(candidate, j)
+            level, utility = bonus(candidate, j), option.utility
             if rows > 1:  # one more quota slot filled: row r-1 -> row r
-                _relax(new[1:, cost:], dp[:-1, : window + 1 - cost] + value, decisions[k, 1:, cost:], 2 * j + 1)
-            _relax(new[quota, cost:], dp[quota, : window + 1 - cost] + value, decisions[k, quota, cost:], 2 * j + 2)
+                _relax(new, np.s_[1:, cost:], dp, np.s_[:-1, : window + 1 - cost], level, utility,
+                       decisions[k, 1:, cost:], 2 * j + 1)
+            _relax(new, np.s_[quota, cost:], dp, np.s_[quota, : window + 1 - cost], level, utility,
+                   decisions[k, quota, cost:], 2 * j + 2)
         dp = new
     return _TierTable(members, decisions, np.zeros(0, dtype=np.intp)), dp
 
 
-def _relax(target: FloatArray, proposal: FloatArray, decision: npt.NDArray[np.int8], code: int) -> None:
-    better = proposal > target
-    np.copyto(target, proposal, where=better)
+_UNREACHABLE = np.iinfo(np.int64).min // 4  # far below any reachable level, and safe to add small levels to
+
+
+def _relax(target: _Scores, into: Any, source: _Scores, at: Any, level: int, utility: float,
+           decision: npt.NDArray[np.int8], code: int) -> None:
+    proposed_level, proposed_utility = source.level[at] + level, source.utility[at] + utility
+    current_level, current_utility = target.level[into], target.utility[into]  # views: written in place
+    better = (proposed_level > current_level) | (
+        (proposed_level == current_level) & (proposed_utility > current_utility))
+    np.copyto(current_level, proposed_level, where=better)
+    np.copyto(current_utility, proposed_utility, where=better)
     np.copyto(decision, np.int8(code), where=better)
 
 
@@ -96,21 +122,23 @@ class ExactPacker:
         self.k_min, self.objective = k_min, objective
         self.name = "ebm-exact" if objective == "critical" else "ebm-exact-paper"
 
-    def _bonus(self, candidates: Sequence[Candidate], slot_bonus: float,
-               slots: int) -> Callable[[Candidate, int], float]:
-        """The nested bonus of each level above utility; each one outweighs everything below it."""
+    def _bonus(self, candidates: Sequence[Candidate], slots: int) -> Callable[[Candidate, int], int]:
+        """The integer level of each objective tier above utility; each one outweighs everything below it
+        (one quota slot is worth 1 at the tier boundary)."""
         if self.objective == "paper":
-            return lambda candidate, option: 0.0
+            return lambda candidate, option: 0
         critical = sum(c.critical for c in candidates)
         current = sum(c.critical and not c.must_keep for c in candidates)
-        full = slot_bonus * (slots + 1)
+        full = slots + 1
         encounter = full * (critical + 1)
         must_keep = encounter * (current + 1)
+        if must_keep * (len(candidates) + 1) >= 2**62:
+            raise ValueError(f"{len(candidates)} fragments are too many for one exact packing; pre-filter the record")
 
-        def bonus(candidate: Candidate, option: int) -> float:
+        def bonus(candidate: Candidate, option: int) -> int:
             if not candidate.critical:
-                return 0.0
-            return (must_keep if candidate.must_keep else encounter) + (full if option == 0 else 0.0)
+                return 0
+            return (must_keep if candidate.must_keep else encounter) + (full if option == 0 else 0)
 
         return bonus
 
@@ -147,17 +175,17 @@ class ExactPacker:
         return next(j for j, o in enumerate(candidate.options) if o.utility == best)
 
     def _solve_grid(self, candidates: Sequence[Candidate], window: int, quotas: dict[Tier, int]) -> dict[int, int]:
-        utility_bound = sum(max((o.utility for o in c.options), default=0.0) for c in candidates)
-        slot_bonus = utility_bound + 1.0
-        bonus = self._bonus(candidates, slot_bonus, sum(quotas.values()))
-        base = np.zeros(window + 1)
+        bonus = self._bonus(candidates, sum(quotas.values()))
+        base = _Scores(np.zeros(window + 1, dtype=np.int64), np.zeros(window + 1))
         tables = []
         for tier, quota in quotas.items():
             members = [i for i, c in enumerate(candidates) if c.tier is tier]
             table, dp = _tier_table(candidates, members, quota, base, bonus, window)
-            scored = dp + slot_bonus * np.arange(quota + 1)[:, None]
-            table.best_row = np.argmax(scored, axis=0)
-            base = scored.max(axis=0)
+            level = dp.level + np.arange(quota + 1, dtype=np.int64)[:, None]  # cash the quota slots in
+            best = level.max(axis=0)
+            utility = np.where(level == best, dp.utility, -np.inf)
+            table.best_row = np.argmax(utility, axis=0)
+            base = _Scores(best, utility.max(axis=0))
             tables.append(table)
         return self._backtrack(candidates, tables, window)
 
@@ -180,15 +208,37 @@ class ExactPacker:
 
     def pack(self, candidates: Sequence[Candidate], window: int) -> PackResult:
         chosen, note = self._solve(candidates, window)
+        filled = self._fill(candidates, chosen, window)
+        room = window - sum(candidates[i].options[j].tokens for i, j in chosen.items())
         packed: list[PackedFragment] = []
         dropped: list[DroppedFragment] = []
         for index, candidate in enumerate(candidates):
-            if index in chosen:
+            if index in filled:
+                packed.append(pack_entry(candidate, candidate.options[chosen[index]], self._reason(candidate),
+                                         "added in the room the optimal packing left"))
+            elif index in chosen:
                 packed.append(pack_entry(candidate, candidate.options[chosen[index]], self._reason(candidate),
                                          "in the optimal packing"))
             else:
-                dropped.append(self._why_dropped(candidate, window))
+                dropped.append(self._why_dropped(candidate, window, room))
         return PackResult(self.name, window, tuple(packed), tuple(dropped), note)
+
+    @staticmethod
+    def _fill(candidates: Sequence[Candidate], chosen: dict[int, int], window: int) -> set[int]:
+        """Fragments added (densest first, in their best state that fits) while room is left. The optimum
+        leaves room only when a fragment's utility is below what its sum can resolve, or on a coarse token
+        grid; a fragment that fits is never dropped for lack of room it had. Updates `chosen`."""
+        room = window - sum(candidates[i].options[j].tokens for i, j in chosen.items())
+        added: set[int] = set()
+        for index in sorted((i for i in range(len(candidates)) if i not in chosen),
+                            key=lambda i: (-max(o.density for o in candidates[i].options), i)):
+            fitting = [j for j, o in enumerate(candidates[index].options) if o.tokens <= room]
+            if fitting:
+                best = max(fitting, key=lambda j: (candidates[index].options[j].utility, -j))
+                chosen[index] = best
+                room -= candidates[index].options[best].tokens
+                added.add(index)
+        return added
 
     def _reason(self, candidate: Candidate) -> PackReason:
         if self.objective == "paper":
@@ -197,19 +247,21 @@ class ExactPacker:
             return PackReason.MUST_KEEP
         return PackReason.CURRENT_ENCOUNTER if candidate.critical else PackReason.OPTIMAL
 
-    def _why_dropped(self, candidate: Candidate, window: int) -> DroppedFragment:
+    def _why_dropped(self, candidate: Candidate, window: int, room: int) -> DroppedFragment:
+        """The reason names the room that was left: after the fill, any dropped fragment was larger than it."""
         cheapest = min(o.tokens for o in candidate.options)
         if cheapest > window:
             return drop_entry(
                 candidate, DropReason.CAPACITY, f"its smallest state ({cheapest} tokens) exceeds the window"
             )
+        left = f"{room} tokens were left, its smallest state needs {cheapest}"
         if candidate.critical and self.objective == "critical":
             kind = "must-keep" if candidate.must_keep else "a current-encounter T1/T2 finding"
             return drop_entry(candidate, DropReason.CAPACITY,
-                              f"{kind}, but no packing holds it together with the critical fragments ranked above it")
-        return drop_entry(
-            candidate, DropReason.DENSITY_RANK, "the optimal packing spends the window on higher-utility fragments"
-        )
+                              f"{kind}, but no packing holds it together with the critical fragments ranked above "
+                              f"it ({left})")
+        return drop_entry(candidate, DropReason.DENSITY_RANK,
+                          f"the window went to higher-utility fragments ({left})")
 
     def to_dict(self) -> dict[str, Any]:
         return {"strategy": self.name, "k_min": self.k_min, "objective": self.objective}

@@ -10,6 +10,7 @@ from typing import Any
 from ebmrag.evidence.embeddings import SentenceEmbedder
 from ebmrag.evidence.entities import EntityCompressor
 from ebmrag.evidence.fragment import Fragment, PatientRecord
+from ebmrag.evidence.questions import QuestionClassifier, default_question_classifier, mark_needed
 from ebmrag.evidence.text_classifier import LinearTextClassifier
 from ebmrag.evidence.tiers import BUNDLED_TIER_MODEL, TierClassifier
 from ebmrag.evidence.tokens import make_token_counter
@@ -20,7 +21,7 @@ from ebmrag.packing.exact import ExactPacker
 from ebmrag.packing.greedy import GreedyPacker
 from ebmrag.packing.prefilter import Prefilter
 from ebmrag.packing.types import Candidate, DroppedFragment, Packer, PackResult, validate_window
-from ebmrag.packing.utility import CandidateBuilder, TierWeights, UtilityParams, score_candidates
+from ebmrag.packing.utility import CandidateBuilder, TierWeights, UtilityParams, fragment_header, score_candidates
 from ebmrag.protocols import TokenCounter
 
 DEFAULT_PREFILTER = Prefilter()
@@ -64,12 +65,15 @@ class ContextPacker:
         embedder: SentenceEmbedder | None = None,
         tier_model: str | None = "bundled",
         prefilter: Prefilter | None = DEFAULT_PREFILTER,  # None: measure every fragment however large the record
+        question_rules: str | None = None,  # rules/questions.toml when None
     ) -> None:
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown packing strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
         self.strategy = strategy
         self.k_min = k_min
         self.prefilter = prefilter
+        self.question_rules = question_rules
+        self.questions = QuestionClassifier(question_rules) if question_rules else default_question_classifier()
         self.params = params or UtilityParams()
         self.tokenizer = tokenizer
         self.embedder = embedder or SentenceEmbedder(model_path, cache_dir=cache_dir)
@@ -124,12 +128,17 @@ class ContextPacker:
     def run(self, record: PatientRecord, query: str, window: int, as_of: datetime | None = None,
             evidence: Sequence[Fragment] = (), evidence_similarity: Mapping[str, float] | None = None,
             headers: Sequence[str] | None = None) -> PackResult:
-        """Pack the record (and any evidence fragments) into `window` tokens; see `candidates`. A record far
-        larger than the window is pre-filtered first (`packing.prefilter`, never a critical fragment), and
-        near-copies among the record's fragments are collapsed (`packing.dedup`)."""
+        """Pack the record (and any evidence fragments) into `window` tokens; see `candidates`. The sections
+        the question cannot be answered without (evidence.questions: the allergy status and kidney results
+        for a drug choice) become must-keep; a record far larger than the window is pre-filtered
+        (`packing.prefilter`, never a critical fragment), and near-copies are collapsed (`packing.dedup`)."""
         validate_window(window)
-        record = self.classify(record)
+        question = self.questions.classify(query)
+        record = mark_needed(self.classify(record), question)
         as_of = as_of or record.latest_timestamp
+        numbers = tuple((f.id, n) for n, f in enumerate(record.fragments, 1))
+        if headers is None:  # numbered in the whole record, so a pre-filtered record keeps its numbers
+            headers = [fragment_header(f, n) for n, f in enumerate([*record.fragments, *evidence], 1)]
         prefiltered: list[DroppedFragment] = []
         if self.prefilter is not None:
             kept, prefiltered = self.prefilter.select(record.fragments, query, window, as_of, self.params)
@@ -141,7 +150,7 @@ class ContextPacker:
         result = pack_collapsed(self.packer, candidates, window, eligible=lambda c: c.fragment.id in patient_ids)
         if prefiltered:
             result = replace(result, dropped=(*result.dropped, *prefiltered))
-        return replace(result, record_skipped=record.skipped) if record.skipped else result
+        return replace(result, record_skipped=record.skipped, question_type=question.id, numbers=numbers)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -154,6 +163,7 @@ class ContextPacker:
             "rules_path": self.classifier.to_dict()["rules_path"],
             "tier_model": self.tier_model,
             "prefilter": asdict(self.prefilter) if self.prefilter else None,
+            "question_rules": self.question_rules,
         }
 
     @classmethod

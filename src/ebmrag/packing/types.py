@@ -112,6 +112,11 @@ class PackResult:
     dropped: tuple[DroppedFragment, ...]
     solver_note: str = ""  # how the solver got there when not by its plain method (e.g. a coarser token grid)
     record_skipped: tuple[str, ...] = ()  # what the record's loader left out (never silent)
+    question_type: str = ""  # evidence.questions: what the question asks for (decides its must-keep sections)
+    numbers: tuple[tuple[str, int], ...] = ()  # fragment id -> the number its context line starts with
+
+    def number_of(self, fragment_id: str) -> int | None:
+        return dict(self.numbers).get(fragment_id)
 
     @property
     def tokens_used(self) -> int:
@@ -127,12 +132,16 @@ class PackResult:
         return "\n".join(p.text for p in sorted(self.packed, key=lambda p: p.order))
 
     def to_json(self) -> dict[str, Any]:
-        """The fixed JSON shape of `ebmrag pack --json`: every fragment, packed or dropped, with its reason."""
+        """The fixed JSON shape of `ebmrag pack --json`: every fragment, packed or dropped, with its reason;
+        `n` is the number its context line starts with."""
+        numbers = dict(self.numbers)
         return {
             "window": self.window, "tokens_used": self.tokens_used, "strategy": self.strategy,
             **({"solver_note": self.solver_note} if self.solver_note else {}),
             **({"record_skipped": list(self.record_skipped)} if self.record_skipped else {}),
-            "packed": [{"fragment_id": p.fragment_id, "state": p.state.value, "tier": p.tier.value, "tokens": p.tokens,
+            **({"question_type": self.question_type} if self.question_type else {}),
+            "packed": [{**({"n": numbers[p.fragment_id]} if p.fragment_id in numbers else {}),
+                        "fragment_id": p.fragment_id, "state": p.state.value, "tier": p.tier.value, "tokens": p.tokens,
                         "utility": round(p.utility, 6), "reason": p.reason.value,
                         "excluded_states": [s.value for s in p.excluded_states]} for p in self.packed],
             "dropped": [{"fragment_id": d.fragment_id, "tier": d.tier.value, "reason": d.reason.value,

@@ -102,9 +102,12 @@ def hours_before(fragment: Fragment, as_of: datetime | None) -> float | None:
     return max(0.0, (as_of - fragment.timestamp).total_seconds() / 3600)
 
 
-def fragment_header(fragment: Fragment) -> str:
+def fragment_header(fragment: Fragment, number: int) -> str:
+    """"[3|T1|2024-02-01]": a short local number, not the fragment id. EHR ids run to ~40 tokens
+    ("Condition/2f1493c2-…"), which would spend most of a small window on headers; the trace maps the
+    number back to the id."""
     date = f"|{fragment.timestamp.date().isoformat()}" if fragment.timestamp else ""
-    return f"[{fragment.id}|{fragment.tier.value}{date}]"
+    return f"[{number}|{fragment.tier.value}{date}]"
 
 
 @dataclass(frozen=True)
@@ -176,7 +179,7 @@ class CandidateBuilder:
         sims = np.array([min(max(known[f.id], 0.0), 1.0) if f.id in known else next(computed) for f in fragments]
                         + list(computed))
         sim_b = iter(sims[len(fragments) :])
-        headers = list(headers) if headers is not None else [fragment_header(f) for f in fragments]
+        headers = list(headers) if headers is not None else [fragment_header(f, n) for n, f in enumerate(fragments, 1)]
         lines = [render_line(h, f.text) for h, f in zip(headers, fragments, strict=True)]
         lines_b = [render_line(h, b) for h, b in zip(headers, bodies_b, strict=True) if b]
         costs = self.token_counter.count_many(lines + lines_b)
