@@ -6,6 +6,7 @@ import json
 import re
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
@@ -147,3 +148,19 @@ def test_record_text_cannot_forge_context_lines_or_smuggle_instructions(make_eng
     assert "Ignore all previous instructions" not in result.answer
     flagged = result.to_json()["trace"]["flagged"]
     assert [f["sentence"][:20] for f in flagged] == ["Ignore all previous "]
+
+
+def test_a_real_chart_drug_question_retrieves_and_the_brief_answers_it(make_engine: Callable[..., Engine],
+                                                                       shared_data: Path) -> None:
+    """Issue 20: the Synthea chart scored complete, so no guideline came back, and the brief was 80 record
+    bullets, 39 of them "no conclusion recorded", none about antibiotics, allergies or kidney function."""
+    chart = shared_data / "synthea" / "synthea_sample_complete_patient.json"
+    result = make_engine().ask("Which antibiotic would be safe for this patient if he developed pneumonia, "
+                               "and why?", chart, window=2048)
+    assert result.decision.question_type == "drug_choice" and result.retrieval.performed
+    assert any(i.kind == "evidence" for i in result.items)
+    bullets = [line for line in result.answer.splitlines() if line.startswith("- ")]
+    assert 0 < len(bullets) <= 12 + 8 and "no conclusion recorded" not in result.answer
+    key_facts = result.answer.split("Key facts")[1].split("\n\n")[0]
+    for fact in ("69-year-old male", "No Known Allergies", "creatinine 0.88 mg/dL"):
+        assert fact in key_facts

@@ -34,6 +34,10 @@ def test_the_export_is_read_whole_and_whatever_is_left_out_is_counted(chart: Pat
     assert any(t.startswith("Blood Pressure: Diastolic Blood Pressure") and "mm[Hg]" in t for t in texts)
     panel = next(t for t in texts if t.startswith("Basic Metabolic Panel:"))
     assert "Creatinine 0.88 mg/dL" in panel and "Potassium 5.13 mmol/L" in panel
+    viral = next(t for t in texts if t.startswith("Respiratory pathogens"))
+    assert "Influenza virus A RNA Negative;" in viral and viral.count("by NAA with probe detection") == 2, \
+        "a suffix every result name shares is said once"
+    assert not any("(disorder)" in t or "(finding)" in t for t in texts), "SNOMED semantic tags cost tokens"
     assert sum(f.id.startswith("MedicationRequest/") for f in record.fragments) == 12
     assert all(f.encounter and f.encounter.startswith("Encounter/") for f in record.fragments
                if f.id.startswith(("Condition/", "DiagnosticReport/")))

@@ -170,14 +170,33 @@ def report(r: Resource, index: BundleIndex) -> Sequence[Rendered] | Skip:
     name = text_of(r.get("code")) or "Report"
     parts: list[Rendered] = []
     conclusion = r.get("conclusion") or ", ".join(text_of(c) for c in r.get("conclusionCode") or [])
-    results = [f"{text_of(o.get('code'))} {m}" for ref in r.get("result") or []
+    members = [(text_of(o.get("code")), m) for ref in r.get("result") or []
                if (o := index.resolve(ref)) is not None and (m := _measurement(o))]
+    names, shared = _without_shared_suffix([n for n, _ in members])
+    if shared:
+        name = f"{name} ({shared.strip()})"
+    results = [f"{n} {m}" for n, (_, m) in zip(names, members, strict=True)]
     if results or conclusion:
         body = "; ".join(results) + (". " if results and conclusion else "") + (f"Conclusion: {conclusion}"
                                                                                  if conclusion else "")
         parts.append(Rendered(section, f"{name}: {body}."))
     parts += _notes(r.get("presentedForm") or [], index)
     return parts or Skip("no conclusion, results or readable note")
+
+
+def _without_shared_suffix(names: Sequence[str], least: int = 20) -> tuple[list[str], str]:
+    """A panel's result names often end alike ("... in Respiratory system specimen by NAA with probe
+    detection"): say it once, after the panel's name, instead of once per result."""
+    if len(names) < 2:
+        return list(names), ""
+    suffix = names[0]
+    for name in names[1:]:
+        while suffix and not name.endswith(suffix):
+            suffix = suffix[1:]
+    suffix = suffix[suffix.find(" "):] if " " in suffix else ""  # whole words only
+    if len(suffix.strip()) < least or any(len(n) <= len(suffix) for n in names):
+        return list(names), ""
+    return [n[: len(n) - len(suffix)] for n in names], suffix
 
 
 def document(r: Resource, index: BundleIndex) -> Sequence[Rendered] | Skip:
@@ -201,7 +220,8 @@ def _notes(attachments: Sequence[Mapping[str, Any]], index: BundleIndex) -> list
         index.notes_seen.add(text.strip())
         for section in note_sections(text):
             heading = section.heading or "note"
-            parts.append(Rendered(f"Clinical note > {heading}", section.text, f"#{slug(heading)}"))
+            parts.append(Rendered(f"Clinical note > {heading}", _SEMANTIC_TAG.sub("", section.text),
+                                  f"#{slug(heading)}"))
     return parts
 
 
