@@ -57,3 +57,18 @@ def make_pdf(text: str) -> bytes:
     out += b"".join(f"{offset:010d} 00000 n \n".encode() for offset in offsets)
     out += f"trailer\n<< /Size {len(objects) + 1} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n".encode()
     return bytes(out)
+
+
+@pytest.fixture(scope="session")
+def demo_voter(tmp_path_factory: pytest.TempPathFactory, embedder):  # type: ignore[no-untyped-def]
+    """The bundled demo corpus in a real knowledge base on disk, searched hybrid as `ask` does by default."""
+    from ebmrag.demo import DEMO_CORPUS
+    from ebmrag.index.kb import KnowledgeBase
+    from ebmrag.index.search import HybridRetriever
+    from ebmrag.index.sync import ingest_paths
+    from ebmrag.index.vote import DocumentVoter
+
+    kb = KnowledgeBase(tmp_path_factory.mktemp("demo-kb") / "kb", embedder=embedder)
+    report = ingest_paths(kb, [Path(DEMO_CORPUS)])
+    assert not report.errors and report.chunks_written >= 18
+    return DocumentVoter(HybridRetriever(kb, "hybrid", "score", (0.3, 0.7)))

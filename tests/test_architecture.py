@@ -28,6 +28,7 @@ LAYERS: list[set[str]] = [
     {"agent"},
     {"eval"},
     {"factory"},
+    {"serve"},  # the HTTP service: store, access, audit, app
     {"cli"},
 ]
 

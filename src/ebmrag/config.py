@@ -53,6 +53,13 @@ gate_theta1 = 0.35       # gate thresholds and weights: gate_alpha/beta/gamma = 
 gate_theta2 = 0.25
 brief_sentences = 12     # the offline brief: at most this many patient sentences (key facts first) ...
 brief_evidence_sentences = 8   # ... and this many knowledge-base sentences; the full context is in the trace
+
+[serve]                  # ebmrag serve
+store_url = ""           # empty: SQLite in --data-dir; or postgresql://user@host:5432/db (env EBMRAG_STORE_URL)
+max_body_mb = 10         # larger request bodies are refused (413)
+rate_per_second = 20     # per API key, bursts of rate_burst; beyond: 429 with Retry-After
+rate_burst = 40
+request_seconds = 120    # a request still running after this is answered 504
 """
 
 from __future__ import annotations
@@ -221,6 +228,21 @@ class AnswerSettings:
 
 
 @dataclass(frozen=True)
+class ServeSettings:
+    """`ebmrag serve`: the patient store and the limits every request meets."""
+
+    store_url: str = ""  # empty: SQLite in --data-dir; else postgresql://user@host:port/db (env EBMRAG_STORE_URL)
+    max_body_mb: float = 10.0  # a larger request body is refused (413)
+    rate_per_second: float = 20.0  # per API key, with bursts of rate_burst (429 with Retry-After beyond)
+    rate_burst: int = 40
+    request_seconds: float = 120.0  # a request still running after this is answered 504
+
+    def __post_init__(self) -> None:
+        if self.max_body_mb <= 0 or self.rate_per_second <= 0 or self.rate_burst < 1 or self.request_seconds <= 0:
+            raise ValueError("max_body_mb, rate_per_second and request_seconds must be > 0 and rate_burst >= 1")
+
+
+@dataclass(frozen=True)
 class Settings:
     packing: PackingSettings = field(default_factory=PackingSettings)
     models: ModelSettings = field(default_factory=ModelSettings)
@@ -228,6 +250,7 @@ class Settings:
     retrieval: RetrievalSettings = field(default_factory=RetrievalSettings)
     llm: LLMSettings = field(default_factory=LLMSettings)
     answer: AnswerSettings = field(default_factory=AnswerSettings)
+    serve: ServeSettings = field(default_factory=ServeSettings)
 
 
 def _section(cls: type[Any], raw: Any, name: str) -> Any:
@@ -264,7 +287,7 @@ def load_settings(path: str | Path | None) -> Settings:
         raise ConfigError(f"config file not found: {path}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
-    unknown = set(data) - {"packing", "models", "kb", "retrieval", "llm", "answer"}
+    unknown = set(data) - {"packing", "models", "kb", "retrieval", "llm", "answer", "serve"}
     if unknown:
         raise ConfigError(f"config file {path}: unknown tables {sorted(unknown)}")
     return Settings(
@@ -274,4 +297,5 @@ def load_settings(path: str | Path | None) -> Settings:
         _section(RetrievalSettings, data.get("retrieval"), "retrieval"),
         _section(LLMSettings, data.get("llm"), "llm"),
         _section(AnswerSettings, data.get("answer"), "answer"),
+        _section(ServeSettings, data.get("serve"), "serve"),
     )

@@ -64,6 +64,12 @@ class KeyValueCache:
             self._db.executemany(f"DELETE FROM {self.table} WHERE key = ?", rows)
             return self._db.total_changes - before
 
+    def scan(self) -> list[tuple[str, bytes]]:
+        """Every (key, value): for erasure by content, where no key is known (cached model replies)."""
+        with self._lock:
+            rows = self._db.execute(f"SELECT key, {self.column} FROM {self.table}").fetchall()
+        return [(k, v if isinstance(v, bytes) else str(v).encode()) for k, v in rows]
+
     def close(self) -> None:
         with self._lock:
             self._db.close()

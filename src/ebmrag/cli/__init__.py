@@ -5,6 +5,7 @@
     ingest, delete, search, kb    cli.kb       the knowledge base
     eval ...                      cli.eval     measurements on public data
     gate ...                      cli.gate     the retrieval gate's classifier
+    serve, keys ..., audit ...    cli.serve    the multi-tenant service
 
 Commands are registered here, so no command module imports another's (or this one).
 """
@@ -16,7 +17,7 @@ from typing import Annotated
 
 import typer
 
-from ebmrag.cli import ask, kb, pack
+from ebmrag.cli import ask, kb, pack, serve
 from ebmrag.cli.eval import eval_app
 from ebmrag.cli.gate import gate_app
 
@@ -39,3 +40,6 @@ app.command()(kb.search)
 app.add_typer(kb.kb_app, name="kb")
 app.add_typer(eval_app, name="eval")
 app.add_typer(gate_app, name="gate")
+app.command()(serve.serve)
+app.add_typer(serve.keys_app, name="keys")
+app.add_typer(serve.audit_app, name="audit")

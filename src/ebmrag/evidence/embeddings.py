@@ -40,6 +40,9 @@ class _VectorCache:
     def put_many(self, items: dict[str, Vectors]) -> None:
         self._store.put_many({k: v.astype(np.float32).tobytes() for k, v in items.items()})
 
+    def forget(self, keys: list[str]) -> int:
+        return self._store.forget(keys)
+
 
 def native_bf16() -> bool:
     """True when the CPU multiplies bf16 in hardware (AVX512-BF16 or AMX); elsewhere bf16 is emulated and slow."""
@@ -140,6 +143,13 @@ class SentenceEmbedder:
         if not keys:
             return np.zeros((0, self.dimension), dtype=np.float32)
         return np.stack([self._memory[k] for k in keys])
+
+    def forget(self, texts: Sequence[str]) -> int:
+        """Erase these texts' vectors from memory and disk (a patient's erasure); returns the disk rows removed."""
+        keys = [self._key(t) for t in texts]
+        for key in keys:
+            self._memory.pop(key, None)
+        return self._disk.forget(keys) if self._disk is not None else 0
 
     def _encode(self, texts: list[str]) -> Vectors:
         """bf16 runs under autocast: weights stay fp32, matrix products use the CPU's bf16 units."""

@@ -258,6 +258,14 @@ class EntityCompressor:
         self._memory.update(known)
         return results
 
+    def forget(self, texts: Sequence[str]) -> int:
+        """Erase these texts' state B from memory and the disk store; returns the rows removed."""
+        for text in texts:
+            self._memory.pop(text, None)
+        if self.store is None:
+            return 0
+        return self.store.forget([digest(self.extractor.fingerprint, t) for t in texts])
+
     def _compress(self, text: str) -> Compression:
         original = {e.key for e in self.extractor.extract(text)}
         pieces = [self._compress_sentence(s.text) for s in split_sentences(text)]

@@ -182,6 +182,13 @@ class TierClassifier:
             self.store.put_many(fresh)
         return decisions
 
+    def forget(self, items: Sequence[tuple[str, str | None]]) -> int:
+        """Erase the stored rule decisions of these (text, section) pairs; returns the rows removed."""
+        if self.store is None:
+            return 0
+        return self.store.forget([digest(self.fingerprint, normalize_section(section), text)
+                                  for text, section in items])
+
     def classify(self, text: str, section: str | None = None) -> TierDecision:
         return self.classify_many([(text, section)])[0]
 

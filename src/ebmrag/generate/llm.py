@@ -75,6 +75,15 @@ class ReplyCache:
     def put(self, key: str, reply: dict[str, Any]) -> None:
         self._store.put_many({key: json.dumps(reply).encode()})
 
+    def forget_quoting(self, texts: Sequence[str], least: int = 16) -> int:
+        """Erase every cached reply that quotes one of `texts` (a patient's erasure: the cache is keyed by the
+        request's hash, so replies are found by content); texts shorter than `least` characters are too
+        common to attribute. Returns the replies removed."""
+        needles = [t for t in texts if len(t) >= least]
+        gone = [key for key, reply in self._store.scan()
+                if any(n in json.loads(reply).get("text", "") for n in needles)]
+        return self._store.forget(gone)
+
 
 class OpenAIChatClient:
     """POST {base_url}/chat/completions; the API key comes from the argument or OPENAI_API_KEY."""

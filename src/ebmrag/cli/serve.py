@@ -1,0 +1,114 @@
+"""`ebmrag serve`, `ebmrag keys ...` and `ebmrag audit verify`: run the service and manage who may use it."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ebmrag.cli.common import ConfigOption, JsonOption, console, stderr, user_errors
+from ebmrag.config import load_settings
+from ebmrag.errors import require_extra
+
+DataDirOption = Annotated[Path, typer.Option("--data-dir", help="Where the service keeps its store and audit log.")]
+StoreOption = Annotated[str, typer.Option("--store-url", help="postgresql://… (default: [serve] store_url, "
+                                                              "EBMRAG_STORE_URL, else SQLite in --data-dir).")]
+keys_app = typer.Typer(help="API keys of the service (stored hashed).", no_args_is_help=True)
+audit_app = typer.Typer(help="The service's access log.", no_args_is_help=True)
+
+
+def _store_url(settings_url: str, flag: str) -> str:
+    return flag or os.environ.get("EBMRAG_STORE_URL", "") or settings_url
+
+
+def serve(
+    data_dir: DataDirOption,
+    host: Annotated[str, typer.Option(help="Interface to bind; 127.0.0.1 keeps the service on this machine.")]
+    = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.")] = 8080,
+    store_url: StoreOption = "",
+    config: ConfigOption = None,
+) -> None:
+    """Run the multi-tenant HTTP service (OpenAPI at /openapi.json, everything else under /v1)."""
+    with user_errors():
+        require_extra("fastapi", "serve", "ebmrag serve")
+        require_extra("uvicorn", "serve", "ebmrag serve")
+        import uvicorn
+
+        from ebmrag.serve.app import serve_app
+
+        settings = load_settings(config)
+        app = serve_app(data_dir, settings, _store_url(settings.serve.store_url, store_url))
+        stderr.print(f"ebmrag serve on http://{host}:{port} (store: {app.state.service.store.backend})")
+    uvicorn.run(app, host=host, port=port, log_level="warning")
+
+
+def _open(data_dir: Path, store_url: str, config: Path | None):  # type: ignore[no-untyped-def]
+    from ebmrag.serve.store import open_store
+
+    settings = load_settings(config)
+    return open_store(data_dir, _store_url(settings.serve.store_url, store_url))
+
+
+@keys_app.command("create")
+def keys_create(
+    data_dir: DataDirOption,
+    tenant: Annotated[str, typer.Option(help="The tenant the key acts for.")],
+    role: Annotated[str, typer.Option(help="clinician, service or admin.")],
+    patient: Annotated[list[str] | None, typer.Option("--patient", help="Limit the key to this patient "
+                                                                         "(repeat for more).")] = None,
+    store_url: StoreOption = "",
+    config: ConfigOption = None,
+) -> None:
+    """Create a key; the key itself is the only line on stdout (it is shown once, stored hashed)."""
+    with user_errors():
+        from ebmrag.serve.access import create_key
+
+        secret, key = create_key(_open(data_dir, store_url, config), tenant, role, tuple(patient or ()))
+    stderr.print(f"key {key.key_id}: tenant {key.tenant}, role {key.role}"
+                 + (f", patients {', '.join(key.patients)}" if key.patients else ""))
+    typer.echo(secret)
+
+
+@keys_app.command("list")
+def keys_list(data_dir: DataDirOption, tenant: Annotated[str, typer.Option(help="Only this tenant.")] = "",
+              store_url: StoreOption = "", as_json: JsonOption = False, config: ConfigOption = None) -> None:
+    """Key ids, tenants, roles and patient limits (never the keys)."""
+    with user_errors():
+        keys = _open(data_dir, store_url, config).keys(tenant or None)
+    rows = [{"key_id": k.key_id, "tenant": k.tenant, "role": k.role, "patients": list(k.patients),
+             "created": k.created, "revoked": k.revoked} for k in keys]
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    for row in rows:
+        console.print(f"{row['key_id']}  {row['tenant']}  {row['role']}  {','.join(row['patients']) or '*'}"
+                      f"  {row['created']}{'  revoked' if row['revoked'] else ''}", highlight=False)
+
+
+@keys_app.command("revoke")
+def keys_revoke(data_dir: DataDirOption, key_id: Annotated[str, typer.Argument(help="The key id.")],
+                store_url: StoreOption = "", config: ConfigOption = None) -> None:
+    """Revoke a key: every later request with it is refused (401)."""
+    with user_errors():
+        if not _open(data_dir, store_url, config).revoke(key_id):
+            raise ValueError(f"no key with id {key_id!r}")
+    stderr.print(f"key {key_id} revoked")
+
+
+@audit_app.command("verify")
+def audit_verify(data_dir: DataDirOption, store_url: StoreOption = "", config: ConfigOption = None) -> None:
+    """Check the hash chain of the access log: exit 0 when intact, 1 with the problems when not."""
+    with user_errors():
+        from ebmrag.serve.audit import verify
+
+        rows = _open(data_dir, store_url, config).audit_rows()
+        problems = verify(rows)
+    if problems:
+        for problem in problems:
+            stderr.print(f"[bold red]audit:[/] {problem}", highlight=False)
+        raise typer.Exit(code=1)
+    console.print(f"audit log intact: {len(rows)} entries", highlight=False)

@@ -1,0 +1,1 @@
+"""`ebmrag serve`: the multi-tenant service (store, access, audit, HTTP app)."""

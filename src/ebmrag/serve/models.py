@@ -1,0 +1,31 @@
+"""Request bodies of the service, validated by pydantic (FastAPI turns a violation into a 422 problem)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ebmrag.config import MAX_WINDOW
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is an error, not a silent default
+
+
+class AskBody(_Body):
+    question: str = Field(min_length=1, max_length=4000)
+    window: int | None = Field(default=None, ge=1, le=MAX_WINDOW)
+    retrieval: Literal["auto", "always", "never"] | None = None
+
+
+class PackBody(_Body):
+    query: str = Field(min_length=1, max_length=4000)
+    window: int = Field(ge=1, le=MAX_WINDOW)
+    strategy: str | None = None
+
+
+class SearchBody(_Body):
+    query: str = Field(min_length=1, max_length=4000)
+    k: int = Field(default=10, ge=1, le=200)
+    mode: Literal["bm25", "dense", "hybrid"] | None = None

@@ -1,0 +1,89 @@
+"""A real `ebmrag serve` for the tests: uvicorn on 127.0.0.1 in a thread, over SQLite and a real PostgreSQL.
+
+PostgreSQL is the machine's (127.0.0.1:5432, database `test`, trust auth) unless EBMRAG_TEST_POSTGRES_URL
+says otherwise; each test gets its own schema, dropped afterwards. An unreachable server fails the test
+(it is not skipped): the PostgreSQL backend is part of what is tested.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+from ebmrag.agent.engine import Engine
+from ebmrag.config import Settings
+from ebmrag.serve.access import create_key
+from ebmrag.serve.app import create_app
+from ebmrag.serve.store import PatientStore, PostgresStore, SQLiteStore
+
+POSTGRES_URL = os.environ.get("EBMRAG_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[PatientStore]:
+    if request.param == "sqlite":
+        yield SQLiteStore(tmp_path / "store.sqlite")
+        return
+    backend = PostgresStore(POSTGRES_URL, schema=f"test_{uuid.uuid4().hex[:12]}")
+    try:
+        yield backend
+    finally:
+        backend.drop()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Live:
+    """A running server and helpers to act as one of its keys."""
+
+    url: str
+    store: PatientStore
+    app: Any
+
+    def key(self, tenant: str, role: str, *patients: str) -> str:
+        return create_key(self.store, tenant, role, patients)[0]
+
+    def client(self, key: str | None = None) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=60)
+
+
+@pytest.fixture
+def serve(store: PatientStore, context_packer: Any, demo_voter: Any) -> Iterator[Callable[..., Live]]:
+    servers: list[tuple[uvicorn.Server, threading.Thread]] = []
+
+    def start(**serve_settings: Any) -> Live:
+        settings = Settings()
+        settings = replace(settings, serve=replace(settings.serve, **serve_settings))
+        app = create_app(store, settings, Engine(context_packer, demo_voter))
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning"))
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 20
+        while not server.started:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.02)
+        servers.append((server, thread))
+        return Live(f"http://127.0.0.1:{server.config.port}", store, app)
+
+    yield start
+    for server, thread in servers:
+        server.should_exit = True
+        thread.join(timeout=10)

@@ -1,0 +1,150 @@
+"""The service end to end over HTTP, on SQLite and PostgreSQL: access, isolation, records, answers, errors."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.serve.conftest import Live
+
+pytestmark = pytest.mark.model
+
+ALLERGY_TEXT = "Anaphylaxis to penicillin in 2014, throat swelling, adrenaline given."
+RECORD = {"patient_id": "anything", "fragments": [
+    {"id": "allergy", "text": ALLERGY_TEXT, "section": "Allergies", "timestamp": "2026-03-01T09:00:00Z"},
+    {"id": "labs", "text": "Creatinine 2.8 mg/dL, up from 1.1 mg/dL.", "section": "Labs",
+     "timestamp": "2026-03-14T08:00:00Z"},
+    {"id": "note", "text": "Wound red and warm since yesterday, temperature 38.6 C.", "section": "Progress note",
+     "timestamp": "2026-03-14T09:00:00Z"}]}
+BUNDLE = {"resourceType": "Bundle", "type": "collection", "entry": [
+    {"fullUrl": "urn:uuid:p1", "resource": {"resourceType": "Patient", "id": "p1", "gender": "female",
+                                            "birthDate": "1950-01-01"}},
+    {"resource": {"resourceType": "Observation", "id": "o1", "status": "final", "subject": {"reference": "urn:uuid:p1"},
+                  "category": [{"coding": [{"code": "laboratory"}]}], "code": {"text": "Creatinine"},
+                  "valueQuantity": {"value": 2.8, "unit": "mg/dL"}, "effectiveDateTime": "2026-01-02T10:00:00Z"}}]}
+
+
+def problem(response: Any, status: int, kind: str) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/problem+json")
+    body: dict[str, Any] = response.json()
+    assert body["type"].endswith("/" + kind) and body["status"] == status and "Traceback" not in response.text
+    return body
+
+
+def test_health_ready_metrics_and_openapi(serve: Callable[..., Live]) -> None:
+    live = serve()
+    with live.client() as http:
+        assert http.get("/healthz").json() == {"status": "ok"}
+        assert http.get("/readyz").json()["store"] == live.store.backend
+        paths = http.get("/openapi.json").json()["paths"]
+        assert {"/v1/patients/{pid}", "/v1/patients/{pid}/ask", "/v1/search"} <= set(paths)
+        problem(http.get("/v1/patients/p1/fragments"), 401, "unauthorized")
+        metrics = http.get("/metrics").text
+    assert 'ebmrag_requests_total{route="/v1/patients/{pid}/fragments",status="401"} 1' in metrics
+
+
+def test_keys_roles_and_tenants_never_see_each_other(serve: Callable[..., Live]) -> None:
+    live = serve()
+    feed_a, feed_b = live.key("hospital-a", "service"), live.key("hospital-b", "service")
+    with live.client(feed_a) as a, live.client(feed_b) as b:
+        assert a.put("/v1/patients/p1", json=RECORD).json()["fragments"] == 3
+        assert b.put("/v1/patients/p1", json=dict(RECORD, fragments=RECORD["fragments"][1:])).status_code == 200
+        mine = a.get("/v1/patients/p1/fragments").json()["fragments"]
+        theirs = b.get("/v1/patients/p1/fragments").json()["fragments"]
+    assert {f["id"] for f in mine} == {"allergy", "labs", "note"} and {f["id"] for f in theirs} == {"labs", "note"}
+    assert next(f for f in mine if f["id"] == "allergy")["must_keep"]
+    with live.client(live.key("hospital-b", "admin")) as admin_b:
+        problem(admin_b.get("/v1/patients/p2/fragments"), 404, "not-found")
+    with live.client(live.key("hospital-a", "clinician", "p2")) as limited:
+        assert problem(limited.get("/v1/patients/p1/fragments"), 404, "not-found")["detail"] == "no such patient"
+        problem(limited.put("/v1/patients/p2", json=RECORD), 403, "forbidden")
+    with live.client("ebm_0123456789ab_" + "x" * 40) as forged:
+        problem(forged.get("/v1/patients/p1/fragments"), 401, "unauthorized")
+    revoked = live.key("hospital-a", "clinician")
+    live.store.revoke(revoked.split("_")[1])
+    with live.client(revoked) as old:
+        assert "revoked" in problem(old.get("/v1/patients/p1/fragments"), 401, "unauthorized")["detail"]
+
+
+def test_fhir_bundles_pack_and_ask(serve: Callable[..., Live]) -> None:
+    live = serve()
+    with live.client(live.key("t", "service")) as http:
+        stored = http.put("/v1/patients/p9", content=json.dumps(BUNDLE),
+                          headers={"Content-Type": "application/fhir+json"}).json()
+        assert stored["fragments"] >= 2
+        packed = http.post("/v1/patients/p9/pack", json={"query": "Kidney function?", "window": 128}).json()
+        assert "creatinine 2.8 mg/dl" in packed["context"].lower() and packed["question_type"] == "general"
+        http.put("/v1/patients/p1", json=RECORD)
+        answer = http.post("/v1/patients/p1/ask", json={"question": "Which antibiotic is safe for his wound "
+                                                                    "infection?", "window": 2048}).json()
+    assert set(answer) == {"decision", "answer", "citations", "unsupported", "trace"}
+    assert "anaphylaxis to penicillin" in answer["answer"].lower()
+    assert answer["decision"]["question_type"] == "drug_choice" and answer["trace"]["retrieval"]["performed"]
+
+
+def test_appending_is_idempotent_and_upserts_by_id(serve: Callable[..., Live]) -> None:
+    live = serve()
+    with live.client(live.key("t", "service")) as http:
+        http.put("/v1/patients/p1", json=RECORD)
+        extra = {"patient_id": "p1", "fragments": [{"id": "culture", "text": "Wound swab grew MRSA."}]}
+        first = http.post("/v1/patients/p1/fragments", json=extra, headers={"Idempotency-Key": "k1"}).json()
+        again = http.post("/v1/patients/p1/fragments", json=extra, headers={"Idempotency-Key": "k1"}).json()
+        assert first["added"] == 1 and again.get("replayed") and again["added"] == 1
+        changed = {"patient_id": "p1", "fragments": [{"id": "labs", "text": "Creatinine 3.1 mg/dL."}]}
+        assert http.post("/v1/patients/p1/fragments", json=changed).json() == {
+            "patient": "p1", "added": 0, "replaced": 1, "record_skipped": []}
+        fragments = http.get("/v1/patients/p1/fragments").json()["fragments"]
+    assert [f["id"] for f in fragments] == ["allergy", "labs", "note", "culture"]
+    assert fragments[1]["text"] == "Creatinine 3.1 mg/dL."
+
+
+def test_erasure_removes_the_record_and_what_the_caches_hold_of_it(serve: Callable[..., Live]) -> None:
+    live = serve()
+    with live.client(live.key("t", "service")) as feed:
+        feed.put("/v1/patients/p1", json=RECORD)
+        feed.post("/v1/patients/p1/pack", json={"query": "allergies?", "window": 256})
+        problem(feed.delete("/v1/patients/p1"), 403, "forbidden")
+    embedder = live.app.state.service.engine().packer.embedder
+    assert embedder._key(ALLERGY_TEXT) in embedder._memory
+    with live.client(live.key("t", "admin")) as admin:
+        erased = admin.delete("/v1/patients/p1").json()
+        assert erased["erased_fragments"] == 3
+        problem(admin.get("/v1/patients/p1/fragments"), 404, "not-found")
+        problem(admin.delete("/v1/patients/p1"), 404, "not-found")
+    assert embedder._key(ALLERGY_TEXT) not in embedder._memory
+
+
+@pytest.mark.parametrize(("body", "content_type", "status", "kind"), [
+    (b"{not json", "application/json", 400, "malformed-json"),
+    (json.dumps(RECORD).encode(), "text/plain", 415, "unsupported-media-type"),
+    (json.dumps({"patient_id": "x", "fragments": []}).encode(), "application/json", 422, "invalid-record"),
+    (json.dumps({"resourceType": "Bundle", "type": "collection", "entry": [
+        {"resource": {"resourceType": "Patient", "id": "a"}}, {"resource": {"resourceType": "Patient", "id": "a"}},
+        {"resource": {"resourceType": "AllergyIntolerance", "id": "x", "patient": {"reference": "Patient/a"},
+                      "code": {"text": "Penicillin"}}}]}).encode(), "application/fhir+json", 422, "invalid-record"),
+])
+def test_bad_input_is_a_problem_and_stores_nothing(serve: Callable[..., Live], body: bytes, content_type: str,
+                                                   status: int, kind: str) -> None:
+    live = serve()
+    with live.client(live.key("t", "service")) as http:
+        problem(http.put("/v1/patients/p1", content=body, headers={"Content-Type": content_type}), status, kind)
+        problem(http.get("/v1/patients/p1/fragments"), 404, "not-found")
+        problem(http.put("/v1/patients/../etc", json=RECORD), 404, "not-found")
+        problem(http.post("/v1/patients/p1/pack", json={"query": "x", "window": 0}), 422, "invalid-request")
+        problem(http.post("/v1/patients/p1/ask", json={"question": "x", "bogus": 1}), 422, "invalid-request")
+
+
+def test_limits_body_size_and_rate(serve: Callable[..., Live]) -> None:
+    live = serve(max_body_mb=0.001, rate_per_second=0.5, rate_burst=3)
+    with live.client(live.key("t", "service")) as http:
+        problem(http.put("/v1/patients/p1", content=b"x" * 5000, headers={"Content-Type": "application/json"}),
+                413, "payload-too-large")
+        for _ in range(3):  # the burst (the refused upload never reached the key check)
+            problem(http.get("/v1/patients/p1/fragments"), 404, "not-found")
+        limited = http.get("/v1/patients/p1/fragments")
+        problem(limited, 429, "rate-limited")
+        assert int(limited.headers["Retry-After"]) >= 1
