@@ -53,6 +53,9 @@ gate_theta1 = 0.35       # gate thresholds and weights: gate_alpha/beta/gamma = 
 gate_theta2 = 0.25
 brief_sentences = 12     # the offline brief: at most this many patient sentences (key facts first) ...
 brief_evidence_sentences = 8   # ... and this many knowledge-base sentences; the full context is in the trace
+redact = "auto"          # names, identifiers, contacts, exact dates out of what an outside model sees:
+                         # auto = unless the endpoint's host is in local_hosts; always; never
+local_hosts = "127.0.0.1,localhost,::1"
 
 [serve]                  # ebmrag serve
 store_url = ""           # empty: SQLite in --data-dir; or postgresql://user@host:5432/db (env EBMRAG_STORE_URL)
@@ -207,6 +210,8 @@ class AnswerSettings:
     gate_theta2: float = 0.25  # below: retrieve and warn (the paper prints 0.1, which can never fire)
     brief_sentences: int = 12  # the offline brief's patient sentences (must-keep first, then by relevance)
     brief_evidence_sentences: int = 8
+    redact: str = "auto"  # identifiers out of what an outside model sees: auto (unless local), always, never
+    local_hosts: str = "127.0.0.1,localhost,::1"  # endpoints on these hosts count as local
 
     def __post_init__(self) -> None:
         if not 1 <= self.window <= MAX_WINDOW:
@@ -221,6 +226,8 @@ class AnswerSettings:
         if not 0 < self.evidence_share <= 1:
             raise ValueError(f"evidence_share must be in (0, 1], got {self.evidence_share}")
         check_gate_params(self.gate_alpha, self.gate_beta, self.gate_gamma, self.gate_theta1, self.gate_theta2)
+        if self.redact not in ("auto", "always", "never"):
+            raise ValueError(f"redact must be auto, always or never, got {self.redact!r}")
         if self.retrieval not in ("auto", "always", "never"):
             raise ValueError(f"retrieval must be auto, always or never, got {self.retrieval!r}")
         if self.ordering not in ("relevance_first", "edges_first"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import time
@@ -193,3 +194,40 @@ def test_one_time_budget_bounds_all_stages_of_an_answer(make_engine: Callable[..
     assert "time budget for model calls ran out" in result.fault
     assert result.answer.startswith("Creatinine 2.8"), "the draft stands when the reviewer had no time"
     assert elapsed < 3.0
+
+
+def test_an_outside_model_never_sees_the_patients_identifiers(make_engine: Callable[..., Engine],
+                                                              tmp_path: Path) -> None:
+    """Issue 13.7: names, MRN, birth date, phone and exact dates are replaced in everything sent, and the
+    answer the user reads has them back."""
+    bundle = {"resourceType": "Bundle", "type": "collection", "entry": [
+        {"fullUrl": "urn:uuid:p1", "resource": {
+            "resourceType": "Patient", "id": "p1", "gender": "male", "birthDate": "1950-10-24",
+            "name": [{"given": ["Lindsay928"], "family": "Gerlach374"}],
+            "identifier": [{"value": "MRN-7765123"}], "telecom": [{"value": "555-867-5309"}]}},
+        {"resource": {"resourceType": "DocumentReference", "id": "d1", "status": "current",
+                      "subject": {"reference": "urn:uuid:p1"}, "date": "2026-03-14T09:00:00Z",
+                      "content": [{"attachment": {"contentType": "text/plain", "data": base64.b64encode(
+                          b"# Allergies\nLindsay928 reports anaphylaxis to penicillin; call 555-867-5309."
+                      ).decode()}}]}}]}
+    chart = tmp_path / "chart.json"
+    chart.write_text(json.dumps(bundle), encoding="utf-8")
+
+    def model(body: dict[str, Any]) -> str:
+        reply = clinician()(body)
+        if stage_of(body) == "final_assembler":
+            placeholder = re.search(r"\[NAME-\d+\]", body["messages"][1]["content"])
+            return json.dumps({"answer": f"{placeholder.group(0) if placeholder else '?'} reported anaphylaxis "
+                                         "to penicillin [2]."})
+        return reply
+
+    fake = FakeOpenAI(model)
+    with serve(fake) as url:
+        result = make_engine(OpenAIChatClient(url, "tiny", max_retries=0), redact="always").ask(
+            "Which antibiotic is safe for him?", chart, window=6000)
+    sent = json.dumps(fake.requests)
+    for value in ("Lindsay928", "Gerlach374", "MRN-7765123", "1950-10-24", "555-867-5309", "2026-03-14"):
+        assert value not in sent, value
+    assert "Lindsay928" in result.answer, "the user reads the restored name"
+    assert result.redacted["name"] >= 1 and result.redacted["contact"] >= 1
+    assert "Lindsay928" not in json.dumps(result.to_json()["trace"]["redacted"])

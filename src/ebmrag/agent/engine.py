@@ -41,6 +41,7 @@ from ebmrag.generate.grounding import GroundingChecker
 from ebmrag.generate.injection import instruction_sentences
 from ebmrag.generate.llm import OpenAIChatClient
 from ebmrag.generate.prompts import PromptStage, load_prompts, with_warning
+from ebmrag.generate.redact import Redactor, redactor_for, should_redact
 from ebmrag.generate.staged import StagedAnswerer, StageTrace, cited_numbers
 from ebmrag.index.types import SearchHit
 from ebmrag.index.vote import DocumentVoter
@@ -55,6 +56,7 @@ class Answer(NamedTuple):
     claims: tuple[str, ...]  # the sentences the grounding check reads: no warning, no headings
     stages: tuple[StageTrace, ...] = ()
     fault: str = ""
+    redacted: tuple[tuple[str, int], ...] = ()  # kinds and counts of identifiers kept from the model
 
 
 class Engine:
@@ -148,14 +150,14 @@ class Engine:
             items = tuple(context_items(numbering, pack))
             context = render_context(items, self.settings.ordering)
         with _timed(timings, "answer"):
-            answer = self._answer(question, items, context, decision.warning, prompts, history)
+            answer = self._answer(question, items, context, decision.warning, prompts, history, record)
         with _timed(timings, "grounding"):
             checked = self.grounding.run(answer.claims, [i.body for i in items])
             unsupported = tuple(s for s in checked if not s.supported)
         return AskResult(question, record.patient_id, language, "openai" if self.client else "extractive", decision,
                          answer.text, answer.citations, unsupported, budget, retrieval, assembled, numbering, pack,
                          items, context, answer.stages, answer.fault, timings,
-                         tuple(instruction_sentences(items)))
+                         tuple(instruction_sentences(items)), dict(answer.redacted))
 
     def _retrieve(self, question: str, decision: GateDecision, record: PatientRecord) -> RetrievalTrace:
         if self.voter is None or not self._may_retrieve:
@@ -167,8 +169,10 @@ class Engine:
             self.packer.prepare(record, queries)
         documents = self.voter.run(queries, similarity_to=question)
         verdicts: tuple[RelevanceVerdict, ...] = ()
-        if self.relevance:
-            verdicts = tuple(self.relevance.run(question, queries[1:], documents)[1])
+        if self.relevance:  # the filter's prompt carries the question and record sentences: redacted like the answer's
+            redactor = self._redactor(record)
+            shown = [redactor.apply(q) for q in queries] if redactor is not None else list(queries)
+            verdicts = tuple(self.relevance.run(shown[0], shown[1:], documents)[1])
         reason = "retrieval = always" if self.settings.retrieval == "always" else \
             f"gate: {decision.action.value} ({decision.reason})"
         return RetrievalTrace(True, reason, queries, tuple(documents), verdicts)
@@ -210,22 +214,37 @@ class Engine:
         return self.packer.run(record, question, budget, as_of, numbering.evidence, known, numbering.headers)
 
     def _answer(self, question: str, items: tuple[ContextItem, ...], context: str, warning: str,
-                prompts: dict[str, PromptStage] | None, history: str) -> Answer:
+                prompts: dict[str, PromptStage] | None, history: str, record: PatientRecord) -> Answer:
         if self.client is None or prompts is None:
             return self._brief(question, items, warning)
         full_question = f"{history}\n\n{question}" if history else question
         deadline = time.monotonic() + self.settings.model_seconds
+        redactor = self._redactor(record)
+        if redactor is not None:  # the model sees placeholders; the user reads the restored answer
+            full_question, context = redactor.apply(full_question), redactor.apply(context)
         staged = StagedAnswerer(self.client, prompts).run(full_question, context, {i.n for i in items}, warning,
                                                           deadline)
+        redacted = tuple(redactor.summary().items()) if redactor is not None else ()
+        if redactor is not None and staged.answer is not None:
+            staged = replace(staged, answer=redactor.restore(staged.answer))
         if staged.answer is None:
             brief = self._brief(question, items, warning)
             note = (f"The model's answer could not be used ({staged.fault}); this is the offline evidence brief "
                     "built from the same context.")
-            return brief._replace(text=f"{note}\n\n{brief.text}", stages=staged.stages, fault=staged.fault)
+            return brief._replace(text=f"{note}\n\n{brief.text}", stages=staged.stages, fault=staged.fault,
+                                  redacted=redacted)
         by_number = {i.n: i for i in items}
         citations = tuple(cite(by_number[n]) for n in sorted(set(cited_numbers(staged.answer))))
         claims = tuple(s.text for s in split_sentences(staged.answer))
-        return Answer(with_warning(warning, staged.answer), citations, claims, staged.stages, staged.fault)
+        return Answer(with_warning(warning, staged.answer), citations, claims, staged.stages, staged.fault,
+                      redacted)
+
+    def _redactor(self, record: PatientRecord) -> Redactor | None:
+        base_url = str(getattr(self.client, "base_url", ""))
+        hosts = [h.strip() for h in self.settings.local_hosts.split(",") if h.strip()]
+        if not should_redact(self.settings.redact, base_url, hosts):
+            return None
+        return redactor_for(record.identifiers, record.latest_timestamp)
 
     def _brief(self, question: str, items: tuple[ContextItem, ...], warning: str) -> Answer:
         brief = extractive_brief(question, items, warning, self.settings.brief_sentences,

@@ -68,6 +68,7 @@ class AskResult:
     fault: str = ""
     timings_ms: dict[str, float] = field(default_factory=dict)
     flagged: tuple[FlaggedSentence, ...] = ()  # instruction-like sentences in the context, never findings
+    redacted: dict[str, int] = field(default_factory=dict)  # identifier kinds kept from the model, and how many
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -95,6 +96,7 @@ class AskResult:
             **self._pack_json(),
             "context": self.context,
             "flagged": [f.to_json() for f in self.flagged],
+            "redacted": self.redacted,
             "stages": [s.to_json() for s in self.stages],
             "timings_ms": {k: round(v, 2) for k, v in self.timings_ms.items()},
         }

@@ -150,6 +150,25 @@ def _encounter_of(resource: Resource, encounters: Mapping[str, str]) -> str | No
     return encounters.get(str(reference), str(reference)) if reference else None
 
 
+def _identifiers(patient: Resource | None) -> tuple[tuple[str, str], ...]:
+    """What identifies the person (name, MRN and other identifiers, birth date, address, telecom): never
+    packed as such, kept so everything sent to an outside model can be redacted (generate.redact)."""
+    if patient is None:
+        return ()
+    found: list[tuple[str, str]] = []
+    for name in patient.get("name") or []:
+        parts = [*(name.get("prefix") or []), *(name.get("given") or []), name.get("family") or ""]
+        found += [("name", str(p)) for p in (name.get("text"), " ".join(str(x) for x in parts if x).strip(),
+                                             *(name.get("given") or []), name.get("family")) if p]
+    found += [("id", str(i["value"])) for i in patient.get("identifier") or [] if i.get("value")]
+    found += [("birth_date", str(patient["birthDate"]))] if patient.get("birthDate") else []
+    for address in patient.get("address") or []:
+        found += [("address", str(v)) for v in (*(address.get("line") or []), address.get("city"),
+                                                address.get("postalCode")) if v]
+    found += [("contact", str(t["value"])) for t in patient.get("telecom") or [] if t.get("value")]
+    return tuple(dict.fromkeys(found))
+
+
 def _demographics(patient: Resource | None, subject: str, fragments: Sequence[Fragment]) -> Fragment | None:
     """Age and sex as one must-keep line ("Patient summary" in the tier rules), dated with the newest
     fragment so its age is the age at the time of the question."""
@@ -291,7 +310,7 @@ def record_from_fhir_bundle(bundle: Mapping[str, Any], origin: str) -> PatientRe
     skipped = tuple(f"{kind.split(': ')[0]} x{n}: {kind.split(': ', 1)[1]}" for kind, n in sorted(unused.items()))
     for note in skipped:
         log.info("%s: %s", origin, note)
-    return PatientRecord(subject, tuple(summary) + tuple(found), origin, skipped)
+    return PatientRecord(subject, tuple(summary) + tuple(found), origin, skipped, _identifiers(patient))
 
 
 def _fragments(resource: Resource, position: int, origin: str, aliases: Mapping[str, str], index: BundleIndex,

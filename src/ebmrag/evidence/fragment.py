@@ -97,6 +97,7 @@ class PatientRecord:
     fragments: tuple[Fragment, ...]
     origin: str = "<memory>"
     skipped: tuple[str, ...] = ()  # what the loader read but did not turn into fragments, and why
+    identifiers: tuple[tuple[str, str], ...] = ()  # (kind, value) the source names (FHIR Patient): for redaction only
     def __post_init__(self) -> None:
         if not self.patient_id.strip():
             raise RecordError(self.origin, "patient_id is empty")

@@ -241,7 +241,7 @@ async def read_record(request: Request, patient: str) -> PatientRecord:
     else:
         record = record_from_json(data, origin)
     fragments = tuple(replace(f, patient_id=patient) for f in record.fragments)
-    return PatientRecord(patient, fragments, origin, record.skipped)
+    return PatientRecord(patient, fragments, origin, record.skipped, record.identifiers)
 
 
 def _install_patients(app: FastAPI, service: Service) -> None:

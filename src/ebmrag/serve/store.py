@@ -25,7 +25,8 @@ from ebmrag.evidence.fragment import Fragment, PatientRecord, parse_timestamp
 SCHEMA = (
     """CREATE TABLE IF NOT EXISTS tenants (tenant TEXT PRIMARY KEY, created TEXT NOT NULL)""",
     """CREATE TABLE IF NOT EXISTS patients (tenant TEXT NOT NULL, patient TEXT NOT NULL, origin TEXT NOT NULL,
-       skipped TEXT NOT NULL, updated TEXT NOT NULL, PRIMARY KEY (tenant, patient))""",
+       skipped TEXT NOT NULL, updated TEXT NOT NULL, identifiers TEXT NOT NULL DEFAULT '[]',
+       PRIMARY KEY (tenant, patient))""",
     """CREATE TABLE IF NOT EXISTS fragments (tenant TEXT NOT NULL, patient TEXT NOT NULL, fragment_id TEXT NOT NULL,
        position INTEGER NOT NULL, body TEXT NOT NULL, PRIMARY KEY (tenant, patient, fragment_id))""",
     """CREATE TABLE IF NOT EXISTS api_keys (key_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, role TEXT NOT NULL,
@@ -160,11 +161,12 @@ class PatientStore:
         return len(fresh), len(record.fragments) - len(fresh)
 
     def _write_patient(self, cur: Any, tenant: str, patient: str, record: PatientRecord) -> None:
-        values = (record.origin, json.dumps(list(record.skipped)), now(), tenant, patient)
-        if self._execute(cur, "UPDATE patients SET origin = ?, skipped = ?, updated = ? WHERE tenant = ? AND "
-                              "patient = ?", values).rowcount == 0:
-            self._execute(cur, "INSERT INTO patients (origin, skipped, updated, tenant, patient) "
-                               "VALUES (?, ?, ?, ?, ?)", values)
+        values = (record.origin, json.dumps(list(record.skipped)), now(),
+                  json.dumps([list(i) for i in record.identifiers]), tenant, patient)
+        if self._execute(cur, "UPDATE patients SET origin = ?, skipped = ?, updated = ?, identifiers = ? WHERE "
+                              "tenant = ? AND patient = ?", values).rowcount == 0:
+            self._execute(cur, "INSERT INTO patients (origin, skipped, updated, identifiers, tenant, patient) "
+                               "VALUES (?, ?, ?, ?, ?, ?)", values)
 
     def _insert(self, cur: Any, tenant: str, patient: str, fragments: Sequence[Fragment], start: int) -> None:
         for offset, fragment in enumerate(fragments):
@@ -173,14 +175,15 @@ class PatientStore:
 
     def record(self, tenant: str, patient: str) -> PatientRecord | None:
         with self.transaction() as cur:
-            head = self._execute(cur, "SELECT skipped FROM patients WHERE tenant = ? AND patient = ?",
+            head = self._execute(cur, "SELECT skipped, identifiers FROM patients WHERE tenant = ? AND patient = ?",
                                  (tenant, patient)).fetchone()
             if head is None:
                 return None
             rows = self._execute(cur, "SELECT body FROM fragments WHERE tenant = ? AND patient = ? ORDER BY position",
                                  (tenant, patient)).fetchall()
         fragments = tuple(fragment_from_json(r[0], patient) for r in rows)
-        return PatientRecord(patient, fragments, f"store:{tenant}/{patient}", tuple(json.loads(head[0])))
+        identifiers = tuple((str(k), str(v)) for k, v in json.loads(head[1]))
+        return PatientRecord(patient, fragments, f"store:{tenant}/{patient}", tuple(json.loads(head[0])), identifiers)
 
     def delete_patient(self, tenant: str, patient: str) -> list[Fragment] | None:
         """Erase the patient; returns the erased fragments (the caller forgets what caches hold of them), or
