@@ -1,0 +1,3 @@
+from ebmrag.cli import app
+
+app()
