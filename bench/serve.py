@@ -1,0 +1,118 @@
+"""`ebmrag serve` under load: concurrent clients asking about the demo patients (offline brief, demo KB).
+
+Run: python bench/serve.py --clients 50 --seconds 60 --out docs/benchmarks.md
+
+A real server (uvicorn on 127.0.0.1, SQLite store in a temporary directory) holds the bundled demo
+records under one tenant; each client (its own clinician key) loops `POST /v1/patients/{pid}/ask` for a
+random demo patient and question. Reported: requests, errors (any status but 200), requests/s, latency
+p50/p95/p99, and the process's resident memory before and after the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import statistics
+import tempfile
+import threading
+import time
+from datetime import date
+from pathlib import Path
+
+import httpx
+import uvicorn
+
+from ebmrag.config import Settings
+from ebmrag.demo import demo_query, demo_record_paths
+from ebmrag.serve.access import create_key
+from ebmrag.serve.app import create_app
+from ebmrag.serve.store import SQLiteStore
+from report import write_section  # bench/ is on sys.path when a script here runs
+
+
+def rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def start(app: object) -> tuple[uvicorn.Server, str]:
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))  # type: ignore[arg-type]
+    threading.Thread(target=server.run, daemon=True).start()
+    while not server.started:
+        time.sleep(0.05)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    return server, f"http://127.0.0.1:{port}"
+
+
+def client_loop(url: str, key: str, patients: list[tuple[str, str]], until: float, seed: int,
+                latencies: list[float], errors: list[int]) -> None:
+    rng = random.Random(seed)
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=120) as http:
+        while time.monotonic() < until:
+            pid, question = rng.choice(patients)
+            started = time.perf_counter()
+            status = http.post(f"/v1/patients/{pid}/ask", json={"question": question}).status_code
+            latencies.append(time.perf_counter() - started)
+            if status != 200:
+                errors.append(status)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--clients", type=int, default=50)
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as data:
+        store = SQLiteStore(Path(data) / "store.sqlite")
+        key = create_key(store, "bench", "service")[0]
+        client_keys = [create_key(store, "bench", "clinician")[0] for _ in range(args.clients)]  # a key each: the
+        # per-key rate limit is not what is measured
+        settings = Settings()
+        server, url = start(create_app(store, settings))
+        patients = []
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=300) as http:
+            for n, path in enumerate(demo_record_paths()):
+                pid = f"demo{n}"
+                assert http.put(f"/v1/patients/{pid}", content=path.read_bytes(),
+                                headers={"Content-Type": "application/json"}).status_code == 200
+                patients.append((pid, demo_query(path)))
+                http.post(f"/v1/patients/{pid}/ask", json={"question": demo_query(path)})  # warm the engine
+        before = rss_mb()
+        latencies: list[float] = []
+        errors: list[int] = []
+        until = time.monotonic() + args.seconds
+        threads = [threading.Thread(target=client_loop, args=(url, client_keys[i], patients, until, i, latencies,
+                                                              errors)) for i in range(args.clients)]
+        started = time.monotonic()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        elapsed = time.monotonic() - started
+        after = rss_mb()
+        server.should_exit = True
+    cuts = statistics.quantiles(latencies, n=100)
+    lines = [f"## `ebmrag serve` under load, {date.today().isoformat()}", "",
+             f"Machine: {platform.machine()}, Python {platform.python_version()}, 2 cores. Command: "
+             f"`python bench/serve.py --clients {args.clients} --seconds {args.seconds:g} --out docs/benchmarks.md`.",
+             "", f"{args.clients} clients, {args.seconds:g} s of `POST /v1/patients/{{pid}}/ask` (offline brief, demo "
+             f"knowledge base, {len(patients)} demo patients, SQLite store).", "",
+             "| requests | errors | requests/s | p50 ms | p95 ms | p99 ms | RSS before / after MB |",
+             "|---|---|---|---|---|---|---|",
+             f"| {len(latencies)} | {len(errors)} | {len(latencies) / elapsed:.1f} | {cuts[49] * 1000:.0f} | "
+             f"{cuts[94] * 1000:.0f} | {cuts[98] * 1000:.0f} | {before:.0f} / {after:.0f} |"]
+    if errors:
+        lines.append(f"\nError statuses: {json.dumps(sorted(set(errors)))}")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        write_section(args.out, "serve-load", text)
+
+
+if __name__ == "__main__":
+    main()
