@@ -13,6 +13,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -64,26 +65,33 @@ class Live:
         return httpx.Client(base_url=self.url, headers=headers, timeout=60)
 
 
-@pytest.fixture
-def serve(store: PatientStore, context_packer: Any, demo_voter: Any) -> Iterator[Callable[..., Live]]:
-    servers: list[tuple[uvicorn.Server, threading.Thread]] = []
+def start_server(store: PatientStore, engine: Engine, **serve_settings: Any) -> tuple[Live, uvicorn.Server,
+                                                                                      threading.Thread]:
+    settings = Settings()
+    settings = replace(settings, serve=replace(settings.serve, **serve_settings))
+    app = create_app(store, settings, engine)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the test server did not start")
+        time.sleep(0.02)
+    return Live(f"http://127.0.0.1:{server.config.port}", store, app), server, thread
 
-    def start(**serve_settings: Any) -> Live:
-        settings = Settings()
-        settings = replace(settings, serve=replace(settings.serve, **serve_settings))
-        app = create_app(store, settings, Engine(context_packer, demo_voter))
-        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning"))
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        deadline = time.monotonic() + 20
-        while not server.started:
-            if time.monotonic() > deadline:
-                raise RuntimeError("the test server did not start")
-            time.sleep(0.02)
-        servers.append((server, thread))
-        return Live(f"http://127.0.0.1:{server.config.port}", store, app)
 
-    yield start
-    for server, thread in servers:
+@contextmanager
+def running(store: PatientStore, engine: Engine, **serve_settings: Any) -> Iterator[Live]:
+    live, server, thread = start_server(store, engine, **serve_settings)
+    try:
+        yield live
+    finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+@pytest.fixture
+def serve(store: PatientStore, context_packer: Any, demo_voter: Any) -> Iterator[Callable[..., Live]]:
+    with ExitStack() as stack:
+        yield lambda **settings: stack.enter_context(running(store, Engine(context_packer, demo_voter), **settings))

@@ -25,7 +25,8 @@ ROLES: dict[str, frozenset[str]] = {
     "admin": frozenset({READ, SEARCH, WRITE, ERASE, KB_ADMIN}),
 }
 _KEY = re.compile(r"^ebm_([0-9a-f]{12})_([A-Za-z0-9_-]{20,})$")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+_NAME = re.compile(NAME_PATTERN)
 
 
 class AccessError(Exception):

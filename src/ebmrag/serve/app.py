@@ -16,9 +16,10 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import FastAPI, Request
+from fastapi import Path as PathParameter
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.concurrency import run_in_threadpool
@@ -33,7 +34,17 @@ from ebmrag.evidence.loaders import record_from_json
 from ebmrag.index.search import HybridRetriever
 from ebmrag.packing.packer import STRATEGIES, ContextPacker
 from ebmrag.serve import audit
-from ebmrag.serve.access import ERASE, READ, SEARCH, WRITE, AccessError, authenticate, require, valid_name
+from ebmrag.serve.access import (
+    ERASE,
+    NAME_PATTERN,
+    READ,
+    SEARCH,
+    WRITE,
+    AccessError,
+    authenticate,
+    require,
+    valid_name,
+)
 from ebmrag.serve.limits import Metrics, RateLimiter
 from ebmrag.serve.models import AskBody, PackBody, SearchBody
 from ebmrag.serve.store import ApiKey, PatientStore, StoreError
@@ -57,7 +68,26 @@ def problem_response(status: int, kind: str, detail: str, request: Request | Non
     return JSONResponse(body, status, headers=headers, media_type="application/problem+json")
 
 
+PatientId = Annotated[str, PathParameter(pattern=NAME_PATTERN, description="the patient's id within the key's tenant")]
 _ACCESS_KINDS = {401: "unauthorized", 403: "forbidden", 404: "not-found"}
+PROBLEM_SCHEMA = {"type": "object", "required": ["type", "title", "status", "detail"],
+                  "properties": {"type": {"type": "string"}, "title": {"type": "string"},
+                                 "status": {"type": "integer"}, "detail": {"type": "string"},
+                                 "instance": {"type": "string"}}}
+_PROBLEMS = {"400": "malformed JSON", "401": "no or bad key", "403": "the key's role may not", "404":
+             "no such patient (or not this key's)", "413": "body too large", "415": "not JSON", "422": "invalid "
+             "request or record", "429": "rate limited", "500": "internal error", "503": "store unavailable",
+             "504": "took too long"}
+_FRAGMENT = {"type": "object", "required": ["id", "text"],
+             "properties": {"id": {"type": "string", "minLength": 1}, "text": {"type": "string", "minLength": 1},
+                            "section": {"type": "string"}, "timestamp": {"type": "string", "format": "date-time"},
+                            "source": {"type": "string"}, "encounter": {"type": "string"}}}
+RECORD_BODY = {"required": True, "content": {
+    "application/json": {"schema": {"type": "object", "required": ["patient_id", "fragments"], "properties": {
+        "patient_id": {"type": "string", "minLength": 1},
+        "fragments": {"type": "array", "minItems": 1, "items": _FRAGMENT}}}},
+    "application/fhir+json": {"schema": {"type": "object", "required": ["resourceType"],
+                                         "description": "a FHIR R4 Bundle of one patient"}}}}
 
 
 class Service:
@@ -122,12 +152,35 @@ def create_app(store: PatientStore, settings: Settings | None = None, engine: En
     service = Service(store, settings, engine)
     app = FastAPI(title="ebmrag", version="1", description="Evidence-graded context for clinical assistants.")
     app.state.service = service
+    _install_openapi(app)
     _install_errors(app)
     _install_middleware(app, service)
     _install_health(app, service)
     _install_patients(app, service)
     _install_answers(app, service)
     return app
+
+
+def _install_openapi(app: FastAPI) -> None:
+    """Every error any route can return is documented as application/problem+json (FastAPI documents only
+    its own 422, as application/json, which the handlers below never send)."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = build()
+        schema.setdefault("components", {}).setdefault("schemas", {})["Problem"] = PROBLEM_SCHEMA
+        problem = {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
+        for path, operations in schema.get("paths", {}).items():
+            for operation in operations.values():
+                codes = _PROBLEMS if path.startswith("/v1/") else {"500": _PROBLEMS["500"], "503": _PROBLEMS["503"]}
+                for code, description in codes.items():
+                    operation.setdefault("responses", {})[code] = {"description": description, "content": problem}
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def _install_errors(app: FastAPI) -> None:
@@ -253,16 +306,16 @@ def _install_patients(app: FastAPI, service: Service) -> None:
         require(key, action, pid)
         return key, pid
 
-    @app.put("/v1/patients/{pid}", tags=["patients"])
-    async def put_patient(pid: str, request: Request) -> dict[str, Any]:
+    @app.put("/v1/patients/{pid}", tags=["patients"], openapi_extra={"requestBody": RECORD_BODY})
+    async def put_patient(pid: PatientId, request: Request) -> dict[str, Any]:
         key, pid = await visible(request, pid, WRITE)
         record = await read_record(request, pid)
         count = await run_in_threadpool(store.put_record, key.tenant, pid, record)
         service.audit(key, pid, "put", request, tuple(f.id for f in record.fragments))
         return {"patient": pid, "fragments": count, "record_skipped": list(record.skipped)}
 
-    @app.post("/v1/patients/{pid}/fragments", tags=["patients"])
-    async def add_fragments(pid: str, request: Request) -> dict[str, Any]:
+    @app.post("/v1/patients/{pid}/fragments", tags=["patients"], openapi_extra={"requestBody": RECORD_BODY})
+    async def add_fragments(pid: PatientId, request: Request) -> dict[str, Any]:
         key, pid = await visible(request, pid, WRITE)
         record = await read_record(request, pid)
         idem = request.headers.get("idempotency-key")
@@ -278,7 +331,7 @@ def _install_patients(app: FastAPI, service: Service) -> None:
         return result
 
     @app.get("/v1/patients/{pid}/fragments", tags=["patients"])
-    async def list_fragments(pid: str, request: Request) -> dict[str, Any]:
+    async def list_fragments(pid: PatientId, request: Request) -> dict[str, Any]:
         key, pid = await visible(request, pid, READ)
         record = await stored(service, key, pid)
         classified = await service.run(lambda: service.engine().packer.classify(record))
@@ -290,7 +343,7 @@ def _install_patients(app: FastAPI, service: Service) -> None:
              "must_keep": bool(f.decision and f.decision.must_keep)} for f in classified.fragments]}
 
     @app.delete("/v1/patients/{pid}", tags=["patients"])
-    async def erase_patient(pid: str, request: Request) -> dict[str, Any]:
+    async def erase_patient(pid: PatientId, request: Request) -> dict[str, Any]:
         key, pid = await visible(request, pid, ERASE)
         erased = await run_in_threadpool(store.delete_patient, key.tenant, pid)
         if erased is None:
@@ -323,7 +376,7 @@ def forget_fragments(engine: Engine, fragments: list[Fragment]) -> int:
 
 def _install_answers(app: FastAPI, service: Service) -> None:
     @app.post("/v1/patients/{pid}/ask", tags=["answers"])
-    async def ask(pid: str, body: AskBody, request: Request) -> dict[str, Any]:
+    async def ask(pid: PatientId, body: AskBody, request: Request) -> dict[str, Any]:
         key = await caller(request, service)
         valid_name(pid, "patient id")
         require(key, READ, pid)
@@ -334,7 +387,7 @@ def _install_answers(app: FastAPI, service: Service) -> None:
         return data
 
     @app.post("/v1/patients/{pid}/pack", tags=["answers"])
-    async def pack(pid: str, body: PackBody, request: Request) -> dict[str, Any]:
+    async def pack(pid: PatientId, body: PackBody, request: Request) -> dict[str, Any]:
         key = await caller(request, service)
         valid_name(pid, "patient id")
         require(key, READ, pid)
