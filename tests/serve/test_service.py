@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -148,3 +149,27 @@ def test_limits_body_size_and_rate(serve: Callable[..., Live]) -> None:
         limited = http.get("/v1/patients/p1/fragments")
         problem(limited, 429, "rate-limited")
         assert int(limited.headers["Retry-After"]) >= 1
+
+
+def test_postgresql_row_security_hides_other_tenants_rows_even_without_a_where_clause(tmp_path: Any) -> None:
+    """Isolation where data is read: a tenant-scoped transaction that forgets its WHERE still sees one tenant."""
+    from ebmrag.evidence.loaders import record_from_json
+    from ebmrag.serve.store import PostgresStore
+    from tests.serve.conftest import POSTGRES_URL
+
+    store = PostgresStore(POSTGRES_URL, schema=f"rls_{uuid.uuid4().hex[:10]}")
+    try:
+        assert store.row_security
+        store.put_record("ta", "p1", record_from_json(dict(RECORD, patient_id="p1"), "a"))
+        store.put_record("tb", "p1", record_from_json(dict(RECORD, patient_id="p1",
+                                                           fragments=RECORD["fragments"][:1]), "b"))
+        with store.transaction("ta") as cur:
+            cur.execute("SELECT tenant, count(*) FROM fragments GROUP BY tenant")
+            assert cur.fetchall() == [("ta", 3)]
+        with store.transaction("tb") as cur:
+            cur.execute("SELECT count(*) FROM fragments")
+            assert cur.fetchone()[0] == 1
+            with pytest.raises(Exception, match="row-level security"):
+                cur.execute("INSERT INTO fragments VALUES ('ta', 'p9', 'x', 0, '{}')")
+    finally:
+        store.drop()

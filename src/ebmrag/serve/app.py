@@ -258,7 +258,8 @@ def _install_health(app: FastAPI, service: Service) -> None:
             await run_in_threadpool(service.store.ping)
         except Exception:
             return problem_response(503, "store-unavailable", "the patient store is not reachable")
-        return JSONResponse({"status": "ready", "store": service.store.backend})
+        return JSONResponse({"status": "ready", "store": service.store.backend,
+                             "row_security": bool(getattr(service.store, "row_security", False))})
 
     @app.get("/metrics", tags=["health"], response_class=PlainTextResponse)
     async def metrics() -> PlainTextResponse:

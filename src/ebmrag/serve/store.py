@@ -10,6 +10,7 @@ Bundle is stored whole or not at all, and a crash leaves the previous state.
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
@@ -37,6 +38,10 @@ SCHEMA = (
     """CREATE TABLE IF NOT EXISTS idempotency (tenant TEXT NOT NULL, patient TEXT NOT NULL, idem_key TEXT NOT NULL,
        response TEXT NOT NULL, PRIMARY KEY (tenant, patient, idem_key))""",
 )
+
+
+TENANT_TABLES = ("patients", "fragments", "idempotency")  # rows of patient data: scoped by tenant everywhere
+log = logging.getLogger(__name__)
 
 
 class StoreError(EbmragError):
@@ -81,7 +86,9 @@ class PatientStore:
     backend = "sqlite"
 
     @contextmanager
-    def transaction(self) -> Iterator[Any]:  # pragma: no cover - each backend overrides
+    def transaction(self, tenant: str | None = None) -> Iterator[Any]:  # pragma: no cover - backends override
+        """`tenant`: the transaction reads and writes that tenant's patient rows only (PostgreSQL enforces it
+        with row-level security as well; every statement here also says so in its WHERE clause)."""
         raise NotImplementedError
         yield
 
@@ -136,7 +143,7 @@ class PatientStore:
     # ------------------------------------------------------------------ patients
     def put_record(self, tenant: str, patient: str, record: PatientRecord) -> int:
         """Create or replace: every old fragment goes, the new ones come, in one transaction."""
-        with self.transaction() as cur:
+        with self.transaction(tenant) as cur:
             self._execute(cur, "DELETE FROM fragments WHERE tenant = ? AND patient = ?", (tenant, patient))
             self._write_patient(cur, tenant, patient, record)
             self._insert(cur, tenant, patient, record.fragments, 0)
@@ -145,7 +152,7 @@ class PatientStore:
     def upsert_fragments(self, tenant: str, patient: str, record: PatientRecord) -> tuple[int, int]:
         """Append new fragments and replace those whose id exists (a FHIR resource sent again): (added,
         replaced). The patient is created when new."""
-        with self.transaction() as cur:
+        with self.transaction(tenant) as cur:
             return self._upsert(cur, tenant, patient, record)
 
     def _upsert(self, cur: Any, tenant: str, patient: str, record: PatientRecord) -> tuple[int, int]:
@@ -174,7 +181,7 @@ class PatientStore:
                           (tenant, patient, fragment.id, start + offset, fragment_to_json(fragment)))
 
     def record(self, tenant: str, patient: str) -> PatientRecord | None:
-        with self.transaction() as cur:
+        with self.transaction(tenant) as cur:
             head = self._execute(cur, "SELECT skipped, identifiers FROM patients WHERE tenant = ? AND patient = ?",
                                  (tenant, patient)).fetchone()
             if head is None:
@@ -188,7 +195,7 @@ class PatientStore:
     def delete_patient(self, tenant: str, patient: str) -> list[Fragment] | None:
         """Erase the patient; returns the erased fragments (the caller forgets what caches hold of them), or
         None when there was no such patient."""
-        with self.transaction() as cur:
+        with self.transaction(tenant) as cur:
             rows = self._execute(cur, "SELECT body FROM fragments WHERE tenant = ? AND patient = ?",
                                  (tenant, patient)).fetchall()
             gone = self._execute(cur, "DELETE FROM patients WHERE tenant = ? AND patient = ?", (tenant, patient))
@@ -203,7 +210,7 @@ class PatientStore:
                           respond: Any) -> dict[str, Any]:
         """The upsert and its remembered response in one transaction: a retried request with the same key
         gets the first response and writes nothing."""
-        with self.transaction() as cur:
+        with self.transaction(tenant) as cur:
             row = self._execute(cur, "SELECT response FROM idempotency WHERE tenant = ? AND patient = ? AND "
                                      "idem_key = ?", (tenant, patient, idem_key)).fetchone()
             if row:
@@ -242,7 +249,7 @@ class SQLiteStore(PatientStore):
         self.setup()
 
     @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Cursor]:
+    def transaction(self, tenant: str | None = None) -> Iterator[sqlite3.Cursor]:
         with self._lock:
             cur = self._db.cursor()
             cur.execute("BEGIN IMMEDIATE")
@@ -278,12 +285,44 @@ class PostgresStore(PatientStore):
             cur.execute(f"SET search_path TO {schema}")
             self._db.commit()
         self.setup()
+        self.row_security = self._enable_row_security()
+
+    def _enable_row_security(self) -> bool:
+        """Patient rows are visible only to a transaction that names their tenant: a policy per table, and
+        tenant-scoped transactions run as the unprivileged role `ebmrag_tenant` (a superuser would bypass
+        the policies). Without the privilege to set this up, the service runs on its SQL scoping alone
+        and says so (`/readyz`)."""
+        import psycopg
+
+        try:
+            with self.transaction() as cur:
+                cur.execute("DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'ebmrag_tenant') "
+                            "THEN CREATE ROLE ebmrag_tenant NOLOGIN; END IF; END $$")
+                cur.execute("SELECT pg_has_role(current_user, 'ebmrag_tenant', 'MEMBER')")
+                if not cur.fetchone()[0]:
+                    cur.execute("GRANT ebmrag_tenant TO current_user")
+                cur.execute(f"GRANT USAGE ON SCHEMA {self.schema} TO ebmrag_tenant")
+                for table in TENANT_TABLES:
+                    cur.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON {table} TO ebmrag_tenant")
+                    cur.execute(f"ALTER TABLE {table} ENABLE ROW LEVEL SECURITY")
+                    cur.execute(f"ALTER TABLE {table} FORCE ROW LEVEL SECURITY")
+                    cur.execute(f"DROP POLICY IF EXISTS tenant_only ON {table}")
+                    mine = "tenant = current_setting('ebmrag.tenant', true)"
+                    cur.execute(f"CREATE POLICY tenant_only ON {table} USING ({mine}) WITH CHECK ({mine})")
+        except psycopg.Error as exc:
+            log.warning("PostgreSQL row-level security is off (%s); tenant isolation rests on the SQL scoping",
+                        type(exc).__name__)
+            return False
+        return True
 
     @contextmanager
-    def transaction(self) -> Iterator[Any]:
+    def transaction(self, tenant: str | None = None) -> Iterator[Any]:
         with self._lock:
             try:
                 with self._db.cursor() as cur:
+                    if tenant is not None and getattr(self, "row_security", False):
+                        cur.execute("SET LOCAL ROLE ebmrag_tenant")
+                        cur.execute("SELECT set_config('ebmrag.tenant', %s, true)", (tenant,))
                     yield cur
                 self._db.commit()
             except BaseException:
