@@ -63,6 +63,7 @@ max_body_mb = 10         # larger request bodies are refused (413)
 rate_per_second = 20     # per API key, bursts of rate_burst; beyond: 429 with Retry-After
 rate_burst = 40
 request_seconds = 120    # a request still running after this is answered 504
+kb_admin_tenant = "ebmrag"   # the knowledge base is shared by all tenants: only this tenant's admins change it
 """
 
 from __future__ import annotations
@@ -243,6 +244,7 @@ class ServeSettings:
     rate_per_second: float = 20.0  # per API key, with bursts of rate_burst (429 with Retry-After beyond)
     rate_burst: int = 40
     request_seconds: float = 120.0  # a request still running after this is answered 504
+    kb_admin_tenant: str = "ebmrag"  # the knowledge base is shared: only this tenant's admin keys may change it
 
     def __post_init__(self) -> None:
         if self.max_body_mb <= 0 or self.rate_per_second <= 0 or self.rate_burst < 1 or self.request_seconds <= 0:

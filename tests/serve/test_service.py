@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from ebmrag.config import AnswerSettings
 from tests.serve.conftest import Live
 
 pytestmark = pytest.mark.model
@@ -173,3 +174,31 @@ def test_postgresql_row_security_hides_other_tenants_rows_even_without_a_where_c
                 cur.execute("INSERT INTO fragments VALUES ('ta', 'p9', 'x', 0, '{}')")
     finally:
         store.drop()
+
+
+def test_the_shared_knowledge_base_changes_only_through_its_admin_tenant(tmp_path: Any, store: Any,
+                                                                       context_packer: Any, embedder: Any) -> None:
+    from ebmrag.agent.engine import Engine
+    from ebmrag.index.kb import KnowledgeBase
+    from ebmrag.index.search import HybridRetriever
+    from ebmrag.index.vote import DocumentVoter
+    from tests.serve.conftest import running
+
+    voter = DocumentVoter(HybridRetriever(KnowledgeBase(tmp_path / "kb", embedder=embedder)))
+    with running(store, Engine(context_packer, voter, answer=AnswerSettings(retrieval="never"))) as live:
+        docs = {"documents": [
+            {"doc_id": "g1", "title": "Penicillin allergy", "authority": "guideline",
+             "text": "After anaphylaxis to penicillin avoid all penicillins; a cephalosporin with a dissimilar "
+                     "side chain may be used with monitoring."},
+            {"doc_id": "g2", "title": "Renal dosing", "text": "Reduce aminoglycoside doses when creatinine rises."}]}
+        with live.client(live.key("hospital-a", "admin")) as other_admin:
+            problem(other_admin.post("/v1/kb/documents", json=docs), 403, "forbidden")
+        with live.client(live.key("ebmrag", "admin")) as admin:
+            assert admin.post("/v1/kb/documents", json=docs).json()["added"] == ["g1", "g2"]
+            assert admin.get("/v1/kb/stats").json()["documents"] == 2
+            hits = admin.post("/v1/search", json={"query": "penicillin anaphylaxis", "k": 3, "mode": "bm25"}).json()
+            assert hits[0]["doc_id"] == "g1"
+            assert admin.delete("/v1/kb/documents/g2").json() == {"deleted": ["g2"]}
+            problem(admin.delete("/v1/kb/documents/g2"), 404, "not-found")
+        with live.client(live.key("ebmrag", "clinician")) as clinician:
+            problem(clinician.get("/v1/kb/stats"), 403, "forbidden")

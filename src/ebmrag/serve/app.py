@@ -14,7 +14,7 @@ import logging
 import threading
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -31,11 +31,14 @@ from ebmrag.errors import EbmragError
 from ebmrag.evidence.fhir import record_from_fhir_bundle
 from ebmrag.evidence.fragment import Fragment, PatientRecord
 from ebmrag.evidence.loaders import record_from_json
+from ebmrag.index.kb import KnowledgeBase, knowledge_base_stats
 from ebmrag.index.search import HybridRetriever
+from ebmrag.ingest.documents import Document, normalize_text
 from ebmrag.packing.packer import STRATEGIES, ContextPacker
 from ebmrag.serve import audit
 from ebmrag.serve.access import (
     ERASE,
+    KB_ADMIN,
     NAME_PATTERN,
     READ,
     SEARCH,
@@ -46,7 +49,7 @@ from ebmrag.serve.access import (
     valid_name,
 )
 from ebmrag.serve.limits import Metrics, RateLimiter
-from ebmrag.serve.models import AskBody, PackBody, SearchBody
+from ebmrag.serve.models import AskBody, PackBody, SearchBody, UploadBody
 from ebmrag.serve.store import ApiKey, PatientStore, StoreError
 
 log = logging.getLogger(__name__)
@@ -158,6 +161,7 @@ def create_app(store: PatientStore, settings: Settings | None = None, engine: En
     _install_health(app, service)
     _install_patients(app, service)
     _install_answers(app, service)
+    _install_kb(app, service)
     return app
 
 
@@ -416,6 +420,48 @@ def _install_answers(app: FastAPI, service: Service) -> None:
         hits: list[dict[str, Any]] = await service.run(run)
         service.audit(key, "", "search", request)
         return hits
+
+
+def _install_kb(app: FastAPI, service: Service) -> None:
+    """The shared knowledge base: stats for any admin, changes only for the admins of [serve] kb_admin_tenant
+    (one tenant's administrator must not rewrite every tenant's guidelines)."""
+
+    def knowledge_base() -> KnowledgeBase:
+        voter = service.engine().voter
+        if voter is None:
+            raise ProblemError(409, "no-knowledge-base", "this server has no knowledge base")
+        return voter.retriever.kb
+
+    async def kb_admin(request: Request, change: bool) -> ApiKey:
+        key = await caller(request, service)
+        require(key, KB_ADMIN)
+        if change and key.tenant != service.settings.serve.kb_admin_tenant:
+            raise AccessError(403, f"only admins of tenant {service.settings.serve.kb_admin_tenant!r} change the "
+                                   "shared knowledge base")
+        return key
+
+    @app.get("/v1/kb/stats", tags=["knowledge base"])
+    async def kb_stats(request: Request) -> dict[str, Any]:
+        await kb_admin(request, change=False)
+        return dict(asdict(await service.run(lambda: knowledge_base_stats(knowledge_base()))))
+
+    @app.post("/v1/kb/documents", tags=["knowledge base"])
+    async def kb_upload(body: UploadBody, request: Request) -> dict[str, Any]:
+        key = await kb_admin(request, change=True)
+        documents = [Document(d.doc_id, normalize_text(d.text), d.source, "upload", d.title, date=d.date,
+                              authority=d.authority) for d in body.documents]
+        report = await service.run(lambda: knowledge_base().apply(documents))
+        service.audit(key, "", "kb_upload", request, tuple(d.doc_id for d in documents))
+        return {"added": report.added, "updated": report.updated, "unchanged": report.unchanged}
+
+    @app.delete("/v1/kb/documents/{doc_id}", tags=["knowledge base"])
+    async def kb_delete(doc_id: str, request: Request) -> dict[str, Any]:
+        key = await kb_admin(request, change=True)
+        report = await service.run(lambda: knowledge_base().apply([], [doc_id]))
+        if not report.deleted:
+            raise ProblemError(404, "not-found", f"no document {doc_id!r} in the knowledge base")
+        service.audit(key, "", "kb_delete", request, (doc_id,))
+        return {"deleted": report.deleted}
 
 
 def serve_app(data_dir: Path, settings: Settings, store_url: str = "") -> FastAPI:

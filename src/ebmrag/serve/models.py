@@ -25,6 +25,19 @@ class PackBody(_Body):
     strategy: str | None = None
 
 
+class UploadedDocument(_Body):
+    doc_id: str = Field(min_length=1, max_length=300)
+    text: str = Field(min_length=1)
+    title: str = ""
+    source: str = "upload"
+    date: str = ""
+    authority: Literal["guideline", "systematic_review", "trial", "textbook", "other"] = "other"
+
+
+class UploadBody(_Body):
+    documents: list[UploadedDocument] = Field(min_length=1, max_length=5000)
+
+
 class SearchBody(_Body):
     query: str = Field(min_length=1, max_length=4000)
     k: int = Field(default=10, ge=1, le=200)
