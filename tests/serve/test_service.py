@@ -202,3 +202,31 @@ def test_the_shared_knowledge_base_changes_only_through_its_admin_tenant(tmp_pat
             problem(admin.delete("/v1/kb/documents/g2"), 404, "not-found")
         with live.client(live.key("ebmrag", "clinician")) as clinician:
             problem(clinician.get("/v1/kb/stats"), 403, "forbidden")
+
+
+def test_ask_streams_stage_events_then_the_answer(store: Any, context_packer: Any, demo_voter: Any) -> None:
+    """Accept: text/event-stream on the model path: one event per stage as it ends, then the answer text,
+    then the ask JSON (a real fake model server on 127.0.0.1)."""
+    from ebmrag.agent.engine import Engine
+    from ebmrag.generate.llm import OpenAIChatClient
+    from tests.agent.test_engine_llm import clinician
+    from tests.fake_openai import FakeOpenAI
+    from tests.fake_openai import serve as serve_model
+    from tests.serve.conftest import running
+
+    with serve_model(FakeOpenAI(clinician())) as url:
+        engine = Engine(context_packer, demo_voter, OpenAIChatClient(url, "tiny", max_retries=0))
+        with running(store, engine) as live, live.client(live.key("t", "service")) as http:
+            http.put("/v1/patients/p1", json=RECORD)
+            with http.stream("POST", "/v1/patients/p1/ask", json={"question": "Which antibiotic is safe?",
+                                                                  "window": 6000},
+                             headers={"Accept": "text/event-stream"}) as response:
+                assert response.headers["content-type"].startswith("text/event-stream")
+                raw = "".join(response.iter_text())
+    events = [(block.split("\n")[0].removeprefix("event: "), json.loads(block.split("\n")[1].removeprefix("data: ")))
+              for block in raw.strip().split("\n\n")]
+    names = [name for name, _ in events]
+    assert names[:2] == ["stage", "stage"] and names[-2:] == ["answer", "result"]
+    assert [data["stage"] for name, data in events if name == "stage"][:2] == ["evidence_evaluator",
+                                                                               "answer_generator"]
+    assert "anaphylaxis to penicillin" in events[-2][1]["text"] and events[-1][1]["answer"] == events[-2][1]["text"]

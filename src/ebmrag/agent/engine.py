@@ -15,7 +15,7 @@ patient data.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, fields, replace
 from datetime import datetime
@@ -124,7 +124,8 @@ class Engine:
         return self.voter is not None and self.settings.retrieval != "never"
 
     def ask(self, question: str, patient: PatientRecord | str | Path, window: int | None = None,
-            history: str = "", as_of: datetime | None = None) -> AskResult:
+            history: str = "", as_of: datetime | None = None,
+            on_stage: Callable[[StageTrace], None] | None = None) -> AskResult:
         """Answer one question about one patient. Bad input raises a ValueError naming the problem."""
         timings: dict[str, float] = {}
         question = question.strip() if isinstance(question, str) else ""
@@ -150,7 +151,7 @@ class Engine:
             items = tuple(context_items(numbering, pack))
             context = render_context(items, self.settings.ordering)
         with _timed(timings, "answer"):
-            answer = self._answer(question, items, context, decision.warning, prompts, history, record)
+            answer = self._answer(question, items, context, decision.warning, prompts, history, record, on_stage)
         with _timed(timings, "grounding"):
             checked = self.grounding.run(answer.claims, [i.body for i in items])
             unsupported = tuple(s for s in checked if not s.supported)
@@ -214,7 +215,8 @@ class Engine:
         return self.packer.run(record, question, budget, as_of, numbering.evidence, known, numbering.headers)
 
     def _answer(self, question: str, items: tuple[ContextItem, ...], context: str, warning: str,
-                prompts: dict[str, PromptStage] | None, history: str, record: PatientRecord) -> Answer:
+                prompts: dict[str, PromptStage] | None, history: str, record: PatientRecord,
+                on_stage: Callable[[StageTrace], None] | None = None) -> Answer:
         if self.client is None or prompts is None:
             return self._brief(question, items, warning)
         full_question = f"{history}\n\n{question}" if history else question
@@ -222,8 +224,8 @@ class Engine:
         redactor = self._redactor(record)
         if redactor is not None:  # the model sees placeholders; the user reads the restored answer
             full_question, context = redactor.apply(full_question), redactor.apply(context)
-        staged = StagedAnswerer(self.client, prompts).run(full_question, context, {i.n for i in items}, warning,
-                                                          deadline)
+        staged = StagedAnswerer(self.client, prompts, on_stage).run(full_question, context, {i.n for i in items},
+                                                                    warning, deadline)
         redacted = tuple(redactor.summary().items()) if redactor is not None else ()
         if redactor is not None and staged.answer is not None:
             staged = replace(staged, answer=redactor.restore(staged.answer))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -115,11 +115,13 @@ def parse_reply(text: str, schema: type[BaseModel], numbers: Collection[int]) ->
 class StagedAnswerer:
     """Pipeline step: question + numbered context -> a validated, reviewed answer and a trace per stage."""
 
-    def __init__(self, client: ChatClient, prompts: Mapping[str, PromptStage]) -> None:
+    def __init__(self, client: ChatClient, prompts: Mapping[str, PromptStage],
+                 on_stage: Callable[[StageTrace], None] | None = None) -> None:
+        """`on_stage` hears each stage as it ends (the service streams them to the client)."""
         missing = [name for name in STAGE_ORDER if name not in prompts]
         if missing:
             raise ValueError(f"prompt stages missing: {missing}")
-        self.client, self.prompts = client, dict(prompts)
+        self.client, self.prompts, self.on_stage = client, dict(prompts), on_stage
         self._deadline: float | None = None
 
     def run(self, question: str, context: str, numbers: Collection[int], warning: str = "",
@@ -157,6 +159,8 @@ class StagedAnswerer:
         output = done.value.model_dump() if done.value is not None else None
         traces.append(StageTrace(name, done.status, done.attempts, done.seconds, output, done.error,
                                  done.prompt_tokens, done.completion_tokens, done.cached))
+        if self.on_stage is not None:
+            self.on_stage(traces[-1])
         return output
 
     def to_dict(self) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import json
 import logging
 import threading
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Annotated, Any
@@ -21,7 +21,7 @@ from typing import Annotated, Any
 from fastapi import FastAPI, Request
 from fastapi import Path as PathParameter
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -31,6 +31,7 @@ from ebmrag.errors import EbmragError
 from ebmrag.evidence.fhir import record_from_fhir_bundle
 from ebmrag.evidence.fragment import Fragment, PatientRecord
 from ebmrag.evidence.loaders import record_from_json
+from ebmrag.generate.staged import StageTrace
 from ebmrag.index.kb import KnowledgeBase, knowledge_base_stats
 from ebmrag.index.search import HybridRetriever
 from ebmrag.ingest.documents import Document, normalize_text
@@ -380,13 +381,20 @@ def forget_fragments(engine: Engine, fragments: list[Fragment]) -> int:
 
 
 def _install_answers(app: FastAPI, service: Service) -> None:
-    @app.post("/v1/patients/{pid}/ask", tags=["answers"])
-    async def ask(pid: PatientId, body: AskBody, request: Request) -> dict[str, Any]:
+    @app.post("/v1/patients/{pid}/ask", tags=["answers"], response_model=None,
+              responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
+                               "description": "the ask JSON; with Accept: text/event-stream, stage events, the "
+                                              "answer text, then the same JSON as a `result` event"}})
+    async def ask(pid: PatientId, body: AskBody, request: Request) -> dict[str, Any] | StreamingResponse:
         key = await caller(request, service)
         valid_name(pid, "patient id")
         require(key, READ, pid)
         record = await stored(service, key, pid)
-        result = await service.run(lambda: service.engine(body.retrieval).ask(body.question, record, body.window))
+        engine = service.engine(body.retrieval)
+        if "text/event-stream" in request.headers.get("accept", ""):
+            return StreamingResponse(stream_ask(service, engine, key, pid, body, record, request),
+                                     media_type="text/event-stream")
+        result = await service.run(lambda: engine.ask(body.question, record, body.window))
         service.audit(key, pid, "ask", request, tuple(i.id for i in result.items))
         data: dict[str, Any] = result.to_json()
         return data
@@ -420,6 +428,44 @@ def _install_answers(app: FastAPI, service: Service) -> None:
         hits: list[dict[str, Any]] = await service.run(run)
         service.audit(key, "", "search", request)
         return hits
+
+
+def _event(name: str, data: Any) -> str:
+    return f"event: {name}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+async def stream_ask(service: Service, engine: Engine, key: ApiKey, pid: str, body: AskBody, record: PatientRecord,
+                     request: Request) -> AsyncIterator[str]:
+    """Server-sent events: `stage` as each model stage ends (name, status, seconds), `answer` with the answer
+    text, `result` with the whole ask JSON, or one `error` problem; the stream then ends."""
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+
+    def heard(trace: StageTrace) -> None:
+        loop.call_soon_threadsafe(events.put_nowait, ("stage", {"stage": trace.name, "status": trace.status,
+                                                                "seconds": round(trace.seconds, 3)}))
+
+    task = asyncio.ensure_future(service.run(lambda: engine.ask(body.question, record, body.window,
+                                                                on_stage=heard)))
+    while not (task.done() and events.empty()):
+        waiter = asyncio.ensure_future(events.get())
+        await asyncio.wait({waiter, task}, return_when=asyncio.FIRST_COMPLETED)
+        if waiter.done():
+            yield _event(*waiter.result())
+        else:
+            waiter.cancel()
+    try:
+        result = task.result()
+    except ProblemError as exc:
+        yield _event("error", {"type": PROBLEM + exc.kind, "status": exc.status, "detail": exc.detail})
+        return
+    except Exception as exc:  # the JSON route's handlers answer these; a stream reports them as an event
+        log.error("ask stream failed: %s", type(exc).__name__)
+        yield _event("error", {"type": PROBLEM + "internal", "status": 500, "detail": "the answer failed"})
+        return
+    service.audit(key, pid, "ask", request, tuple(i.id for i in result.items))
+    yield _event("answer", {"text": result.answer})
+    yield _event("result", result.to_json())
 
 
 def _install_kb(app: FastAPI, service: Service) -> None:
