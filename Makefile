@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint bench bench-ask tiers clean retrieval bench-retrieval packing-suite
+.PHONY: setup demo test lint browser bench bench-ask tiers clean retrieval bench-retrieval packing-suite
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -24,7 +24,11 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/mypy
 
-test: lint
+# The trace viewer's browser test drives Debian's chromium (nothing is downloaded); install it when missing.
+browser:
+	@command -v chromedriver >/dev/null || apt-get install -y -q chromium chromium-driver >/dev/null
+
+test: lint browser
 	$(VENV)/bin/pytest -q
 
 bench: $(STAMP)

@@ -52,6 +52,7 @@ from ebmrag.serve.access import (
 from ebmrag.serve.limits import Metrics, RateLimiter
 from ebmrag.serve.models import AskBody, PackBody, SearchBody, UploadBody
 from ebmrag.serve.store import ApiKey, PatientStore, StoreError
+from ebmrag.serve.ui import install_ui
 
 log = logging.getLogger(__name__)
 PROBLEM = "https://ebmrag.dev/problems/"
@@ -163,6 +164,7 @@ def create_app(store: PatientStore, settings: Settings | None = None, engine: En
     _install_patients(app, service)
     _install_answers(app, service)
     _install_kb(app, service)
+    install_ui(app, service, stored)
     return app
 
 
