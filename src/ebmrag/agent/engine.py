@@ -38,7 +38,7 @@ from ebmrag.generate.budget import PromptBudget, extractive_budget, staged_budge
 from ebmrag.generate.context import ContextItem, Numbering, context_items, evidence_key, number_context, render_context
 from ebmrag.generate.extractive import Citation, cite, extractive_brief
 from ebmrag.generate.grounding import GroundingChecker
-from ebmrag.generate.injection import instruction_sentences
+from ebmrag.generate.injection import fence_for_model, instruction_sentences
 from ebmrag.generate.llm import OpenAIChatClient
 from ebmrag.generate.prompts import PromptStage, load_prompts, with_warning
 from ebmrag.generate.redact import Redactor, redactor_for, should_redact
@@ -224,6 +224,7 @@ class Engine:
         redactor = self._redactor(record)
         if redactor is not None:  # the model sees placeholders; the user reads the restored answer
             full_question, context = redactor.apply(full_question), redactor.apply(context)
+        context = fence_for_model(context)[0]  # data, not instructions (generate.injection)
         staged = StagedAnswerer(self.client, prompts, on_stage).run(full_question, context, {i.n for i in items},
                                                                     warning, deadline)
         redacted = tuple(redactor.summary().items()) if redactor is not None else ()
