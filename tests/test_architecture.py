@@ -29,6 +29,7 @@ LAYERS: list[set[str]] = [
     {"eval"},
     {"factory"},
     {"serve"},  # the HTTP service: store, access, audit, app
+    {"gateway"},  # results from a message queue into the service's store
     {"cli"},
 ]
 

@@ -6,6 +6,7 @@
     eval ...                      cli.eval     measurements on public data
     gate ...                      cli.gate     the retrieval gate's classifier
     serve, keys ..., audit ...    cli.serve    the multi-tenant service
+    gateway run | publish         cli.gateway  results from a message queue into the store
 
 Commands are registered here, so no command module imports another's (or this one).
 """
@@ -20,6 +21,7 @@ import typer
 from ebmrag.cli import ask, kb, pack, serve
 from ebmrag.cli.eval import eval_app
 from ebmrag.cli.gate import gate_app
+from ebmrag.cli.gateway import gateway_app
 
 app = typer.Typer(help="Evidence-graded retrieval and context packing for medical LLMs.", no_args_is_help=True)
 
@@ -43,3 +45,4 @@ app.add_typer(gate_app, name="gate")
 app.command()(serve.serve)
 app.add_typer(serve.keys_app, name="keys")
 app.add_typer(serve.audit_app, name="audit")
+app.add_typer(gateway_app, name="gateway")

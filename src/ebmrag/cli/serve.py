@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from ebmrag.cli.common import ConfigOption, JsonOption, console, stderr, user_errors
 from ebmrag.config import load_settings
 from ebmrag.errors import require_extra
+
+if TYPE_CHECKING:
+    from ebmrag.serve.store import PatientStore
 
 DataDirOption = Annotated[Path, typer.Option("--data-dir", help="Where the service keeps its store and audit log.")]
 StoreOption = Annotated[str, typer.Option("--store-url", help="postgresql://… (default: [serve] store_url, "
@@ -46,7 +49,7 @@ def serve(
     uvicorn.run(app, host=host, port=port, log_level="warning")
 
 
-def _open(data_dir: Path, store_url: str, config: Path | None):  # type: ignore[no-untyped-def]
+def open_store_for(data_dir: Path, store_url: str, config: Path | None) -> PatientStore:
     from ebmrag.serve.store import open_store
 
     settings = load_settings(config)
@@ -67,7 +70,7 @@ def keys_create(
     with user_errors():
         from ebmrag.serve.access import create_key
 
-        secret, key = create_key(_open(data_dir, store_url, config), tenant, role, tuple(patient or ()))
+        secret, key = create_key(open_store_for(data_dir, store_url, config), tenant, role, tuple(patient or ()))
     stderr.print(f"key {key.key_id}: tenant {key.tenant}, role {key.role}"
                  + (f", patients {', '.join(key.patients)}" if key.patients else ""))
     typer.echo(secret)
@@ -78,15 +81,15 @@ def keys_list(data_dir: DataDirOption, tenant: Annotated[str, typer.Option(help=
               store_url: StoreOption = "", as_json: JsonOption = False, config: ConfigOption = None) -> None:
     """Key ids, tenants, roles and patient limits (never the keys)."""
     with user_errors():
-        keys = _open(data_dir, store_url, config).keys(tenant or None)
+        keys = open_store_for(data_dir, store_url, config).keys(tenant or None)
     rows = [{"key_id": k.key_id, "tenant": k.tenant, "role": k.role, "patients": list(k.patients),
              "created": k.created, "revoked": k.revoked} for k in keys]
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
-    for row in rows:
-        console.print(f"{row['key_id']}  {row['tenant']}  {row['role']}  {','.join(row['patients']) or '*'}"
-                      f"  {row['created']}{'  revoked' if row['revoked'] else ''}", highlight=False)
+    for k in keys:
+        console.print(f"{k.key_id}  {k.tenant}  {k.role}  {','.join(k.patients) or '*'}  {k.created}"
+                      f"{'  revoked' if k.revoked else ''}", highlight=False)
 
 
 @keys_app.command("revoke")
@@ -94,7 +97,7 @@ def keys_revoke(data_dir: DataDirOption, key_id: Annotated[str, typer.Argument(h
                 store_url: StoreOption = "", config: ConfigOption = None) -> None:
     """Revoke a key: every later request with it is refused (401)."""
     with user_errors():
-        if not _open(data_dir, store_url, config).revoke(key_id):
+        if not open_store_for(data_dir, store_url, config).revoke(key_id):
             raise ValueError(f"no key with id {key_id!r}")
     stderr.print(f"key {key_id} revoked")
 
@@ -105,7 +108,7 @@ def audit_verify(data_dir: DataDirOption, store_url: StoreOption = "", config: C
     with user_errors():
         from ebmrag.serve.audit import verify
 
-        rows = _open(data_dir, store_url, config).audit_rows()
+        rows = open_store_for(data_dir, store_url, config).audit_rows()
         problems = verify(rows)
     if problems:
         for problem in problems:
