@@ -21,9 +21,9 @@ import pytest
 import redis
 
 from ebmrag.gateway.consumer import ResultConsumer
-from ebmrag.gateway.messages import MessageError, ResultMessage, messages_from_hl7, parse_message
 from ebmrag.gateway.publish import publish
 from ebmrag.serve.access import create_key
+from ebmrag.serve.results import MessageError, ResultMessage, messages_from_hl7, parse_message
 from ebmrag.serve.store import SQLiteStore
 from tests.serve.conftest import free_port
 

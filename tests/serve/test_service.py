@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -230,3 +231,28 @@ def test_ask_streams_stage_events_then_the_answer(store: Any, context_packer: An
     assert [data["stage"] for name, data in events if name == "stage"][:2] == ["evidence_evaluator",
                                                                                "answer_generator"]
     assert "anaphylaxis to penicillin" in events[-2][1]["text"] and events[-1][1]["answer"] == events[-2][1]["text"]
+
+
+def test_results_without_a_broker_and_asking_while_one_is_pending(serve: Callable[..., Live]) -> None:
+    """POST /v1/results runs the gateway's logic; an announced result shows in the ask trace, and
+    wait_ms waits for it (here it arrives during the wait)."""
+    live = serve()
+    announced = {"tenant": "t", "patient_id": "p1", "result_id": "s7", "kind": "pathology",
+                 "producer": "slide-model 2.1", "produced_at": "2026-03-14T09:00:00Z", "status": "pending"}
+    final = dict(announced, status="final", text="Slide s7: adenocarcinoma, margins clear.")
+    with live.client(live.key("t", "service")) as http:
+        http.put("/v1/patients/p1", json=RECORD)
+        assert http.post("/v1/results", json=[announced, dict(announced, tenant="other"), {"bad": 1}]).json() == {
+            "stored": 0, "pending": 1, "rejected": [
+                {"index": 1, "reason": "the message names a tenant or patient this key may not write"},
+                {"index": 2, "reason": "invalid result message: tenant: Field required"}]}
+        waiting = http.post("/v1/patients/p1/ask", json={"question": "What did the biopsy show?"}).json()
+        assert [p["id"] for p in waiting["trace"]["pending_results"]] == ["result:slide-model 2.1:s7"]
+        timer = threading.Timer(0.5, lambda: http.post("/v1/results", json=final))
+        timer.start()
+        with live.client(live.key("t", "clinician")) as reader:
+            arrived = reader.post("/v1/patients/p1/ask", json={"question": "What did the biopsy show?",
+                                                               "wait_ms": 10_000}).json()
+        timer.join()
+    assert arrived["trace"]["pending_results"] == [] and 400 <= arrived["trace"]["waited_ms"] < 10_000
+    assert "margins clear" in arrived["answer"]

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ebmrag.errors import require_extra
-from ebmrag.gateway.messages import MessageError, ResultMessage, parse_message
+from ebmrag.serve.results import MessageError, apply_message, parse_message
 from ebmrag.serve.store import PatientStore
 
 log = logging.getLogger(__name__)
@@ -30,6 +30,7 @@ STREAM, GROUP, DEAD = "ebmrag:results", "ebmrag", "ebmrag:results:dead"
 @dataclass
 class ConsumerStats:
     stored: int = 0
+    pending: int = 0  # announcements of results still to come
     dead: int = 0
     claimed: int = 0
     reconnects: int = 0
@@ -106,21 +107,13 @@ class ResultConsumer:
     def handle(self, client: Any, entry_id: str, fields: dict[str, str]) -> None:
         payload = fields.get("message", "")
         try:
-            message = parse_message(payload)
-            self._check_tenant(message)
+            outcome = apply_message(self.store, parse_message(payload))
         except MessageError as exc:
             self._dead(client, entry_id, payload, str(exc))
             return
-        if message.status == "pending":
-            log.info("pending result announced: %s", message.fragment_id)  # stored results only (for now)
-        else:
-            self.store.upsert_fragments(message.tenant, message.patient_id, message.record())
-            self.stats.stored += 1
+        self.stats.stored += outcome == "stored"
+        self.stats.pending += outcome == "pending"
         client.xack(self.stream, self.group, entry_id)
-
-    def _check_tenant(self, message: ResultMessage) -> None:
-        if not self.store.tenant_exists(message.tenant):
-            raise MessageError(f"tenant {message.tenant!r} is not known to the store")
 
     def _dead(self, client: Any, entry_id: str, payload: str, reason: str) -> None:
         """Dead-letter first, acknowledge second: a crash between them leaves the entry pending (it is dead-

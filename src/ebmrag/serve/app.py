@@ -13,6 +13,7 @@ import json
 import logging
 import threading
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -51,6 +52,7 @@ from ebmrag.serve.access import (
 )
 from ebmrag.serve.limits import Metrics, RateLimiter
 from ebmrag.serve.models import AskBody, PackBody, SearchBody, UploadBody
+from ebmrag.serve.results import MessageError, apply_message, parse_message
 from ebmrag.serve.store import ApiKey, PatientStore, StoreError
 from ebmrag.serve.ui import install_ui
 
@@ -361,6 +363,19 @@ def _install_patients(app: FastAPI, service: Service) -> None:
         return {"patient": pid, "erased_fragments": len(erased), "cache_entries_forgotten": forgotten}
 
 
+async def wait_for_results(service: Service, key: ApiKey, pid: str, wait_ms: int) -> int:
+    """Wait up to `wait_ms` for the patient's announced results to arrive (the paper's "pack at question time
+    with what has arrived"); returns the milliseconds waited."""
+    started = asyncio.get_running_loop().time()
+    deadline = started + wait_ms / 1000
+    while wait_ms:
+        waiting: list[dict[str, str]] = await run_in_threadpool(service.store.pending, key.tenant, pid)
+        if not waiting or asyncio.get_running_loop().time() >= deadline:
+            break
+        await asyncio.sleep(0.05)
+    return round((asyncio.get_running_loop().time() - started) * 1000)
+
+
 async def stored(service: Service, key: ApiKey, pid: str) -> PatientRecord:
     record = await run_in_threadpool(service.store.record, key.tenant, pid)
     if record is None or not record.fragments:
@@ -391,7 +406,9 @@ def _install_answers(app: FastAPI, service: Service) -> None:
         key = await caller(request, service)
         valid_name(pid, "patient id")
         require(key, READ, pid)
+        waited = await wait_for_results(service, key, pid, body.wait_ms)
         record = await stored(service, key, pid)
+        pending = await run_in_threadpool(service.store.pending, key.tenant, pid)
         engine = service.engine(body.retrieval)
         if "text/event-stream" in request.headers.get("accept", ""):
             return StreamingResponse(stream_ask(service, engine, key, pid, body, record, request),
@@ -399,7 +416,32 @@ def _install_answers(app: FastAPI, service: Service) -> None:
         result = await service.run(lambda: engine.ask(body.question, record, body.window))
         service.audit(key, pid, "ask", request, tuple(i.id for i in result.items))
         data: dict[str, Any] = result.to_json()
+        data["trace"]["pending_results"] = pending  # announced, not arrived: the answer could not use them
+        data["trace"]["waited_ms"] = waited
         return data
+
+    @app.post("/v1/results", tags=["results"])
+    async def post_results(request: Request) -> dict[str, Any]:
+        """The gateway without a broker: the same messages and the same store logic as `ebmrag gateway run`,
+        for one machine. A message for another tenant, or a patient the key may not see, is refused."""
+        key = await caller(request, service)
+        require(key, WRITE)
+        try:
+            raw = json.loads(await request.body())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ProblemError(400, "malformed-json", f"the body is not valid JSON: {exc}") from None
+        outcomes: Counter[str] = Counter()
+        rejected = []
+        for index, item in enumerate(raw if isinstance(raw, list) else [raw]):
+            try:
+                message = parse_message(item if isinstance(item, dict) else json.dumps(item))
+                if message.tenant != key.tenant or not key.may_see(message.patient_id):
+                    raise MessageError("the message names a tenant or patient this key may not write")
+                outcomes[await run_in_threadpool(apply_message, service.store, message)] += 1
+                service.audit(key, message.patient_id, "result", request, (message.fragment_id,))
+            except MessageError as exc:
+                rejected.append({"index": index, "reason": str(exc)})
+        return {"stored": outcomes["stored"], "pending": outcomes["pending"], "rejected": rejected}
 
     @app.post("/v1/patients/{pid}/pack", tags=["answers"])
     async def pack(pid: PatientId, body: PackBody, request: Request) -> dict[str, Any]:

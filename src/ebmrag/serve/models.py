@@ -17,6 +17,7 @@ class AskBody(_Body):
     question: str = Field(min_length=1, max_length=4000)
     window: int | None = Field(default=None, ge=1, le=MAX_WINDOW)
     retrieval: Literal["auto", "always", "never"] | None = None
+    wait_ms: int = Field(default=0, ge=0, le=600_000)  # wait this long for announced results before packing
 
 
 class PackBody(_Body):

@@ -35,12 +35,15 @@ SCHEMA = (
     """CREATE TABLE IF NOT EXISTS audit (seq INTEGER PRIMARY KEY, at TEXT NOT NULL, key_id TEXT NOT NULL,
        tenant TEXT NOT NULL, patient TEXT NOT NULL, action TEXT NOT NULL, request_id TEXT NOT NULL,
        fragments TEXT NOT NULL, prev TEXT NOT NULL, hash TEXT NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS pending (tenant TEXT NOT NULL, patient TEXT NOT NULL, fragment_id TEXT NOT NULL,
+       kind TEXT NOT NULL, producer TEXT NOT NULL, announced TEXT NOT NULL,
+       PRIMARY KEY (tenant, patient, fragment_id))""",
     """CREATE TABLE IF NOT EXISTS idempotency (tenant TEXT NOT NULL, patient TEXT NOT NULL, idem_key TEXT NOT NULL,
        response TEXT NOT NULL, PRIMARY KEY (tenant, patient, idem_key))""",
 )
 
 
-TENANT_TABLES = ("patients", "fragments", "idempotency")  # rows of patient data: scoped by tenant everywhere
+TENANT_TABLES = ("patients", "fragments", "idempotency", "pending")  # rows of patient data: scoped by tenant everywhere
 log = logging.getLogger(__name__)
 
 
@@ -165,6 +168,9 @@ class PatientStore:
             self._execute(cur, "UPDATE fragments SET body = ? WHERE tenant = ? AND patient = ? AND fragment_id = ?",
                           (fragment_to_json(fragment), tenant, patient, fragment.id))
         self._insert(cur, tenant, patient, fresh, max(known.values(), default=-1) + 1)
+        for fragment in record.fragments:  # an announced result that arrives is no longer pending
+            self._execute(cur, "DELETE FROM pending WHERE tenant = ? AND patient = ? AND fragment_id = ?",
+                          (tenant, patient, fragment.id))
         return len(fresh), len(record.fragments) - len(fresh)
 
     def _write_patient(self, cur: Any, tenant: str, patient: str, record: PatientRecord) -> None:
@@ -203,7 +209,25 @@ class PatientStore:
                 return None
             self._execute(cur, "DELETE FROM fragments WHERE tenant = ? AND patient = ?", (tenant, patient))
             self._execute(cur, "DELETE FROM idempotency WHERE tenant = ? AND patient = ?", (tenant, patient))
+            self._execute(cur, "DELETE FROM pending WHERE tenant = ? AND patient = ?", (tenant, patient))
         return [fragment_from_json(r[0], patient) for r in rows]
+
+    # ------------------------------------------------------------------ results announced, not yet arrived
+    def announce(self, tenant: str, patient: str, fragment_id: str, kind: str, producer: str) -> None:
+        with self.transaction(tenant) as cur:
+            if self._execute(cur, "SELECT 1 FROM fragments WHERE tenant = ? AND patient = ? AND fragment_id = ?",
+                             (tenant, patient, fragment_id)).fetchone():
+                return  # the result overtook its announcement
+            self._execute(cur, "DELETE FROM pending WHERE tenant = ? AND patient = ? AND fragment_id = ?",
+                          (tenant, patient, fragment_id))
+            self._execute(cur, "INSERT INTO pending VALUES (?, ?, ?, ?, ?, ?)",
+                          (tenant, patient, fragment_id, kind, producer, now()))
+
+    def pending(self, tenant: str, patient: str) -> list[dict[str, str]]:
+        with self.transaction(tenant) as cur:
+            rows = self._execute(cur, "SELECT fragment_id, kind, producer, announced FROM pending WHERE tenant = ? "
+                                      "AND patient = ? ORDER BY announced", (tenant, patient)).fetchall()
+        return [{"id": r[0], "kind": r[1], "producer": r[2], "announced": r[3]} for r in rows]
 
     # ------------------------------------------------------------------ idempotency
     def upsert_idempotent(self, tenant: str, patient: str, idem_key: str, record: PatientRecord,

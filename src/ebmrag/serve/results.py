@@ -1,4 +1,5 @@
-"""Result messages: what specialist models and laboratories put on the queue, validated, as fragments.
+"""Result messages: what specialist models and laboratories send (on the queue, or to POST /v1/results),
+validated, as fragments.
 
 A message names its tenant, patient and a `result_id` unique per producer; the fragment it becomes has
 the id `result:<producer>:<result_id>`, so a redelivered or re-sent message replaces the same fragment
@@ -16,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from ebmrag.errors import EbmragError, require_extra
 from ebmrag.evidence.fragment import Fragment, PatientRecord
+from ebmrag.serve.store import PatientStore
 
 SCHEMA_VERSION = 1
 KIND_SECTIONS = {"pathology": "Pathology report", "imaging": "Imaging report", "ecg": "ECG report",
@@ -80,6 +82,19 @@ class ResultMessage(BaseModel):
 
     def record(self) -> PatientRecord:
         return PatientRecord(self.patient_id, (self.fragment(),), f"gateway:{self.producer}")
+
+
+def apply_message(store: PatientStore, message: ResultMessage) -> str:
+    """The one way a result reaches the store, for the queue consumer and the HTTP route alike: a pending
+    announcement is recorded, a final result upserted (replacing its announcement). Returns "stored" or
+    "pending"; MessageError when the tenant is unknown (nothing is stored under any tenant then)."""
+    if not store.tenant_exists(message.tenant):
+        raise MessageError(f"tenant {message.tenant!r} is not known to the store")
+    if message.status == "pending":
+        store.announce(message.tenant, message.patient_id, message.fragment_id, message.kind, message.producer)
+        return "pending"
+    store.upsert_fragments(message.tenant, message.patient_id, message.record())
+    return "stored"
 
 
 def parse_message(payload: str | bytes | dict[str, Any]) -> ResultMessage:
