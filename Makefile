@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint browser bench bench-ask tiers clean retrieval bench-retrieval packing-suite
+.PHONY: setup demo test lint browser gateway-demo bench bench-ask tiers clean retrieval bench-retrieval packing-suite
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -21,8 +21,12 @@ demo: $(STAMP)
 	  --patient demo-colon --window 900
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff check src tests bench examples
 	$(VENV)/bin/mypy
+
+# Three simulated specialist models report while a clinician asks (Redis when it answers, else HTTP).
+gateway-demo: $(STAMP)
+	$(PY) examples/gateway_demo.py
 
 # The trace viewer's browser test drives Debian's chromium (nothing is downloaded); install it when missing.
 browser:
