@@ -30,6 +30,7 @@ SCHEMA = (
        PRIMARY KEY (tenant, patient))""",
     """CREATE TABLE IF NOT EXISTS fragments (tenant TEXT NOT NULL, patient TEXT NOT NULL, fragment_id TEXT NOT NULL,
        position INTEGER NOT NULL, body TEXT NOT NULL, PRIMARY KEY (tenant, patient, fragment_id))""",
+    """CREATE INDEX IF NOT EXISTS fragments_in_order ON fragments (tenant, patient, position)""",
     """CREATE TABLE IF NOT EXISTS api_keys (key_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, role TEXT NOT NULL,
        patients TEXT NOT NULL, digest TEXT NOT NULL, created TEXT NOT NULL, revoked INTEGER NOT NULL DEFAULT 0)""",
     """CREATE TABLE IF NOT EXISTS audit (seq INTEGER PRIMARY KEY, at TEXT NOT NULL, key_id TEXT NOT NULL,
@@ -159,15 +160,24 @@ class PatientStore:
             return self._upsert(cur, tenant, patient, record)
 
     def _upsert(self, cur: Any, tenant: str, patient: str, record: PatientRecord) -> tuple[int, int]:
-        rows = self._execute(cur, "SELECT fragment_id, position FROM fragments WHERE tenant = ? AND patient = ?",
-                             (tenant, patient)).fetchall()
-        known = {r[0]: r[1] for r in rows}
+        """Cost follows the fragments sent, not the patient's whole record (a results feed appends one at a
+        time to charts of thousands)."""
+        known: dict[str, int] = {}
+        ids = [f.id for f in record.fragments]
+        for start in range(0, len(ids), 500):
+            chunk = ids[start:start + 500]
+            marks = ",".join("?" * len(chunk))
+            rows = self._execute(cur, f"SELECT fragment_id, position FROM fragments WHERE tenant = ? AND patient = ? "
+                                      f"AND fragment_id IN ({marks})", (tenant, patient, *chunk)).fetchall()
+            known.update({r[0]: r[1] for r in rows})
+        last = self._execute(cur, "SELECT MAX(position) FROM fragments WHERE tenant = ? AND patient = ?",
+                             (tenant, patient)).fetchone()[0]
         self._write_patient(cur, tenant, patient, record)
         fresh = [f for f in record.fragments if f.id not in known]
         for fragment in (f for f in record.fragments if f.id in known):
             self._execute(cur, "UPDATE fragments SET body = ? WHERE tenant = ? AND patient = ? AND fragment_id = ?",
                           (fragment_to_json(fragment), tenant, patient, fragment.id))
-        self._insert(cur, tenant, patient, fresh, max(known.values(), default=-1) + 1)
+        self._insert(cur, tenant, patient, fresh, (last if last is not None else -1) + 1)
         for fragment in record.fragments:  # an announced result that arrives is no longer pending
             self._execute(cur, "DELETE FROM pending WHERE tenant = ? AND patient = ? AND fragment_id = ?",
                           (tenant, patient, fragment.id))
