@@ -54,11 +54,12 @@ def main() -> None:
         colon = next(p for p in demo_record_paths() if "colon" in p.name)
         http.put("/v1/patients/colon", content=colon.read_bytes(), headers={"Content-Type": "application/json"})
         send = _sender(args.broker, store, http)
+        question = "Why is he febrile after the colectomy, and what does that change?"
+        http.post("/v1/patients/colon/ask", json={"question": question})  # load the model before the clock starts
         for kind, producer, _, text in PRODUCERS:
             send(announce(kind, producer, text, "pending"))
         for kind, producer, delay, text in PRODUCERS:
             threading.Timer(delay, send, args=(announce(kind, producer, text, "final"),)).start()
-        question = "Why is he febrile after the colectomy, and what does that change?"
         for label, wait_ms in (("asked at once", 0), ("asked again, waiting up to 2.5 s", 2500),
                                ("asked once more, waiting up to 5 s", 5000)):
             trace = http.post("/v1/patients/colon/ask", json={"question": question, "wait_ms": wait_ms}).json()["trace"]
