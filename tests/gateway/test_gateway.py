@@ -102,7 +102,7 @@ def test_a_crashed_consumers_entries_are_reclaimed(store: SQLiteStore, stream: s
 def test_messages_are_validated_and_hl7_lab_results_are_read() -> None:
     with pytest.raises(MessageError, match="produced_at"):
         parse_message({**message(1).model_dump(mode="json"), "produced_at": "2026-03-14T08:00:00"})
-    with pytest.raises(MessageError, match="text or values"):
+    with pytest.raises(MessageError, match="text, values or a FHIR resource"):
         parse_message({**message(1).model_dump(mode="json"), "text": ""})
     (lab,) = messages_from_hl7(HL7, "t")
     assert lab.patient_id == "MRN123" and lab.result_id == "MSG001-1" and lab.title == "Basic metabolic panel"
@@ -186,3 +186,12 @@ def wait_for(condition: Any, seconds: float = 30) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached in time")
         time.sleep(0.05)
+
+
+def test_a_fhir_resource_can_be_the_result() -> None:
+    observation = {"resourceType": "Observation", "status": "final", "code": {"text": "Troponin T"},
+                   "valueQuantity": {"value": 48, "unit": "ng/L"}, "interpretation": [{"text": "High"}]}
+    result = message(7, kind="lab", text="", resource=observation)
+    assert result.fragment().text == "Troponin T: 48 ng/L (flag High)."
+    with pytest.raises(MessageError, match="Patient is not a result"):
+        parse_message({**message(1).model_dump(mode="json"), "resource": {"resourceType": "Patient"}})

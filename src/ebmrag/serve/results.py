@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ebmrag.errors import EbmragError, require_extra
+from ebmrag.evidence.fhir_resources import BundleIndex, Skip, imaging_study, observation, procedure, report
 from ebmrag.evidence.fragment import Fragment, PatientRecord
 from ebmrag.serve.store import PatientStore
 
@@ -60,11 +61,14 @@ class ResultMessage(BaseModel):
     title: str = ""
     text: str = ""
     values: list[ResultValue] = Field(default_factory=list)
+    resource: dict[str, Any] | None = None  # a FHIR R4 Observation, DiagnosticReport, ... as the result
 
     @model_validator(mode="after")
     def _has_content(self) -> ResultMessage:
+        if self.resource is not None:
+            self.text = " ".join(filter(None, [self.text.strip(), fhir_text(self.resource)]))
         if self.status == "final" and not (self.text.strip() or self.values):
-            raise ValueError("a final result needs text or values")
+            raise ValueError("a final result needs text, values or a FHIR resource")
         if self.produced_at.tzinfo is None:
             raise ValueError("produced_at needs a time zone (e.g. 2026-03-14T08:00:00Z)")
         return self
@@ -82,6 +86,20 @@ class ResultMessage(BaseModel):
 
     def record(self) -> PatientRecord:
         return PatientRecord(self.patient_id, (self.fragment(),), f"gateway:{self.producer}")
+
+
+def fhir_text(resource: dict[str, Any]) -> str:
+    """A FHIR R4 resource's text as the chart reader renders it (evidence.fhir_resources)."""
+    kind = str(resource.get("resourceType", ""))
+    renderer = {"Observation": observation, "DiagnosticReport": report, "Procedure": procedure,
+                "ImagingStudy": imaging_study}.get(kind)
+    if renderer is None:
+        raise ValueError(f"resource: a {kind or 'resource without resourceType'} is not a result this gateway reads "
+                         "(Observation, DiagnosticReport, Procedure, ImagingStudy)")
+    rendered = renderer(resource, BundleIndex())
+    if isinstance(rendered, Skip):
+        raise ValueError(f"resource: nothing to store ({rendered.reason})")
+    return " ".join(part.text for part in rendered)
 
 
 def apply_message(store: PatientStore, message: ResultMessage) -> str:
