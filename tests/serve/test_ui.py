@@ -32,6 +32,7 @@ def browser() -> Iterator[webdriver.Chrome]:
     for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,1600"):
         options.add_argument(flag)
     chrome = webdriver.Chrome(service=Service(driver), options=options)
+    chrome.implicitly_wait(15)  # a lookup right after a click waits for the next page instead of reading the old
     try:
         yield chrome
     finally:

@@ -1,0 +1,59 @@
+"""The shared knowledge base over HTTP: stats for any admin, changes only for the admins of
+[serve] kb_admin_tenant (one tenant's administrator must not rewrite every tenant's guidelines)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from fastapi import FastAPI, Request
+
+from ebmrag.index.kb import KnowledgeBase, knowledge_base_stats
+from ebmrag.ingest.documents import Document, normalize_text
+from ebmrag.serve.access import KB_ADMIN, AccessError, require
+from ebmrag.serve.models import UploadBody
+from ebmrag.serve.problems import ProblemError
+from ebmrag.serve.service import Service, caller
+from ebmrag.serve.store import ApiKey
+
+
+def install_kb(app: FastAPI, service: Service) -> None:
+    """The shared knowledge base: stats for any admin, changes only for the admins of [serve] kb_admin_tenant
+    (one tenant's administrator must not rewrite every tenant's guidelines)."""
+
+    def knowledge_base() -> KnowledgeBase:
+        voter = service.engine().voter
+        if voter is None:
+            raise ProblemError(409, "no-knowledge-base", "this server has no knowledge base")
+        return voter.retriever.kb
+
+    async def kb_admin(request: Request, change: bool) -> ApiKey:
+        key = await caller(request, service)
+        require(key, KB_ADMIN)
+        if change and key.tenant != service.settings.serve.kb_admin_tenant:
+            raise AccessError(403, f"only admins of tenant {service.settings.serve.kb_admin_tenant!r} change the "
+                                   "shared knowledge base")
+        return key
+
+    @app.get("/v1/kb/stats", tags=["knowledge base"])
+    async def kb_stats(request: Request) -> dict[str, Any]:
+        await kb_admin(request, change=False)
+        return dict(asdict(await service.run(lambda: knowledge_base_stats(knowledge_base()))))
+
+    @app.post("/v1/kb/documents", tags=["knowledge base"])
+    async def kb_upload(body: UploadBody, request: Request) -> dict[str, Any]:
+        key = await kb_admin(request, change=True)
+        documents = [Document(d.doc_id, normalize_text(d.text), d.source, "upload", d.title, date=d.date,
+                              authority=d.authority) for d in body.documents]
+        report = await service.run(lambda: knowledge_base().apply(documents))
+        service.audit(key, "", "kb_upload", request, tuple(d.doc_id for d in documents))
+        return {"added": report.added, "updated": report.updated, "unchanged": report.unchanged}
+
+    @app.delete("/v1/kb/documents/{doc_id}", tags=["knowledge base"])
+    async def kb_delete(doc_id: str, request: Request) -> dict[str, Any]:
+        key = await kb_admin(request, change=True)
+        report = await service.run(lambda: knowledge_base().apply([], [doc_id]))
+        if not report.deleted:
+            raise ProblemError(404, "not-found", f"no document {doc_id!r} in the knowledge base")
+        service.audit(key, "", "kb_delete", request, (doc_id,))
+        return {"deleted": report.deleted}

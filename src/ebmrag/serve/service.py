@@ -1,0 +1,193 @@
+"""What the service's routes share: the store, one engine (built on first use), limits, and the helpers
+that turn a request into a key, a record, or an erasure that reaches the caches."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
+from typing import Any
+
+from fastapi import Request
+from starlette.concurrency import run_in_threadpool
+
+from ebmrag.agent.engine import Engine
+from ebmrag.config import Settings
+from ebmrag.evidence.fhir import record_from_fhir_bundle
+from ebmrag.evidence.fragment import Fragment, PatientRecord
+from ebmrag.evidence.loaders import record_from_json
+from ebmrag.generate.staged import StageTrace
+from ebmrag.packing.packer import STRATEGIES, ContextPacker
+from ebmrag.serve import audit
+from ebmrag.serve.access import AccessError, authenticate
+from ebmrag.serve.limits import Metrics, RateLimiter
+from ebmrag.serve.models import AskBody
+from ebmrag.serve.problems import PROBLEM, ProblemError
+from ebmrag.serve.store import ApiKey, PatientStore
+
+log = logging.getLogger(__name__)
+JSON_TYPES = ("application/json", "application/fhir+json")
+
+
+class Service:
+    """What the routes share: the store, one engine (built on first use), packers by strategy, limits."""
+
+    def __init__(self, store: PatientStore, settings: Settings, engine: Engine | None = None) -> None:
+        self.store, self.settings = store, settings
+        self._engine = engine
+        self._engines: dict[str, Engine] = {}
+        self._packers: dict[str, ContextPacker] = {}
+        self._lock = threading.Lock()  # the engine's caches and the knowledge base reader are not thread-safe
+        self.limiter = RateLimiter(settings.serve.rate_per_second, settings.serve.rate_burst)
+        self.metrics = Metrics()
+
+    def engine(self, retrieval: str | None = None) -> Engine:
+        if self._engine is None:
+            self._engine = Engine.from_config(self.settings)
+        if retrieval is None or retrieval == self._engine.settings.retrieval:
+            return self._engine
+        if retrieval not in ("auto", "always", "never"):
+            raise ProblemError(422, "invalid-request", f"retrieval must be auto, always or never, got {retrieval!r}")
+        base = self._engine
+        if retrieval not in self._engines:
+            self._engines[retrieval] = Engine(base.packer, base.voter, base.client, base.gate,
+                                              replace(base.settings, retrieval=retrieval))
+        return self._engines[retrieval]
+
+    def packer(self, strategy: str | None) -> ContextPacker:
+        engine = self.engine()
+        if strategy is None or strategy == engine.packer.strategy:
+            return engine.packer
+        if strategy not in STRATEGIES:
+            raise ProblemError(422, "invalid-request",
+                               f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+        if strategy not in self._packers:
+            data = dict(engine.packer.to_dict(), strategy=strategy)
+            self._packers[strategy] = ContextPacker.from_dict(data, engine.packer.embedder)
+        return self._packers[strategy]
+
+    def locked(self, work: Callable[[], Any]) -> Callable[[], Any]:
+        def run() -> Any:
+            with self._lock:
+                return work()
+        return run
+
+    async def run(self, work: Callable[[], Any]) -> Any:
+        """Blocking work in a worker thread, bounded by [serve] request_seconds."""
+        try:
+            return await asyncio.wait_for(run_in_threadpool(self.locked(work)), self.settings.serve.request_seconds)
+        except TimeoutError:
+            seconds = self.settings.serve.request_seconds
+            raise ProblemError(504, "timeout", f"the request took longer than {seconds:g} s; it may still finish "
+                                               "in the background") from None
+
+    def audit(self, key: ApiKey, patient: str, action: str, request: Request, fragments: tuple[str, ...] = ()) -> None:
+        audit.append(self.store, audit.AuditEntry(key.key_id, key.tenant, patient, action,
+                                                  request.state.request_id, fragments))
+
+
+async def caller(request: Request, service: Service) -> ApiKey:
+    key = await run_in_threadpool(authenticate, service.store, request.headers.get("authorization"))
+    wait = service.limiter.take(key.key_id)
+    if wait > 0:
+        raise ProblemError(429, "rate-limited", f"more than {service.settings.serve.rate_per_second:g} requests per "
+                                           "second for this key", {"Retry-After": str(max(1, round(wait)))})
+    return key
+
+
+async def read_record(request: Request, patient: str) -> PatientRecord:
+    """The body as a record of `patient`: ebmrag JSON (application/json) or a FHIR R4 Bundle
+    (application/fhir+json, or any JSON whose resourceType is Bundle)."""
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type not in JSON_TYPES:
+        raise ProblemError(415, "unsupported-media-type",
+                           f"send {' or '.join(JSON_TYPES)}, not {content_type or 'nothing'}")
+    raw = await request.body()
+    if len(raw) > request.app.state.service.settings.serve.max_body_mb * 2**20:
+        raise ProblemError(413, "payload-too-large", "the body is too large")
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ProblemError(400, "malformed-json", f"the body is not valid JSON: {exc}") from None
+    origin = f"request body for {patient}"
+    if content_type == "application/fhir+json" or (isinstance(data, dict) and data.get("resourceType") == "Bundle"):
+        record = record_from_fhir_bundle(data, origin)
+    else:
+        record = record_from_json(data, origin)
+    fragments = tuple(replace(f, patient_id=patient) for f in record.fragments)
+    return PatientRecord(patient, fragments, origin, record.skipped, record.identifiers)
+
+
+async def wait_for_results(service: Service, key: ApiKey, pid: str, wait_ms: int) -> int:
+    """Wait up to `wait_ms` for the patient's announced results to arrive (the paper's "pack at question time
+    with what has arrived"); returns the milliseconds waited."""
+    started = asyncio.get_running_loop().time()
+    deadline = started + wait_ms / 1000
+    while wait_ms:
+        waiting: list[dict[str, str]] = await run_in_threadpool(service.store.pending, key.tenant, pid)
+        if not waiting or asyncio.get_running_loop().time() >= deadline:
+            break
+        await asyncio.sleep(0.05)
+    return round((asyncio.get_running_loop().time() - started) * 1000)
+
+
+async def stored(service: Service, key: ApiKey, pid: str) -> PatientRecord:
+    record = await run_in_threadpool(service.store.record, key.tenant, pid)
+    if record is None or not record.fragments:
+        raise AccessError(404, "no such patient")
+    return record
+
+
+def forget_fragments(engine: Engine, fragments: list[Fragment]) -> int:
+    """Erasure reaches the caches: the vectors of the texts and of their compressed states, their tier
+    decisions and compressed states, and any cached model reply that quotes one of them."""
+    packer, texts = engine.packer, [f.text for f in fragments]
+    states = [c.text for c in packer.builder.compressor.compress_many(texts) if c.text]
+    forgotten = packer.embedder.forget(texts + states)
+    forgotten += packer.classifier.forget([(f.text, f.section) for f in fragments])
+    forgotten += packer.builder.compressor.forget(texts)
+    cache = getattr(engine.client, "cache", None)
+    if cache is not None:
+        forgotten += cache.forget_quoting(texts)
+    return forgotten
+
+
+def _event(name: str, data: Any) -> str:
+    return f"event: {name}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+async def stream_ask(service: Service, engine: Engine, key: ApiKey, pid: str, body: AskBody, record: PatientRecord,
+                     request: Request) -> AsyncIterator[str]:
+    """Server-sent events: `stage` as each model stage ends (name, status, seconds), `answer` with the answer
+    text, `result` with the whole ask JSON, or one `error` problem; the stream then ends."""
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+
+    def heard(trace: StageTrace) -> None:
+        loop.call_soon_threadsafe(events.put_nowait, ("stage", {"stage": trace.name, "status": trace.status,
+                                                                "seconds": round(trace.seconds, 3)}))
+
+    task = asyncio.ensure_future(service.run(lambda: engine.ask(body.question, record, body.window,
+                                                                on_stage=heard)))
+    while not (task.done() and events.empty()):
+        waiter = asyncio.ensure_future(events.get())
+        await asyncio.wait({waiter, task}, return_when=asyncio.FIRST_COMPLETED)
+        if waiter.done():
+            yield _event(*waiter.result())
+        else:
+            waiter.cancel()
+    try:
+        result = task.result()
+    except ProblemError as exc:
+        yield _event("error", {"type": PROBLEM + exc.kind, "status": exc.status, "detail": exc.detail})
+        return
+    except Exception as exc:  # the JSON route's handlers answer these; a stream reports them as an event
+        log.error("ask stream failed: %s", type(exc).__name__)
+        yield _event("error", {"type": PROBLEM + "internal", "status": 500, "detail": "the answer failed"})
+        return
+    service.audit(key, pid, "ask", request, tuple(i.id for i in result.items))
+    yield _event("answer", {"text": result.answer})
+    yield _event("result", result.to_json())
