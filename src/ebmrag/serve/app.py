@@ -195,7 +195,7 @@ def _install_answers(app: FastAPI, service: Service) -> None:
         waited = await wait_for_results(service, key, pid, body.wait_ms)
         record = await stored(service, key, pid)
         pending = await run_in_threadpool(service.store.pending, key.tenant, pid)
-        engine = service.engine(body.retrieval)
+        engine = await run_in_threadpool(service.engine, body.retrieval)  # the first call loads the model
         if "text/event-stream" in request.headers.get("accept", ""):
             return StreamingResponse(stream_ask(service, engine, key, pid, body, record, request),
                                      media_type="text/event-stream")

@@ -41,21 +41,26 @@ class Service:
         self._engines: dict[str, Engine] = {}
         self._packers: dict[str, ContextPacker] = {}
         self._lock = threading.Lock()  # the engine's caches and the knowledge base reader are not thread-safe
+        self._building = threading.Lock()  # one engine, however many first requests arrive together
         self.limiter = RateLimiter(settings.serve.rate_per_second, settings.serve.rate_burst)
         self.metrics = Metrics()
 
     def engine(self, retrieval: str | None = None) -> Engine:
-        if self._engine is None:
-            self._engine = Engine.from_config(self.settings)
-        if retrieval is None or retrieval == self._engine.settings.retrieval:
-            return self._engine
-        if retrieval not in ("auto", "always", "never"):
-            raise ProblemError(422, "invalid-request", f"retrieval must be auto, always or never, got {retrieval!r}")
-        base = self._engine
-        if retrieval not in self._engines:
-            self._engines[retrieval] = Engine(base.packer, base.voter, base.client, base.gate,
-                                              replace(base.settings, retrieval=retrieval))
-        return self._engines[retrieval]
+        """The engine (built on first use, from a worker thread: it loads the model), or a variant of it with
+        another retrieval mode that shares its parts."""
+        with self._building:
+            if self._engine is None:
+                self._engine = Engine.from_config(self.settings)
+            if retrieval is None or retrieval == self._engine.settings.retrieval:
+                return self._engine
+            if retrieval not in ("auto", "always", "never"):
+                raise ProblemError(422, "invalid-request", f"retrieval must be auto, always or never, got "
+                                                           f"{retrieval!r}")
+            base = self._engine
+            if retrieval not in self._engines:
+                self._engines[retrieval] = Engine(base.packer, base.voter, base.client, base.gate,
+                                                  replace(base.settings, retrieval=retrieval))
+            return self._engines[retrieval]
 
     def packer(self, strategy: str | None) -> ContextPacker:
         engine = self.engine()
