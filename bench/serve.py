@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import random
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -32,11 +35,31 @@ from ebmrag.serve.store import SQLiteStore
 from report import write_section  # bench/ is on sys.path when a script here runs
 
 
-def rss_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+def rss_mb(pid: int | str = "self") -> float:
+    """Resident memory of a process and all its descendants (the workers of `serve --workers`)."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+        children = " ".join(p.read_text() for p in Path(f"/proc/{pid}/task").glob("*/children")).split()
+    except OSError:
+        return 0.0
+    own = next((int(line.split()[1]) / 1024 for line in lines if line.startswith("VmRSS:")), 0.0)
+    return own + sum(rss_mb(child) for child in children)
+
+
+def start_workers(data: str, workers: int) -> tuple[subprocess.Popen[bytes], str]:
+    """`ebmrag serve --workers N` as its own process."""
+    port = 20000 + os.getpid() % 10000
+    process = subprocess.Popen([sys.executable, "-m", "ebmrag.cli", "serve", "--data-dir", data, "--port", str(port),
+                                "--workers", str(workers)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                return process, url
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    process.kill()
+    raise RuntimeError("ebmrag serve --workers did not start")
 
 
 def start(app: object) -> tuple[uvicorn.Server, str]:
@@ -65,6 +88,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--workers", type=int, default=0, help="0: one in-process server; N: `ebmrag serve "
+                                                                 "--workers N` as its own process")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as data:
@@ -73,7 +98,11 @@ def main() -> None:
         client_keys = [create_key(store, "bench", "clinician")[0] for _ in range(args.clients)]  # a key each: the
         # per-key rate limit is not what is measured
         settings = Settings()
-        server, url = start(create_app(store, settings))
+        workers = None
+        if args.workers:
+            workers, url = start_workers(data, args.workers)
+        else:
+            server, url = start(create_app(store, settings))
         patients = []
         with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=300) as http:
             for n, path in enumerate(demo_record_paths()):
@@ -81,8 +110,10 @@ def main() -> None:
                 assert http.put(f"/v1/patients/{pid}", content=path.read_bytes(),
                                 headers={"Content-Type": "application/json"}).status_code == 200
                 patients.append((pid, demo_query(path)))
-                http.post(f"/v1/patients/{pid}/ask", json={"question": demo_query(path)})  # warm the engine
-        before = rss_mb()
+                for _ in range(max(1, args.workers) * 2):  # warm every worker's engine
+                    http.post(f"/v1/patients/{pid}/ask", json={"question": demo_query(path)})
+        measured = workers.pid if workers else "self"
+        before = rss_mb(measured)
         latencies: list[float] = []
         errors: list[int] = []
         until = time.monotonic() + args.seconds
@@ -94,14 +125,20 @@ def main() -> None:
         for thread in threads:
             thread.join()
         elapsed = time.monotonic() - started
-        after = rss_mb()
-        server.should_exit = True
+        after = rss_mb(measured)
+        if workers:
+            workers.terminate()
+            workers.wait(timeout=30)
+        else:
+            server.should_exit = True
     cuts = statistics.quantiles(latencies, n=100)
     lines = [f"## `ebmrag serve` under load, {date.today().isoformat()}", "",
              f"Machine: {platform.machine()}, Python {platform.python_version()}, 2 cores. Command: "
-             f"`python bench/serve.py --clients {args.clients} --seconds {args.seconds:g} --out docs/benchmarks.md`.",
+             f"`python bench/serve.py --clients {args.clients} --seconds {args.seconds:g}"
+             f"{f' --workers {args.workers}' if args.workers else ''} --out docs/benchmarks.md`.",
              "", f"{args.clients} clients, {args.seconds:g} s of `POST /v1/patients/{{pid}}/ask` (offline brief, demo "
-             f"knowledge base, {len(patients)} demo patients, SQLite store).", "",
+             f"knowledge base, {len(patients)} demo patients, SQLite store; "
+             f"{f'{args.workers} worker processes' if args.workers else 'one in-process server'}).", "",
              "| requests | errors | requests/s | p50 ms | p95 ms | p99 ms | RSS before / after MB |",
              "|---|---|---|---|---|---|---|",
              f"| {len(latencies)} | {len(errors)} | {len(latencies) / elapsed:.1f} | {cuts[49] * 1000:.0f} | "
@@ -111,7 +148,7 @@ def main() -> None:
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
-        write_section(args.out, "serve-load", text)
+        write_section(args.out, f"serve-load{'-workers' if args.workers else ''}", text)
 
 
 if __name__ == "__main__":

@@ -32,9 +32,10 @@ def big_bundle() -> bytes:
     return json.dumps({"resourceType": "Bundle", "type": "collection", "entry": entries}).encode()
 
 
-def start(data_dir: Path, port: int) -> subprocess.Popen[bytes]:
+def start(data_dir: Path, port: int, workers: int = 1) -> subprocess.Popen[bytes]:
     process = subprocess.Popen([sys.executable, "-m", "ebmrag.cli", "serve", "--data-dir", str(data_dir),
-                                "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                "--port", str(port), "--workers", str(workers)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
@@ -74,3 +75,31 @@ def test_a_killed_upload_leaves_the_old_record_or_the_whole_new_one(tmp_path: Pa
 def _quietly_put(url: str, body: bytes, headers: dict[str, str]) -> None:
     with contextlib.suppress(httpx.HTTPError):  # the server is killed under it
         httpx.put(url, content=body, headers={**headers, "Content-Type": "application/fhir+json"}, timeout=60)
+
+
+def test_worker_processes_share_the_store_and_one_unbroken_audit_chain(tmp_path: Path) -> None:
+    """`serve --workers 2`: concurrent writes through both processes, then `audit verify` on the chain."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ebmrag.serve.audit import verify
+
+    store = SQLiteStore(tmp_path / "store.sqlite")
+    key = create_key(store, "t", "service")[0]
+    port = free_port()
+    server = start(tmp_path, port, workers=2)
+    headers = {"Authorization": f"Bearer {key}"}
+
+    def write(n: int) -> int:
+        record = {"patient_id": f"p{n}", "fragments": [{"id": "a", "text": f"Note {n}."}]}
+        return httpx.put(f"http://127.0.0.1:{port}/v1/patients/p{n % 5}", json=record, headers=headers,
+                         timeout=60).status_code
+
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            statuses = list(pool.map(write, range(60)))
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=30)
+    assert statuses == [200] * 60
+    rows = store.audit_rows()
+    assert len(rows) == 60 and verify(rows) == []

@@ -32,6 +32,8 @@ def serve(
     host: Annotated[str, typer.Option(help="Interface to bind; 127.0.0.1 keeps the service on this machine.")]
     = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port.")] = 8080,
+    workers: Annotated[int, typer.Option(help="Worker processes, each with its own engine (one answers one "
+                                               "question at a time); rate limits are per worker.")] = 1,
     store_url: StoreOption = "",
     config: ConfigOption = None,
 ) -> None:
@@ -43,10 +45,20 @@ def serve(
 
         from ebmrag.serve.app import serve_app
 
+        if not 1 <= workers <= 64:
+            raise ValueError(f"--workers must be 1 to 64, got {workers}")
         settings = load_settings(config)
-        app = serve_app(data_dir, settings, _store_url(settings.serve.store_url, store_url))
-        stderr.print(f"ebmrag serve on http://{host}:{port} (store: {app.state.service.store.backend})")
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+        url = _store_url(settings.serve.store_url, store_url)
+        app = serve_app(data_dir, settings, url)  # checks the store and settings before any worker starts
+        stderr.print(f"ebmrag serve on http://{host}:{port} (store: {app.state.service.store.backend}, "
+                     f"{workers} worker{'s' if workers > 1 else ''})")
+    if workers == 1:
+        uvicorn.run(app, host=host, port=port, log_level="warning")
+        return
+    os.environ.update({"EBMRAG_SERVE_DATA_DIR": str(data_dir), "EBMRAG_STORE_URL": url,
+                       "EBMRAG_SERVE_CONFIG": str(config or "")})
+    uvicorn.run("ebmrag.serve.app:app_from_environment", factory=True, host=host, port=port, workers=workers,
+                log_level="warning")
 
 
 def open_store_for(data_dir: Path, store_url: str, config: Path | None) -> PatientStore:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -258,6 +259,15 @@ def _install_answers(app: FastAPI, service: Service) -> None:
         hits: list[dict[str, Any]] = await service.run(run)
         service.audit(key, "", "search", request)
         return hits
+
+
+def app_from_environment() -> FastAPI:
+    """The app of one worker process of `ebmrag serve --workers N` (uvicorn imports it by name)."""
+    from ebmrag.config import load_settings
+
+    config = os.environ.get("EBMRAG_SERVE_CONFIG") or None
+    return serve_app(Path(os.environ["EBMRAG_SERVE_DATA_DIR"]), load_settings(config),
+                     os.environ.get("EBMRAG_STORE_URL", ""))
 
 
 def serve_app(data_dir: Path, settings: Settings, store_url: str = "") -> FastAPI:

@@ -35,8 +35,11 @@ def entry_hash(seq: int, at: str, entry: AuditEntry, prev: str) -> str:
 
 
 def append(store: PatientStore, entry: AuditEntry) -> str:
-    """Add one entry under the store's write lock; returns its hash."""
+    """Add one entry under the store's write lock (SQLite: the database lock; PostgreSQL: a table lock, so
+    worker processes never read the same tail); returns its hash."""
     with store.transaction() as cur:
+        if store.backend == "postgresql":
+            cur.execute("LOCK TABLE audit IN SHARE ROW EXCLUSIVE MODE")
         seq, prev = store.audit_tail(cur)
         at = now()
         digest = entry_hash(seq + 1, at, entry, prev)
