@@ -28,9 +28,11 @@ lint: $(STAMP)
 gateway-demo: $(STAMP)
 	$(PY) examples/gateway_demo.py
 
-# The trace viewer's browser test drives Debian's chromium (nothing is downloaded); install it when missing.
+# The trace viewer's browser test drives Debian's chromium (nothing is downloaded), and the gateway's restart
+# test starts its own redis-server: install them from Debian when missing.
 browser:
 	@command -v chromedriver >/dev/null || apt-get install -y -q chromium chromium-driver >/dev/null
+	@command -v redis-server >/dev/null || apt-get install -y -q redis-server >/dev/null
 
 test: lint browser
 	$(VENV)/bin/pytest -q
