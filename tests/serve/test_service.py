@@ -256,3 +256,15 @@ def test_results_without_a_broker_and_asking_while_one_is_pending(serve: Callabl
         timer.join()
     assert arrived["trace"]["pending_results"] == [] and 400 <= arrived["trace"]["waited_ms"] < 10_000
     assert "margins clear" in arrived["answer"]
+
+
+def test_a_chunked_upload_without_a_length_is_bounded_too(serve: Callable[..., Live]) -> None:
+    live = serve(max_body_mb=0.001)
+    with live.client(live.key("t", "service")) as http:
+        def chunks() -> Any:
+            for _ in range(10):
+                yield b" " * 500
+        response = http.put("/v1/patients/p1", content=chunks(), headers={"Content-Type": "application/json"})
+        problem(response, 413, "payload-too-large")
+        problem(http.post("/v1/results", content=chunks(), headers={"Content-Type": "application/json"}), 413,
+                "payload-too-large")

@@ -42,6 +42,7 @@ from ebmrag.serve.problems import ProblemError, install_errors, install_openapi,
 from ebmrag.serve.results import MessageError, apply_message, parse_message
 from ebmrag.serve.service import (
     Service,
+    bounded_body,
     caller,
     forget_fragments,
     read_record,
@@ -214,7 +215,7 @@ def _install_answers(app: FastAPI, service: Service) -> None:
         key = await caller(request, service)
         require(key, WRITE)
         try:
-            raw = json.loads(await request.body())
+            raw = json.loads(await bounded_body(request))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ProblemError(400, "malformed-json", f"the body is not valid JSON: {exc}") from None
         outcomes: Counter[str] = Counter()

@@ -103,6 +103,19 @@ async def caller(request: Request, service: Service) -> ApiKey:
     return key
 
 
+async def bounded_body(request: Request) -> bytes:
+    """The body, read in chunks and refused past [serve] max_body_mb (a chunked upload has no Content-Length
+    for the middleware to check)."""
+    limit = request.app.state.service.settings.serve.max_body_mb * 2**20
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ProblemError(413, "payload-too-large", "the body is too large")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 async def read_record(request: Request, patient: str) -> PatientRecord:
     """The body as a record of `patient`: ebmrag JSON (application/json) or a FHIR R4 Bundle
     (application/fhir+json, or any JSON whose resourceType is Bundle)."""
@@ -110,9 +123,7 @@ async def read_record(request: Request, patient: str) -> PatientRecord:
     if content_type not in JSON_TYPES:
         raise ProblemError(415, "unsupported-media-type",
                            f"send {' or '.join(JSON_TYPES)}, not {content_type or 'nothing'}")
-    raw = await request.body()
-    if len(raw) > request.app.state.service.settings.serve.max_body_mb * 2**20:
-        raise ProblemError(413, "payload-too-large", "the body is too large")
+    raw = await bounded_body(request)
     try:
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
