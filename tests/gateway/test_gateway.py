@@ -195,3 +195,20 @@ def test_a_fhir_resource_can_be_the_result() -> None:
     assert result.fragment().text == "Troponin T: 48 ng/L (flag High)."
     with pytest.raises(MessageError, match="Patient is not a result"):
         parse_message({**message(1).model_dump(mode="json"), "resource": {"resourceType": "Patient"}})
+
+
+def test_a_store_failure_leaves_the_entry_pending_until_it_can_be_stored(store: SQLiteStore, stream: str) -> None:
+    publish(REDIS_URL, [message(1)], stream)
+    consumer = ResultConsumer(store, REDIS_URL, stream, block_ms=50, claim_idle_ms=100)
+    real = store.upsert_fragments
+    calls = []
+
+    def failing_once(*args: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError("disk full")
+        return real(*args)
+
+    store.upsert_fragments = failing_once  # type: ignore[method-assign]
+    consumer.run(until=lambda: len(fragments(store)) == 1 or len(calls) > 5, handle_signals=False)
+    assert consumer.stats.failures == 1 and fragments(store) == ["result:slide-model 2.1:r1"]

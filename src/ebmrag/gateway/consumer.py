@@ -34,6 +34,7 @@ class ConsumerStats:
     dead: int = 0
     claimed: int = 0
     reconnects: int = 0
+    failures: int = 0  # store errors: the entries stayed pending
     reasons: list[str] = field(default_factory=list)
 
 
@@ -81,6 +82,11 @@ class ResultConsumer:
                 log.warning("Redis unreachable (%s); retrying in %.1f s", type(exc).__name__, backoff)
                 self._client = None
                 self.stats.reconnects += 1
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+            except Exception as exc:  # the store failed: the entry stays unacknowledged and is reclaimed later
+                log.error("could not store a result (%s); retrying in %.1f s", type(exc).__name__, backoff)
+                self.stats.failures += 1
                 time.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
         return self.stats
