@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
-import platform
 import statistics
 import tempfile
 import threading
@@ -31,7 +30,7 @@ from ebmrag.gateway.publish import publish
 from ebmrag.serve.access import create_key
 from ebmrag.serve.results import ResultMessage
 from ebmrag.serve.store import SQLiteStore
-from report import write_section  # bench/ is on sys.path when a script here runs
+from report import emit, machine  # bench/ is on sys.path when a script here runs
 
 BROKER = "redis://127.0.0.1:6379/0"
 
@@ -134,15 +133,12 @@ def main() -> None:
         rows.append(f"| {consumers} | {rate:.0f} | {offered:.0f} | {sent:,} | {p50:.1f} | {p95:.1f} |")
         print(rows[-1], flush=True)
     lines = [f"## Results gateway (Redis Streams -> store), {date.today().isoformat()}", "",
-             f"Machine: {platform.machine()}, Python {platform.python_version()}, 2 cores, Redis 7 on 127.0.0.1, "
+             f"{machine()}, Redis 7 on 127.0.0.1, "
              f"SQLite store. Command: `python bench/gateway.py --seconds {args.seconds:g} --out docs/benchmarks.md`.",
              "", "| consumers | messages/s (backlog of "
              f"{args.backlog:,}) | offered rate for the lag run, msg/s | messages in {args.seconds:g} s "
              "| lag p50 ms | lag p95 ms |", "|---|---|---|---|---|---|", *rows]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        write_section(args.out, "gateway", text)
+    emit(args.out, "gateway", lines)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ a wrong status is any answer other than 200 for a visible patient and 404 for th
 from __future__ import annotations
 
 import argparse
-import platform
 import random
 import tempfile
 import threading
@@ -28,7 +27,7 @@ from ebmrag.config import ServeSettings, Settings
 from ebmrag.serve.access import create_key
 from ebmrag.serve.app import create_app
 from ebmrag.serve.store import SQLiteStore
-from report import write_section  # bench/ is on sys.path when a script here runs
+from report import emit, machine  # bench/ is on sys.path when a script here runs
 
 TENANTS, PATIENTS = ("ta", "tb", "tc"), ("p1", "p2", "p3", "p4")
 
@@ -93,15 +92,12 @@ def main() -> None:
             client.close()
         server.should_exit = True
     lines = [f"## Patient isolation under random traffic, {date.today().isoformat()}", "",
-             f"Machine: {platform.machine()}, Python {platform.python_version()}, 2 cores. Command: "
+             f"{machine()}. Command: "
              f"`python bench/isolation.py --requests {args.requests} --out docs/benchmarks.md`.", "",
              f"{len(TENANTS)} tenants × {len(PATIENTS)} patients with unique markers, {len(keys)} keys; "
              f"{args.requests:,} random requests ({', '.join(f'{r} {n:,}' for r, n in sorted(routes.items()))}) "
              f"in {elapsed:.0f} s: **{leaks} leaks**, {wrong} wrong statuses."]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        write_section(args.out, "isolation", text)
+    emit(args.out, "isolation", lines)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ varied note sentences with numbers, so tiers, compression and copy-forward colla
 from __future__ import annotations
 
 import argparse
-import platform
 import random
 import tempfile
 import time
@@ -22,7 +21,7 @@ from pathlib import Path
 
 from ebmrag.evidence.fragment import Fragment, PatientRecord
 from ebmrag.packing.packer import DEFAULT_PREFILTER, ContextPacker
-from report import write_section  # bench/ is on sys.path when a script here runs
+from report import emit, machine  # bench/ is on sys.path when a script here runs
 
 TEMPLATES = ("Potassium {a}.{b} mmol/L on the {w} panel.", "Creatinine {a}.{b} mg/dL, urea {c} mmol/L.",
              "Patient resting, observations stable, pain score {b} of 10.",
@@ -75,16 +74,13 @@ def main() -> None:
         peak = tracemalloc.get_traced_memory()[1] / 2**20
         tracemalloc.stop()
     lines = [f"## Large records (`pack`), {date.today().isoformat()}", "",
-             f"Machine: {platform.machine()}, Python {platform.python_version()}, 2 cores. "
+             f"{machine()}. "
              "Command: `python bench/large_record.py --out docs/benchmarks.md`.", "",
              f"{args.fragments:,} fragments, W = 2,048; \"stored\": a second packer over the same cache directory "
              "(vectors, tier decisions and compressed states on disk), as a new process would find it.", "",
              "| packer | cold s | stored s |", "|---|---|---|", *rows, "",
              f"2,000 fragments, W = 200,000 (stored): {wide:.1f} s, peak traced memory {peak:.0f} MB."]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        write_section(args.out, "large-record", text)
+    emit(args.out, "large-record", lines)
 
 
 if __name__ == "__main__":

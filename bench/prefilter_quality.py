@@ -18,7 +18,6 @@ with and without the pre-filter (same packer, same cached vectors) and compared 
 from __future__ import annotations
 
 import argparse
-import platform
 import random
 import statistics
 import time
@@ -32,7 +31,7 @@ from ebmrag.evidence.fragment import Fragment, PatientRecord
 from ebmrag.packing.packer import ContextPacker
 from ebmrag.packing.prefilter import Prefilter
 from ebmrag.packing.types import DropReason
-from report import write_section  # bench/ is on sys.path when a script here runs
+from report import emit, machine  # bench/ is on sys.path when a script here runs
 
 CRITICAL_HISTORY = 5
 
@@ -109,7 +108,7 @@ def main() -> None:
     shared = tuple(Fragment(f"p{i}", "pool", f.text, f.section) for i, f in enumerate(everything))
     off.prepare(PatientRecord("pool", shared))  # embed the shared history once, outside the timings
     lines = [f"## Pre-filter quality on long charts, {date.today().isoformat()}", "",
-             f"Machine: {platform.machine()}, Python {platform.python_version()}, 2 cores. Command: "
+             f"{machine()}. Command: "
              "`python bench/prefilter_quality.py --data-root ../shared/data "
              "--out docs/results/prefilter.md`.",
              f"{len(chosen)} AgentClinic cases, each with up to {args.history:,} history fragments of other cases' "
@@ -127,10 +126,7 @@ def main() -> None:
                 lines.append(f"| {setting} " + row(scenario, window,
                                                    [compare(on, off, case, record, window) for case, record in charts]))
                 print(lines[-1], flush=True)
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        write_section(args.out, "prefilter", text)
+    emit(args.out, "prefilter", lines)
 
 
 def row(scenario: str, window: int, rows: list[Comparison]) -> str:

@@ -7,8 +7,23 @@ A section sits between `<!-- bench:NAME -->` and `<!-- /bench:NAME -->`; text ou
 from __future__ import annotations
 
 import os
+import platform
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
+
+
+def machine() -> str:
+    """The line every result starts from: what it was measured on."""
+    return f"Machine: {platform.machine()}, Python {platform.python_version()}, {os.cpu_count()} cores"
+
+
+def emit(out: Path | None, name: str, lines: Sequence[str]) -> None:
+    """Print a benchmark's section and, given `out`, write it into that document (see write_section)."""
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if out is not None:
+        write_section(out, name, text)
 
 
 def write_section(path: Path, name: str, text: str) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import statistics
 import subprocess
@@ -32,7 +31,7 @@ from ebmrag.demo import demo_query, demo_record_paths
 from ebmrag.serve.access import create_key
 from ebmrag.serve.app import create_app
 from ebmrag.serve.store import SQLiteStore
-from report import write_section  # bench/ is on sys.path when a script here runs
+from report import emit, machine  # bench/ is on sys.path when a script here runs
 
 
 def rss_mb(pid: int | str = "self") -> float:
@@ -133,7 +132,7 @@ def main() -> None:
             server.should_exit = True
     cuts = statistics.quantiles(latencies, n=100)
     lines = [f"## `ebmrag serve` under load, {date.today().isoformat()}", "",
-             f"Machine: {platform.machine()}, Python {platform.python_version()}, 2 cores. Command: "
+             f"{machine()}. Command: "
              f"`python bench/serve.py --clients {args.clients} --seconds {args.seconds:g}"
              f"{f' --workers {args.workers}' if args.workers else ''} --out docs/benchmarks.md`.",
              "", f"{args.clients} clients, {args.seconds:g} s of `POST /v1/patients/{{pid}}/ask` (offline brief, demo "
@@ -145,10 +144,7 @@ def main() -> None:
              f"{cuts[94] * 1000:.0f} | {cuts[98] * 1000:.0f} | {before:.0f} / {after:.0f} |"]
     if errors:
         lines.append(f"\nError statuses: {json.dumps(sorted(set(errors)))}")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        write_section(args.out, f"serve-load{'-workers' if args.workers else ''}", text)
+    emit(args.out, f"serve-load{'-workers' if args.workers else ''}", lines)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ today's ("[12|T3|2020-04-07]"), counted with the bundled tokenizer over every fr
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import tempfile
 import time
@@ -26,7 +25,7 @@ from ebmrag.evidence.loaders import load_record
 from ebmrag.evidence.tokens import make_token_counter
 from ebmrag.packing.packer import ContextPacker
 from ebmrag.packing.utility import fragment_header
-from report import write_section  # bench/ is on sys.path when a script here runs
+from report import emit, machine  # bench/ is on sys.path when a script here runs
 
 QUESTIONS = ("What are this patient's active problems, current medications and allergies?",
              "Which antibiotic would be safe for this patient if he developed pneumonia, and why?")
@@ -70,17 +69,14 @@ def main() -> None:
                 rows.append(f"| {question[:48]}… | {window} | {pack_ms:.0f} |")
         ask_ms = timed(lambda: engine.ask(QUESTIONS[1], chart, window=4096), args.runs)
     lines = [f"## A real chart: the Synthea FHIR export, {date.today().isoformat()}", "",
-             f"Machine: {platform.machine()}, Python {platform.python_version()}, 2 cores. Command: "
+             f"{machine()}. Command: "
              "`python bench/synthea_chart.py --data-root ../shared/data --out docs/benchmarks.md`.", "",
              f"Header tokens per context line over the chart's {count} fragments: {old:.1f} with the resource id, "
              f"{new:.1f} with a local number ({1 - new / old:.0%} fewer; {(old - new) * 10:.0f} tokens saved over "
              "ten lines).", "",
              "| question | W | `pack` ms, median (warm cache) |", "|---|---|---|", *rows, "",
              f"`ask` (offline brief, demo knowledge base, W = 4,096), the antibiotic question: {ask_ms:.0f} ms median."]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        write_section(args.out, "synthea-chart", text)
+    emit(args.out, "synthea-chart", lines)
 
 
 if __name__ == "__main__":

@@ -29,3 +29,15 @@ def test_sections_are_replaced_in_place_and_never_erase_each_other(tmp_path: Pat
     assert text.index("new packing") < text.index("ask numbers"), "a rewritten section keeps its place"
     assert text.startswith("# Benchmarks") and text.count("<!-- bench:packing -->") == 1
     assert not [p for p in tmp_path.iterdir() if p.name != "benchmarks.md"], "no temporary file left behind"
+
+
+def test_emit_prints_and_writes_the_section_it_names(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location("bench_report", BENCH)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "b.md"
+    module.emit(out, "x", ["## X", module.machine()])
+    assert "<!-- bench:x -->\n## X\nMachine: " in out.read_text() and "## X" in capsys.readouterr().out
+    module.emit(None, "y", ["## Y"])
+    assert "bench:y" not in out.read_text()
