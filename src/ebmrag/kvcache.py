@@ -46,7 +46,7 @@ class KeyValueCache:
                 chunk = list(keys[start : start + _BATCH])
                 marks = ",".join("?" * len(chunk))
                 rows = self._db.execute(f"SELECT key, {self.column} FROM {self.table} WHERE key IN ({marks})", chunk)
-                found.update((key, value if isinstance(value, bytes) else str(value).encode()) for key, value in rows)
+                found.update((key, _bytes(value)) for key, value in rows)
         return found
 
     def get(self, key: str) -> bytes | None:
@@ -68,8 +68,13 @@ class KeyValueCache:
         """Every (key, value): for erasure by content, where no key is known (cached model replies)."""
         with self._lock:
             rows = self._db.execute(f"SELECT key, {self.column} FROM {self.table}").fetchall()
-        return [(k, v if isinstance(v, bytes) else str(v).encode()) for k, v in rows]
+        return [(k, _bytes(v)) for k, v in rows]
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+def _bytes(value: bytes | str) -> bytes:
+    """Rows written by earlier versions hold TEXT (model replies); new ones hold BLOBs."""
+    return value if isinstance(value, bytes) else str(value).encode()

@@ -103,10 +103,10 @@ async def caller(request: Request, service: Service) -> ApiKey:
     return key
 
 
-async def bounded_body(request: Request) -> bytes:
-    """The body, read in chunks and refused past [serve] max_body_mb (a chunked upload has no Content-Length
-    for the middleware to check)."""
-    limit = request.app.state.service.settings.serve.max_body_mb * 2**20
+async def bounded_body(request: Request, limit: float | None = None) -> bytes:
+    """The body, read in chunks and refused past `limit` bytes, by default [serve] max_body_mb (a chunked
+    upload has no Content-Length for the middleware to check)."""
+    limit = limit if limit is not None else request.app.state.service.settings.serve.max_body_mb * 2**20
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)

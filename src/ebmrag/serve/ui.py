@@ -18,6 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from ebmrag.serve.access import READ, AccessError, authenticate, require, valid_name
+from ebmrag.serve.service import bounded_body
 
 COOKIE = "ebmrag_key"
 TIER_COLOURS = {"T1": "#b3261e", "T2": "#1f5fa8", "T3": "#2e7d32", "T4": "#6d6d6d"}
@@ -45,8 +46,9 @@ def tier(value: str) -> str:
 
 
 async def form_fields(request: Request) -> dict[str, str]:
-    """application/x-www-form-urlencoded without python-multipart."""
-    parsed = parse_qs((await request.body()).decode("utf-8", "replace"), keep_blank_values=True)
+    """application/x-www-form-urlencoded without python-multipart; a form is small (64 KB at most)."""
+    body = await bounded_body(request, limit=64 * 1024)
+    parsed = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
     return {k: v[0] for k, v in parsed.items()}
 
 
