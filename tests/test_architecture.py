@@ -23,9 +23,11 @@ LAYERS: list[set[str]] = [
     {"packing"},
     {"ingest"},
     {"index"},
+    {"ddx"},  # Bayesian differential diagnosis: condition knowledge base, engine, finding mapper
     {"demo"},
     {"generate"},
     {"agent"},
+    {"research"},  # the research agent: ReAct loop, tools, trajectories, question synthesis
     {"eval"},
     {"factory"},
     {"serve"},  # the HTTP service: store, access, audit, app

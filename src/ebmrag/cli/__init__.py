@@ -7,6 +7,7 @@
     gate ...                      cli.gate     the retrieval gate's classifier
     serve, keys ..., audit ...    cli.serve    the multi-tenant service
     gateway run | publish         cli.gateway  results from a message queue into the store
+    ddx, ddx eval | build-kb      cli.ddx      Bayesian differential diagnosis
 
 Commands are registered here, so no command module imports another's (or this one).
 """
@@ -19,6 +20,7 @@ from typing import Annotated
 import typer
 
 from ebmrag.cli import ask, kb, pack, serve
+from ebmrag.cli.ddx import ddx_app
 from ebmrag.cli.eval import eval_app
 from ebmrag.cli.gate import gate_app
 from ebmrag.cli.gateway import gateway_app
@@ -46,3 +48,4 @@ app.command()(serve.serve)
 app.add_typer(serve.keys_app, name="keys")
 app.add_typer(serve.audit_app, name="audit")
 app.add_typer(gateway_app, name="gateway")
+app.add_typer(ddx_app, name="ddx")

@@ -13,7 +13,7 @@ import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-AUTHORITIES = ("guideline", "systematic_review", "trial", "textbook", "other")
+AUTHORITIES = ("guideline", "systematic_review", "trial", "cohort", "textbook", "other")
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u200b\ufeff]")
 _SPACES = re.compile(r"[ \t\u00a0\u3000]+")
