@@ -1,8 +1,9 @@
 """A small OpenAI-compatible server on 127.0.0.1 for tests: scripted replies, errors, slowness, bad JSON.
 
 `script` is a list of steps consumed one per request; when it runs out, `default` answers. A step is
-("text", str) | ("status", int) | ("slow", (seconds, text)) | ("raw", bytes) | a callable taking the
-request JSON and returning a reply text.
+("text", str) | ("status", int) | ("slow", (seconds, text)) | ("raw", bytes) | ("calls", [(name, arguments
+text), ...]) for a tool-calling reply | ("reject", message) for a 400 with that message | a callable
+taking the request JSON and returning a reply text.
 """
 
 from __future__ import annotations
@@ -54,6 +55,10 @@ class FakeOpenAI:
                     self._send(200, _completion(step(body)))
                 elif step[0] == "text":
                     self._send(200, _completion(step[1]))
+                elif step[0] == "calls":
+                    self._send(200, _completion("", step[1]))
+                elif step[0] == "reject":
+                    self._send(400, json.dumps({"error": {"message": step[1]}}).encode())
                 elif step[0] == "status":
                     self._send(step[1], json.dumps({"error": {"message": f"scripted {step[1]}"}}).encode())
                 else:
@@ -70,10 +75,14 @@ class FakeOpenAI:
         return Handler
 
 
-def _completion(text: str) -> bytes:
+def _completion(text: str, calls: list[tuple[str, str]] | None = None) -> bytes:
+    message: dict[str, Any] = {"role": "assistant", "content": text or None}
+    if calls:
+        message["tool_calls"] = [{"id": f"call_{n}", "type": "function", "function": {"name": name, "arguments": args}}
+                                 for n, (name, args) in enumerate(calls)]
     return json.dumps({"id": "fake", "object": "chat.completion",
-                       "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                                    "finish_reason": "stop"}],
+                       "choices": [{"index": 0, "message": message,
+                                    "finish_reason": "tool_calls" if calls else "stop"}],
                        "usage": {"prompt_tokens": 11, "completion_tokens": 3, "total_tokens": 14}}).encode()
 
 

@@ -20,9 +20,23 @@ from ebmrag.agent.parts import (
     utility_params,
 )
 from ebmrag.config import Settings
+from ebmrag.research.parts import build_diagnoser, build_finding_mapper, build_research_agent
 
-__all__ = ["build_engine", "build_gate", "build_packer", "cache_dir", "make_llm_client", "make_retriever",
-           "make_voter", "open_kb", "require_llm_client", "utility_params"]
+__all__ = [
+    "build_diagnoser",
+    "build_engine",
+    "build_finding_mapper",
+    "build_gate",
+    "build_packer",
+    "build_research_agent",
+    "cache_dir",
+    "make_llm_client",
+    "make_retriever",
+    "make_voter",
+    "open_kb",
+    "require_llm_client",
+    "utility_params",
+]
 
 
 def build_engine(settings: Settings, *, kb: str | Path | None = None, llm: str | None = None,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -62,5 +62,34 @@ class LLMReply:
 
 class ChatClient(Protocol):
     """One chat completion; raises `errors.LLMError` when no usable reply comes back."""
+
+    def complete(self, messages: list[ChatMessage], temperature: float = 0.0, max_tokens: int = 512) -> LLMReply: ...
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One function call the model asked for; `arguments` is the raw JSON text, parsed (and judged) by the caller."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class ToolReply:
+    text: str  # the model's visible content: its thought, or the final answer when it calls no tool
+    tool_calls: tuple[ToolCall, ...]
+    prompt_tokens: int
+    completion_tokens: int
+    cached: bool
+    model: str
+
+
+class ToolChatClient(Protocol):
+    """Chat with OpenAI-style tool calling. `messages` are raw chat messages (assistant turns may carry
+    `tool_calls`, tool turns a `tool_call_id`); raises `errors.LLMError` when no usable reply comes back."""
+
+    def complete_tools(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]],
+                       temperature: float = 0.0, max_tokens: int = 512) -> ToolReply: ...
 
     def complete(self, messages: list[ChatMessage], temperature: float = 0.0, max_tokens: int = 512) -> LLMReply: ...

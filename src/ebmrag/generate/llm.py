@@ -23,7 +23,7 @@ from typing import Any
 
 from ebmrag.errors import LLMError
 from ebmrag.kvcache import KeyValueCache
-from ebmrag.protocols import ChatMessage, LLMReply
+from ebmrag.protocols import ChatMessage, LLMReply, ToolCall, ToolReply
 
 log = logging.getLogger(__name__)
 RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
@@ -117,18 +117,34 @@ class OpenAIChatClient:
     def complete(self, messages: Sequence[ChatMessage], temperature: float = 0.0, max_tokens: int = 512) -> LLMReply:
         if not messages:
             raise ValueError("no messages to send")
-        body = self.payload(messages, temperature, max_tokens)
+        found = self._cached_or_posted(self.payload(messages, temperature, max_tokens), tools=False)
+        reply = LLMReply(found["text"], found["prompt_tokens"], found["completion_tokens"], found["cached"], self.model)
+        self.usage.add(reply)
+        return reply
+
+    def complete_tools(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]],
+                       temperature: float = 0.0, max_tokens: int = 512) -> ToolReply:
+        """One turn with OpenAI tool calling ("tools", "tool_choice": "auto"); cached like `complete`."""
+        if not messages:
+            raise ValueError("no messages to send")
+        body = {"model": self.model, "messages": list(messages), "tools": list(tools), "tool_choice": "auto",
+                "temperature": temperature, "max_tokens": max_tokens}
+        found = self._cached_or_posted(body, tools=True)
+        calls = tuple(ToolCall(c["id"], c["name"], c["arguments"]) for c in found.get("tool_calls", []))
+        self.usage.add(LLMReply(found["text"], found["prompt_tokens"], found["completion_tokens"], found["cached"],
+                                self.model))
+        return ToolReply(found["text"], calls, found["prompt_tokens"], found["completion_tokens"], found["cached"],
+                         self.model)
+
+    def _cached_or_posted(self, body: dict[str, Any], tools: bool) -> dict[str, Any]:
         key = hashlib.sha256(json.dumps(body, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
         cached = self.cache.get(key) if self.cache else None
         if cached is not None:
-            reply = LLMReply(cached["text"], cached["prompt_tokens"], cached["completion_tokens"], True, self.model)
-        else:
-            reply = _parse_reply(self._post(body), self.model)
-            if self.cache:
-                self.cache.put(key, {"text": reply.text, "prompt_tokens": reply.prompt_tokens,
-                                     "completion_tokens": reply.completion_tokens})
-        self.usage.add(reply)
-        return reply
+            return {**cached, "cached": True}
+        found = _parse_reply(self._post(body), allow_tool_calls=tools)
+        if self.cache:
+            self.cache.put(key, found)
+        return {**found, "cached": False}
 
     def _post(self, body: dict[str, Any]) -> dict[str, Any]:
         with self._breaker_lock:
@@ -192,12 +208,34 @@ def _json_body(raw: bytes, url: str) -> dict[str, Any]:
     return data
 
 
-def _parse_reply(data: dict[str, Any], model: str) -> LLMReply:
+def _parse_reply(data: dict[str, Any], allow_tool_calls: bool = False) -> dict[str, Any]:
+    """{"text", "prompt_tokens", "completion_tokens"} (+ "tool_calls": [{"id", "name", "arguments"}])."""
     try:
-        text = data["choices"][0]["message"]["content"]
-    except (KeyError, IndexError, TypeError):
-        raise LLMError(f"the reply has no choices[0].message.content: {json.dumps(data)[:200]}") from None
+        message = data["choices"][0]["message"]
+        text = message.get("content")
+    except (KeyError, IndexError, TypeError, AttributeError):
+        raise LLMError(f"the reply has no choices[0].message: {json.dumps(data)[:200]}") from None
+    calls = _tool_calls(message) if allow_tool_calls else []
+    if text is None and calls:
+        text = ""
     if not isinstance(text, str):
         raise LLMError("choices[0].message.content is not a string")
     usage = data.get("usage") or {}
-    return LLMReply(text, int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0)), False, model)
+    found: dict[str, Any] = {"text": text, "prompt_tokens": int(usage.get("prompt_tokens", 0)),
+                             "completion_tokens": int(usage.get("completion_tokens", 0))}
+    if allow_tool_calls:
+        found["tool_calls"] = calls
+    return found
+
+
+def _tool_calls(message: dict[str, Any]) -> list[dict[str, str]]:
+    """The message's function calls; arguments stay raw text (a malformed one is the agent's to report)."""
+    calls = []
+    for n, call in enumerate(message.get("tool_calls") or []):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise LLMError(f"tool_calls[{n}] has no function name")
+        arguments = function.get("arguments", "")
+        calls.append({"id": str(call.get("id") or f"call_{n}"), "name": function["name"],
+                      "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments)})
+    return calls

@@ -118,5 +118,16 @@ def chunks_by_rows(db: sqlite3.Connection, rows: Sequence[int]) -> dict[int, Chu
     return found
 
 
+def document(db: sqlite3.Connection, doc_id: str) -> DocumentRow | None:
+    found = db.execute(f"SELECT {', '.join(DOCUMENT_COLUMNS)} FROM documents WHERE doc_id = ?", (doc_id,)).fetchone()
+    return DocumentRow(*found) if found else None
+
+
+def chunks_of(db: sqlite3.Connection, doc_id: str) -> list[ChunkRow]:
+    """A document's chunks in reading order."""
+    query = f"SELECT {', '.join(CHUNK_COLUMNS)} FROM chunks WHERE doc_id = ? ORDER BY position"
+    return [ChunkRow(*row) for row in db.execute(query, (doc_id,))]
+
+
 def rows_matching(db: sqlite3.Connection, where: str, params: Sequence[str]) -> list[int]:
     return [row for (row,) in db.execute(f"SELECT row FROM chunks WHERE {where}", list(params))]
