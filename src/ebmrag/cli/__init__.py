@@ -9,6 +9,7 @@
     gateway run | publish         cli.gateway  results from a message queue into the store
     ddx, ddx eval | build-kb      cli.ddx      Bayesian differential diagnosis
     research, research export | score  cli.research  the research agent and its trajectories
+    synth questions               cli.synth    KISA multi-hop questions from a knowledge base
 
 Commands are registered here, so no command module imports another's (or this one).
 """
@@ -26,6 +27,7 @@ from ebmrag.cli.eval import eval_app
 from ebmrag.cli.gate import gate_app
 from ebmrag.cli.gateway import gateway_app
 from ebmrag.cli.research import research_app
+from ebmrag.cli.synth import synth_app
 
 app = typer.Typer(help="Evidence-graded retrieval and context packing for medical LLMs.", no_args_is_help=True)
 
@@ -52,3 +54,4 @@ app.add_typer(serve.audit_app, name="audit")
 app.add_typer(gateway_app, name="gateway")
 app.add_typer(ddx_app, name="ddx")
 app.add_typer(research_app, name="research")
+app.add_typer(synth_app, name="synth")
