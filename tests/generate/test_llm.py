@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -58,3 +59,23 @@ def test_timeouts_and_malformed_bodies_are_clear_errors() -> None:
             OpenAIChatClient(url, "tiny", max_retries=0).complete(HELLO)
     with pytest.raises(ValueError, match="base_url"):
         OpenAIChatClient("localhost:8000", "tiny")
+
+
+def test_tool_calls_are_parsed_cached_and_checked(tmp_path: Path) -> None:
+    fake = FakeOpenAI()
+    fake.script = [("calls", [("kb_search", '{"query": "x"}'), ("ddx", "{not json")]),
+                   ("raw", json.dumps({"choices": [{"message": {"content": None, "tool_calls": [
+                       {"id": "1", "function": {"arguments": "{}"}}]}}]}).encode())]
+    tools = [{"type": "function", "function": {"name": "kb_search", "parameters": {"type": "object"}}}]
+    messages = [{"role": "user", "content": "hi"}]
+    with serve(fake) as url:
+        client = OpenAIChatClient(url, "m", cache_dir=tmp_path, max_retries=0)
+        reply = client.complete_tools(messages, tools)
+        again = client.complete_tools(messages, tools)
+        with pytest.raises(LLMError, match="no function name"):
+            client.complete_tools([{"role": "user", "content": "other"}], tools)
+    assert [c.name for c in reply.tool_calls] == ["kb_search", "ddx"]
+    assert reply.tool_calls[1].arguments == "{not json"  # raw: the agent reports it to the model
+    assert reply.text == "" and not reply.cached
+    assert again.cached and again.tool_calls == reply.tool_calls and len(fake.requests) == 2
+    assert fake.requests[0]["tools"] == tools and fake.requests[0]["tool_choice"] == "auto"

@@ -214,7 +214,7 @@ def _parse_reply(data: dict[str, Any], allow_tool_calls: bool = False) -> dict[s
         message = data["choices"][0]["message"]
         text = message.get("content")
     except (KeyError, IndexError, TypeError, AttributeError):
-        raise LLMError(f"the reply has no choices[0].message: {json.dumps(data)[:200]}") from None
+        raise LLMError(f"the reply has no choices[0].message.content: {json.dumps(data)[:200]}") from None
     calls = _tool_calls(message) if allow_tool_calls else []
     if text is None and calls:
         text = ""
