@@ -23,6 +23,8 @@ def questions(
     max_hops: Annotated[int, typer.Option("--max-hops", help="Longest path searched.")] = 6,
     rare_max: Annotated[int, typer.Option("--rare-max", help="Seeds: entities in at most this many chunks.")] = 3,
     hub_max: Annotated[int, typer.Option("--hub-max", help="Entities in more chunks never sit inside a path.")] = 150,
+    bridge_max: Annotated[int, typer.Option("--bridge-max", help="Walk back from an entity to a condition only "
+                                            "through entities in at most this many chunks.")] = 3,
     seed: Annotated[int, typer.Option(help="Random seed (ties among equally rare seeds).")] = 13,
     measure: Annotated[bool, typer.Option("--measure", help="Also report the hop distribution and how often the "
                                           "retriever finds each hop's chunk in its top 10.")] = False,
@@ -42,7 +44,8 @@ def questions(
         with stderr.status("building the entity graph..."):
             graph = EntityGraph.from_kb(retriever)
         with stderr.status("searching paths..."):
-            made = synthesize(graph, n, min_hops, max_hops, rare_max, hub_max, seed=seed, client=client)
+            made = synthesize(graph, n, min_hops, max_hops, rare_max, hub_max, seed=seed, bridge_max=bridge_max,
+                              client=client)
         partial = out.with_name(out.name + ".partial")
         out.parent.mkdir(parents=True, exist_ok=True)
         partial.write_text("".join(json.dumps(q.to_json(), ensure_ascii=False) + "\n" for q in made), encoding="utf-8")

@@ -289,8 +289,9 @@ class _Run:
         system = SYSTEM + (TEXT_PROTOCOL.format(tools=self._tool_text()) if self.protocol == "text" else "")
         fixed = [t for t in self.turns if t.role != "observation"]
         schema_tokens = self.agent.memory.count(json.dumps([t.schema() for t in self.agent.tools.values()]))
-        fixed_tokens = self.agent.memory.count(system) + sum(self.agent.memory.count(t.text) + 8 for t in fixed) + \
-            (schema_tokens if self.protocol == "tools" else 0)
+        count = self.agent.memory.count
+        fixed_tokens = count(system) + (schema_tokens if self.protocol == "tools" else 0) + sum(
+            count(t.text) + sum(count(c.name + c.arguments) for c in t.calls) + 8 for t in fixed)
         observations = [(t.key, t.text) for t in self.turns if t.role == "observation"]
         shown = self.agent.memory.fit(observations, fixed_tokens, self.question, index)
         messages: list[dict[str, Any]] = [{"role": "system", "content": system}]

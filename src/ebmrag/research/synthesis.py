@@ -9,8 +9,10 @@ other documents. Every edge carries the chunk id that states it, so every hop of
 Seeds and paths. Entity frequency is the number of chunks that mention it; seeds are entities at or below
 `rare_max` chunks (rarest first, seeded shuffle among equals). From a seed, a depth-first search finds the
 longest *valid* path: simple (no node twice), every edge backed by a chunk, no two hops from the same chunk,
-and no hub node (an entity in more than `hub_max` chunks, such as "pain", connects everything and says
-nothing) inside the path. Branching is capped at `branch` neighbours per node, rarest first, so the search is
+no hub node (an entity in more than `hub_max` chunks, such as "pain", connects everything and says
+nothing) inside the path, and a hop from an entity back to a condition only through an entity in at most
+`bridge_max` chunks (otherwise "a condition with <that finding>" has too many right answers). Branching is
+capped at `branch` neighbours per node, rarest first, so the search is
 bounded: O(n_seeds · branch^max_hops) at worst.
 
 Questions. Offline, a template walks the path step by step from the seed ("Start from X. Find a condition that
@@ -47,7 +49,7 @@ RELATIONS: dict[str, tuple[str, str, str]] = {
 }
 _GENE = re.compile(r"\b[A-Z][A-Z0-9]{1,7}\d[A-Z0-9]*\b|\b[A-Z]{3,6}\b")
 _NOT_GENES = frozenset("DNA RNA MRI CT HIV AIDS USA FDA NIH THE AND ECG EKG BMI".split())
-_WORD = re.compile(r"[a-z0-9][a-z0-9'-]*")
+_WORD = re.compile(r"[a-z0-9][a-z0-9-]*")
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,18 @@ class Hop:
     chunk_id: str
     section: str
 
+    @property
+    def triple(self) -> tuple[str, str, str]:
+        """(condition, relation, entity), whichever way the hop walks it."""
+        return (self.source, self.relation, self.target) if self.forward else \
+            (self.target, self.relation, self.source)
+
+    def query(self) -> str:
+        """What an agent would search at this step, knowing only `source`."""
+        if self.forward:
+            return f"What are the {self.section} of {self.source}?"
+        return f"Which conditions have {self.source} among their {self.section}?"
+
 
 @dataclass(frozen=True)
 class SynthQuestion:
@@ -79,7 +93,7 @@ class SynthQuestion:
 
     def to_json(self) -> dict[str, Any]:
         return {"question": self.question, "answer": self.answer, "hops": len(self.hops),
-                "path": [{"source": h.source, "relation": h.relation, "target": h.target, "chunk_id": h.chunk_id}
+                "path": [{"from": h.source, "to": h.target, "triple": list(h.triple), "chunk_id": h.chunk_id}
                          for h in self.hops],
                 "chunk_chain": [h.chunk_id for h in self.hops],
                 "masked_trajectory": [["[MASK]", h.relation, "[MASK]"] for h in self.hops],
@@ -121,7 +135,7 @@ class EntityGraph:
         rng.shuffle(rare)
         return sorted(rare, key=lambda n: self.frequency[n])
 
-    def longest_path(self, seed: str, max_hops: int, hub_max: int, branch: int) -> list[Hop]:
+    def longest_path(self, seed: str, max_hops: int, hub_max: int, branch: int, bridge_max: int = 3) -> list[Hop]:
         best: list[Hop] = []
         stack: list[tuple[str, list[Hop], frozenset[str], frozenset[str]]] = [(seed, [], frozenset([seed]),
                                                                                 frozenset())]
@@ -131,15 +145,17 @@ class EntityGraph:
                 best = path
             if len(path) == max_hops:
                 continue
-            for hop in self._next_hops(node, seen, chunks, hub_max, branch):
+            for hop in self._next_hops(node, seen, chunks, hub_max, branch, bridge_max):
                 stack.append((hop.target, [*path, hop], seen | {hop.target}, chunks | {hop.chunk_id}))
         return best
 
     def _next_hops(self, node: str, seen: frozenset[str], chunks: frozenset[str], hub_max: int,
-                   branch: int) -> list[Hop]:
+                   branch: int, bridge_max: int) -> list[Hop]:
         hops = []
         for edge in self.adjacent.get(node, []):
             forward = edge.condition == node
+            if not forward and self.frequency.get(node, 0) > bridge_max:
+                continue  # "a condition that has <common finding>" has too many answers to be a question
             target = edge.entity if forward else edge.condition
             if target in seen or edge.chunk_id in chunks or self.frequency.get(target, 0) > hub_max:
                 continue
@@ -149,7 +165,9 @@ class EntityGraph:
 
 
 def _norm(text: str) -> str:
-    return re.sub(r"\s+", " ", re.sub(r"[^a-z0-9' -]", " ", text.lower())).strip()
+    """Lower case, possessives dropped ("Alzheimer's disease" = "Alzheimer disease"), punctuation to spaces."""
+    text = re.sub(r"['’]s\b", "", text.lower())
+    return re.sub(r"\s+", " ", re.sub(r"[^a-z0-9 -]", " ", text)).strip()
 
 
 def _mentions(text: str, section: str, extractor: EntityExtractor, titles: set[str]) -> set[str]:
@@ -157,7 +175,7 @@ def _mentions(text: str, section: str, extractor: EntityExtractor, titles: set[s
              if e.kind in (EntityKind.FINDING, EntityKind.TEST, EntityKind.DRUG) and not e.negated}
     if "genetic" in section.lower():
         found |= {g.lower() for g in _GENE.findall(text) if g not in _NOT_GENES}
-    words = _WORD.findall(text.lower())
+    words = _WORD.findall(_norm(text))
     for size in range(1, 7):
         found |= {" ".join(words[i:i + size]) for i in range(len(words) - size + 1)} & titles
     return {f for f in found if len(f) >= 4}
@@ -182,7 +200,7 @@ REPHRASE = ("Rewrite these research steps as one natural multi-hop question a cl
 
 
 def synthesize(graph: EntityGraph, n: int, min_hops: int = 3, max_hops: int = 6, rare_max: int = 3,
-               hub_max: int = 150, branch: int = 6, seed: int = 13,
+               hub_max: int = 150, branch: int = 6, seed: int = 13, bridge_max: int = 3,
                client: ChatClient | None = None) -> list[SynthQuestion]:
     if n < 1 or not 1 <= min_hops <= max_hops:
         raise ValueError("n must be >= 1 and 1 <= min_hops <= max_hops")
@@ -190,7 +208,7 @@ def synthesize(graph: EntityGraph, n: int, min_hops: int = 3, max_hops: int = 6,
     out: list[SynthQuestion] = []
     used_answers: set[str] = set()
     for start in graph.seeds(rare_max, rng):
-        path = graph.longest_path(start, max_hops, hub_max, branch)
+        path = graph.longest_path(start, max_hops, hub_max, branch, bridge_max)
         if len(path) < min_hops or path[-1].target in used_answers:
             continue
         used_answers.add(path[-1].target)
@@ -219,24 +237,33 @@ class ChainCoverage:
     mean_hops: float
     whole_chain_found: float  # share of questions whose every hop's chunk is in the top k for that hop's query
     hop_found: float
+    forward_found: float  # hops from a condition to what its section says
+    backward_found: float  # hops from an entity to a condition that mentions it
 
     def to_json(self) -> dict[str, Any]:
         return {"questions": self.questions, "hop_distribution": dict(sorted(self.hops.items())),
                 "mean_hops": round(self.mean_hops, 2), "whole_chain_in_top_k": round(self.whole_chain_found, 4),
-                "hops_in_top_k": round(self.hop_found, 4)}
+                "hops_in_top_k": round(self.hop_found, 4), "forward_hops_in_top_k": round(self.forward_found, 4),
+                "backward_hops_in_top_k": round(self.backward_found, 4)}
 
 
 def chain_coverage(questions: Sequence[SynthQuestion], retriever: HybridRetriever, k: int = 10) -> ChainCoverage:
-    """Per hop, query '<known entity> <relation words>' (what an agent would search at that step) and check the
-    hop's backing chunk is among the top k."""
-    whole = found_hops = total_hops = 0
+    """Per hop, search `Hop.query()` (what an agent knows at that step) and check the hop's backing chunk is in the
+    top k."""
+    whole = 0
+    found: dict[bool, list[bool]] = {True: [], False: []}
     for q in questions:
-        queries = [f"{h.source} {h.section}" if h.forward else f"{h.source} {h.section} condition" for h in q.hops]
-        results = retriever.run_many(queries, k)
+        results = retriever.run_many([h.query() for h in q.hops], k)
         hits = [h.chunk_id in {r.chunk_id for r in result} for h, result in zip(q.hops, results, strict=True)]
         whole += all(hits)
-        found_hops += sum(hits)
-        total_hops += len(hits)
+        for hop, hit in zip(q.hops, hits, strict=True):
+            found[hop.forward].append(hit)
     n = max(len(questions), 1)
+    every = found[True] + found[False]
     return ChainCoverage(len(questions), Counter(len(q.hops) for q in questions),
-                         sum(len(q.hops) for q in questions) / n, whole / n, found_hops / max(total_hops, 1))
+                         sum(len(q.hops) for q in questions) / n, whole / n, _share(every), _share(found[True]),
+                         _share(found[False]))
+
+
+def _share(hits: Sequence[bool]) -> float:
+    return sum(hits) / len(hits) if hits else 0.0
