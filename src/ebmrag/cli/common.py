@@ -7,10 +7,10 @@ status spinners, reports and errors go to stderr, so `ebmrag ... --json | jq` al
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -65,6 +65,16 @@ def progress_callback(bar: Progress) -> ProgressCallback:
         bar.update(tasks[stage], completed=done, total=total)
 
     return update
+
+
+def write_jsonl(out: Path, rows: Iterable[dict[str, Any]]) -> int:
+    """Replace `out` atomically with one JSON object per line; returns the rows written."""
+    lines = [json.dumps(r, ensure_ascii=False) + "\n" for r in rows]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(out.name + ".partial")
+    partial.write_text("".join(lines), encoding="utf-8")
+    partial.replace(out)
+    return len(lines)
 
 
 def write_report(report: str, out: Path | None) -> None:

@@ -21,6 +21,7 @@ from ebmrag.cli.common import (
     console,
     stderr,
     user_errors,
+    write_jsonl,
 )
 from ebmrag.config import load_settings
 
@@ -99,13 +100,9 @@ def export(
         if format not in FORMATS:
             raise ValueError(f"--format must be one of {', '.join(FORMATS)}, got {format!r}")
         source = trajectories or trajectory_folder(load_settings(config)) / "trajectories.jsonl"
-        rows = [export_run(r, format) for r in read_runs(source)
-                if include_unanswered or r.get("status") == "answered"]
-        partial = out.with_name(out.name + ".partial")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        partial.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-        partial.replace(out)
-    stderr.print(f"{len(rows)} runs -> {out} ({format})")
+        written = write_jsonl(out, (export_run(r, format) for r in read_runs(source)
+                                    if include_unanswered or r.get("status") == "answered"))
+    stderr.print(f"{written} runs -> {out} ({format})")
 
 
 @research_app.command("score")

@@ -8,7 +8,16 @@ from typing import Annotated
 
 import typer
 
-from ebmrag.cli.common import BaseUrlOption, ConfigOption, KbOption, LlmOption, ModelOption, stderr, user_errors
+from ebmrag.cli.common import (
+    BaseUrlOption,
+    ConfigOption,
+    KbOption,
+    LlmOption,
+    ModelOption,
+    stderr,
+    user_errors,
+    write_jsonl,
+)
 from ebmrag.config import load_settings
 
 synth_app = typer.Typer(help="Synthesize training and evaluation data from a knowledge base.", no_args_is_help=True)
@@ -46,10 +55,7 @@ def questions(
         with stderr.status("searching paths..."):
             made = synthesize(graph, n, min_hops, max_hops, rare_max, hub_max, seed=seed, bridge_max=bridge_max,
                               client=client)
-        partial = out.with_name(out.name + ".partial")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        partial.write_text("".join(json.dumps(q.to_json(), ensure_ascii=False) + "\n" for q in made), encoding="utf-8")
-        partial.replace(out)
+        write_jsonl(out, (q.to_json() for q in made))
         stderr.print(f"{len(made)} questions ({len(graph.adjacent)} nodes, {graph.edges} edges) -> {out}")
         if measure:
             with stderr.status("retrieving every hop..."):
