@@ -122,6 +122,7 @@ class ResearchAgent:
     def run(self, question: str, patient_id: str = "") -> ResearchResult:
         if not question.strip():
             raise ValueError("the question is empty")
+        self.memory.reset()
         return _Run(self, question, patient_id).execute()
 
 

@@ -44,6 +44,10 @@ class ObservationMemory:
         self.events: list[PackEvent] = []
         self._last: dict[str, str] = {}
 
+    def reset(self) -> None:
+        """Forget the previous run's decisions (an agent serves many questions with one memory)."""
+        self.events, self._last = [], {}
+
     def count(self, text: str) -> int:
         return self.packer.token_counter.count(text)
 
