@@ -128,3 +128,11 @@ def test_observations_are_packed_into_a_small_window_with_reasons(make_agent: Bu
     assert newest.startswith("8 passages")  # the newest observation always stays in full
     sent = sum(context_packer.token_counter.count(str(m.get("content") or "")) for m in last_request)
     assert sent <= 2600
+
+
+def test_a_dead_endpoint_ends_the_run_with_its_reason(make_agent: Build) -> None:
+    fake = FakeOpenAI(default=("status", 503))
+    with serve(fake) as url:
+        result = make_agent(url).run("What is J93?")
+    assert result.status == "model_error" and result.answer == ""
+    assert "503" in result.problems[0]
