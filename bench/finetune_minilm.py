@@ -64,7 +64,7 @@ def main() -> None:
             scores = 20.0 * torch.nn.functional.normalize(queries, dim=-1) @ \
                 torch.nn.functional.normalize(answers, dim=-1).T
             loss = torch.nn.functional.cross_entropy(scores, torch.arange(len(batch)))
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]
             optimiser.step()
             schedule.step()
             optimiser.zero_grad()
