@@ -123,5 +123,8 @@ def test_cli_research_logs_and_exports(tmp_path: Path) -> None:
     gold.write_text(json.dumps({"question": "What is J93?", "answer": "pneumothorax"}) + "\n", encoding="utf-8")
     scored = runner.invoke(app, ["research", "score", "--gold", str(gold), "--config", str(config)])
     assert scored.exit_code == 0 and json.loads(scored.stdout)["mean_task"] == 1.0
+    gold.write_text('{"question": "What is J93?"}\n', encoding="utf-8")
+    no_answer = runner.invoke(app, ["research", "score", "--gold", str(gold), "--config", str(config)])
+    assert no_answer.exit_code == 2 and "gold.jsonl:1" in no_answer.output
     bad = runner.invoke(app, ["research", "What?", "--config", str(config)])
     assert bad.exit_code == 2 and "--base-url" in bad.output

@@ -105,6 +105,20 @@ def export(
     stderr.print(f"{written} runs -> {out} ({format})")
 
 
+def _gold_answers(path: Path) -> dict[str, str]:
+    """run_id or question -> gold answer; a line without them is named, not skipped."""
+    answers: dict[str, str] = {}
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        key = row.get("run_id") or row.get("question") if isinstance(row, dict) else None
+        if not key or not isinstance(row.get("answer"), str):
+            raise ValueError(f"{path}:{number}: a gold line needs \"answer\" and \"run_id\" or \"question\"")
+        answers[str(key)] = row["answer"]
+    return answers
+
+
 @research_app.command("score")
 def score(
     gold: Annotated[Path, typer.Option(help="JSONL of {\"question\" or \"run_id\", \"answer\"}.")],
@@ -117,11 +131,7 @@ def score(
     from ebmrag.research.trajectory import read_runs, score_run
 
     with user_errors():
-        answers: dict[str, str] = {}
-        for line in gold.read_text(encoding="utf-8").splitlines():
-            if line.strip():
-                row = json.loads(line)
-                answers[str(row.get("run_id") or row.get("question"))] = str(row["answer"])
+        answers = _gold_answers(gold)
         source = trajectories or trajectory_folder(load_settings(config)) / "trajectories.jsonl"
         scored: list[dict[str, Any]] = []
         for run_line in read_runs(source):

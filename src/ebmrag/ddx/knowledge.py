@@ -170,9 +170,9 @@ def from_ddxplus(folder: Path) -> ConditionKB:
     """Build the knowledge base from DDXPlus release files (the layout of ../shared/data/ddxplus): the v0
     evidence and condition files, the per-condition evidence frequencies over the 1,025,602 training patients
     (`symptom_condition_probs_v1_derived.json`) and the v0 <-> v1 code map."""
-    read = _ddxplus_reader(folder)
-    raw_evidences, raw_conditions, probs = read("release_evidences_v0.json"), read("release_conditions_v0.json"), \
-        read("symptom_condition_probs_v1_derived.json")
+    raw_evidences = _read_release(folder, "release_evidences_v0.json")
+    raw_conditions = _read_release(folder, "release_conditions_v0.json")
+    probs = _read_release(folder, "symptom_condition_probs_v1_derived.json")
     with (folder / "evidence_code_map_v0_v1.tsv").open(encoding="utf-8") as handle:
         v1_to_v0 = {row["v1_code"]: row["v0_name"] for row in csv.DictReader(handle, delimiter="\t")}
     evidences = {code: Evidence(code, raw["question_en"], KINDS[raw["data_type"]], bool(raw["is_antecedent"]),
@@ -196,13 +196,11 @@ def from_ddxplus(folder: Path) -> ConditionKB:
     return ConditionKB("ddxplus", attribution, evidences, conditions)
 
 
-def _ddxplus_reader(folder: Path) -> Any:
-    def read(name: str) -> Any:
-        path = folder / name
-        if not path.exists():
-            raise KnowledgeFileError(str(folder), f"missing {name} (expected the DDXPlus release layout)")
-        return json.loads(path.read_text(encoding="utf-8"))
-    return read
+def _read_release(folder: Path, name: str) -> Any:
+    path = folder / name
+    if not path.exists():
+        raise KnowledgeFileError(str(folder), f"missing {name} (expected the DDXPlus release layout)")
+    return json.loads(path.read_text(encoding="utf-8"))
 
 
 def _english_values(raw: dict[str, Any]) -> dict[str, str]:

@@ -117,6 +117,8 @@ class ResearchAgent:
         if len(set(names)) != len(names):
             raise ValueError(f"two tools share a name: {names}")
         self.client, self.tools, self.memory = client, {t.name: t for t in tools}, memory
+        self.schemas = [t.schema() for t in tools]  # what the model is sent every step: built once
+        self.schema_tokens = memory.count(json.dumps(self.schemas))
         self.max_steps, self.protocol, self.max_repeats, self.max_tokens = max_steps, protocol, max_repeats, max_tokens
 
     def run(self, question: str, patient_id: str = "") -> ResearchResult:
@@ -134,7 +136,7 @@ class _Run:
         self.protocol = "text" if agent.protocol == "text" else "tools"
         self.turns: list[Turn] = [Turn("user", question)]
         self.result = ResearchResult(uuid.uuid4().hex[:16], question, "", "step_limit", self.protocol, [], {}, [],
-                                     tools=[t.schema() for t in agent.tools.values()], patient_id=patient_id)
+                                     tools=agent.schemas, patient_id=patient_id)
         self._handles: dict[tuple[str, str], str] = {}
         self._calls: dict[str, int] = {}
         self._repeats = 0
@@ -180,9 +182,8 @@ class _Run:
     def _ask(self, index: int) -> tuple[str | None, tuple[ToolCall, ...], tuple[int, int]]:
         messages = self._messages(index)
         if self.protocol == "tools":
-            schemas = [t.schema() for t in self.agent.tools.values()]
             try:
-                reply = self.agent.client.complete_tools(messages, schemas, 0.0, self.agent.max_tokens)
+                reply = self.agent.client.complete_tools(messages, self.agent.schemas, 0.0, self.agent.max_tokens)
             except RequestRejectedError as exc:
                 if self.agent.protocol != "auto" or "tool" not in str(exc).lower():
                     raise
@@ -289,9 +290,8 @@ class _Run:
     def _messages(self, index: int) -> list[dict[str, Any]]:
         system = SYSTEM + (TEXT_PROTOCOL.format(tools=self._tool_text()) if self.protocol == "text" else "")
         fixed = [t for t in self.turns if t.role != "observation"]
-        schema_tokens = self.agent.memory.count(json.dumps([t.schema() for t in self.agent.tools.values()]))
         count = self.agent.memory.count
-        fixed_tokens = count(system) + (schema_tokens if self.protocol == "tools" else 0) + sum(
+        fixed_tokens = count(system) + (self.agent.schema_tokens if self.protocol == "tools" else 0) + sum(
             count(t.text) + sum(count(c.name + c.arguments) for c in t.calls) + 8 for t in fixed)
         observations = [(t.key, t.text) for t in self.turns if t.role == "observation"]
         shown = self.agent.memory.fit(observations, fixed_tokens, self.question, index)
@@ -317,8 +317,8 @@ class _Run:
         return {"role": turn.role, "content": turn.text}
 
     def _tool_text(self) -> str:
-        return "\n".join(f"- {t.name}: {t.description} Arguments (JSON schema): "
-                         f"{json.dumps(t.schema()['function']['parameters'])}" for t in self.agent.tools.values())
+        return "\n".join(f"- {s['function']['name']}: {s['function']['description']} Arguments (JSON schema): "
+                         f"{json.dumps(s['function']['parameters'])}" for s in self.agent.schemas)
 
     def _format_reminder(self) -> str:
         if self.protocol == "tools":

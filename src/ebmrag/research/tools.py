@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -29,6 +29,7 @@ from ebmrag.errors import EbmragError
 from ebmrag.evidence.fragment import PatientRecord
 from ebmrag.index import store
 from ebmrag.index.search import HybridRetriever
+from ebmrag.index.types import Filters
 from ebmrag.packing.packer import ContextPacker
 from ebmrag.protocols import TokenCounter
 
@@ -48,7 +49,6 @@ class Observation:
     summary: str
     items: tuple[Item, ...] = ()
     error: bool = False
-    data: Mapping[str, Any] = field(default_factory=dict)
 
 
 class ToolArgumentError(EbmragError):
@@ -119,8 +119,6 @@ class KbSearchTool(Tool):
             relevance_weight, depth
 
     def run(self, arguments: Any) -> Observation:
-        from ebmrag.index.types import Filters
-
         a: KbSearchArguments = arguments
         hits = self.retriever.run(a.query, a.k * self.depth, Filters(authority=a.authority) if a.authority else None)
         if not hits:
@@ -209,8 +207,7 @@ class DdxTool(Tool):
                            + ("; ".join(f"{'+' if x.present else 'no'} {x.question}" for x in d.drivers) or "prior"))
                       for d in result.listed)
         recognised = ", ".join(f"{'' if m.present else 'no '}{m.code}" for m in mapped)
-        return Observation(f"recognised findings: {recognised}; differential ({self.diagnoser.kb.name}):", items,
-                           data=result.to_json(top=5))
+        return Observation(f"recognised findings: {recognised}; differential ({self.diagnoser.kb.name}):", items)
 
 
 class Icd10Arguments(_Strict):
