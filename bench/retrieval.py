@@ -40,6 +40,8 @@ QUERIES = ("symptoms of polycystic ovary syndrome", "is amphetamine gluten free"
            "what causes high blood pressure in children", "side effects of metformin", "how is lupus diagnosed",
            "genetic changes in cystic fibrosis", "prevention of stroke after heart attack")
 
+FOCUS_WEIGHT = 0.3  # the "hybrid+focus" latency: the focus share measured in docs/results/retrieval.md (opt-in)
+
 
 class ScaledEmbedder:
     """Real base vectors plus noise, keyed by the text's copy number: the stand-in that makes 1M chunks feasible."""
@@ -71,6 +73,13 @@ def base_corpus(kb_dir: Path) -> tuple[list[str], npt.NDArray[np.float32]]:
     return texts, np.asarray(reader.dense.vectors, dtype=np.float32)
 
 
+def base_titles(kb_dir: Path) -> list[str]:
+    """Each base chunk's document title, so the scaled knowledge base has real titles for the focus extractor."""
+    reader = KnowledgeBase(kb_dir).reader()
+    titles = {doc_id: row.title for doc_id, row in store.documents(reader.db).items()}
+    return [titles.get(row.doc_id, "") for row in store.iter_chunks(reader.db)]
+
+
 def percentile_ms(samples: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(samples) * 1000, q))
 
@@ -78,9 +87,10 @@ def percentile_ms(samples: list[float], q: float) -> float:
 def build_scaled_kb(base_kb: Path, size: int, root: Path) -> tuple[KnowledgeBase, IngestReport, float]:
     """`size` one-chunk documents scaled from the base KB (see the module note); returns the KB, report, seconds."""
     texts, vectors = base_corpus(base_kb)
+    titles = base_titles(base_kb)
     embedder = ScaledEmbedder({t: i for i, t in enumerate(texts)}, vectors)
-    docs = [Document(f"d{i}", f"{texts[i % len(texts)]} copy{i // len(texts)}", "bench", "txt")
-            for i in range(size)]
+    docs = [Document(f"d{i}", f"{texts[i % len(texts)]} copy{i // len(texts)}", "bench", "txt",
+                     title=titles[i % len(texts)]) for i in range(size)]
     kb = KnowledgeBase(root, KnowledgeBaseConfig(contextual_prefix=False, chunker="fixed"),
                        embedder=embedder)  # type: ignore[arg-type]
     started = time.perf_counter()
@@ -96,8 +106,10 @@ def run_size(base_kb: Path, size: int, workdir: Path) -> dict[str, Any]:
                               "index_chunks_per_s": report.chunks_total / max(report.seconds_indexing, 1e-9),
                               "ingest_s": total, "indexing_s": report.seconds_indexing}
     query_vectors = embedder.embed([f"{texts[i * 7 % len(texts)]} copy0" for i in range(len(QUERIES))])
-    for mode in ("bm25", "dense", "hybrid"):
-        retriever = HybridRetriever(kb, mode, fusion="score", weights=(0.3, 0.7))
+    for mode in ("bm25", "dense", "hybrid", "hybrid+focus"):
+        retriever = HybridRetriever(kb, mode.split("+")[0], fusion="score", weights=(0.3, 0.7),
+                                    focus_weight=FOCUS_WEIGHT if mode.endswith("focus") else 0.0)
+        retriever.rank(QUERIES[0], 10)  # the focus extractor is built once per generation (timed apart)
         samples = []
         for repeat in range(25):
             for query, vector in zip(QUERIES, query_vectors, strict=True):

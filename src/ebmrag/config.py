@@ -24,7 +24,9 @@ tier_rules = ""          # empty = the bundled rules/tiers.toml
 tier_model = "bundled"   # learned tier classifier where no rule speaks; a path of your own, or "" for rules only
 
 [kb]                     # fixed when a knowledge base is created (stored in its manifest)
-embedding_model = ""     # a local sentence-transformers folder; empty = bundled all-MiniLM-L6-v2
+embedding_model = ""     # empty = bundled all-MiniLM-L6-v2; "minilm-medquad" = the same + a shipped delta for
+                         # consumer medical questions (+0.07 nDCG@10, docs/results/retrieval.md); or a .npz delta or
+                         # a local sentence-transformers folder
 embedding_max_tokens = 128   # the length all-MiniLM-L6-v2 was trained at; 256 is ~2.5x slower
 embedding_precision = "auto" # bf16 on CPUs with native bf16 (2x faster, same nDCG), else fp32; or fp32 | bf16 | int8
 chunker = ""             # empty = by source type; or fixed | recursive | structure | sentence
@@ -38,6 +40,7 @@ bm25_weight = 0.3
 dense_weight = 0.7
 route_depth = 50
 rrf_k = 60
+focus_weight = 0.0       # > 0: also search the question's focus (titles it names + question type), this share
 k = 10
 
 [llm]
@@ -93,7 +96,7 @@ def check_gate_params(alpha: float, beta: float, gamma: float, theta1: float, th
 class KnowledgeBaseConfig:
     """Fixed when a knowledge base is created and stored in every generation's manifest."""
 
-    embedding_model: str = ""
+    embedding_model: str = ""  # "minilm-medquad": +0.07 nDCG@10 on the LiveQA check half, not yet the default
     embedding_max_tokens: int = 128
     embedding_precision: str = "auto"  # bf16 where the CPU has it natively: 2x faster, same nDCG
     chunker: str = ""
@@ -167,6 +170,7 @@ class RetrievalSettings:
     dense_weight: float = 0.7
     route_depth: int = 50
     rrf_k: int = 60
+    focus_weight: float = 0.0  # the share of fusion weight for the routes run on the question's focus (focus.py)
     k: int = 10
     rerank_model: str = ""  # a local cross-encoder folder; empty = no chunk reranker
     vote_chunks: int = 100  # ICA-RAG document vote: chunks per sentence (m)

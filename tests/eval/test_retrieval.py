@@ -6,7 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from ebmrag.eval.retrieval import Query, evaluate_retrieval, liveqa_queries, load_queries, score_ranking
+from ebmrag.eval.retrieval import (
+    Query,
+    evaluate_retrieval,
+    liveqa_queries,
+    load_queries,
+    score_ranking,
+    select_split,
+    split_of,
+)
 from ebmrag.index.kb import KnowledgeBase
 from ebmrag.index.sync import ingest_paths
 
@@ -54,7 +62,7 @@ def test_pubmedqa_slice_end_to_end(shared_data: Path, tmp_path: Path, embedder) 
         assert report.modes[mode].ndcg_at_10 > 0.85, mode
     assert report.modes["hybrid"].ndcg_at_10 >= max(report.modes["bm25"].ndcg_at_10,
                                                     report.modes["dense"].ndcg_at_10) - 0.02
-    assert len(report.ablation) == 7
+    assert len(report.ablation) == 13
     assert set(report.to_json()["modes"]) == {"bm25", "dense", "hybrid"}  # type: ignore[arg-type]
 
 
@@ -62,3 +70,14 @@ def test_unknown_dataset_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="dataset must be one of"):
         load_queries("trec", tmp_path, [])
     assert Query("q", "t", {"a": 1.0}).gains == {"a": 1.0}
+
+
+def test_hash_split_is_fixed_disjoint_and_complete() -> None:
+    queries = [Query(f"TQ{i}", "t", {"a": 1.0}) for i in range(200)]
+    tune, check = select_split(queries, "tune"), select_split(queries, "check")
+    assert {q.query_id for q in tune}.isdisjoint({q.query_id for q in check})
+    assert len(tune) + len(check) == 200 and 70 < len(tune) < 130
+    assert [q.query_id for q in select_split(queries, "tune")] == [q.query_id for q in tune]
+    assert split_of("TQ1") == split_of("TQ1") and select_split(queries, "all") == queries
+    with pytest.raises(ValueError, match="split must be one of"):
+        select_split(queries, "train")

@@ -124,6 +124,20 @@ def test_a_second_writer_is_refused_and_configs_must_match(tmp_path: Path, embed
         KnowledgeBase(tmp_path / "empty", embedder=embedder).reader()
 
 
+def test_queries_cannot_be_embedded_by_another_model_than_the_chunks(tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                                    embedder) -> None:
+    from ebmrag.evidence.adapters import save_delta
+    from ebmrag.evidence.embeddings import SentenceEmbedder
+
+    kb = KnowledgeBase(tmp_path / "kb", embedder=embedder)
+    kb.apply([doc("sepsis", GUIDES["sepsis"])])
+    delta = tmp_path / "other.npz"
+    save_delta(delta, {"encoder.layer.0.output.dense": (np.zeros((1, 1536)), np.zeros((384, 1)))}, {})
+    with pytest.raises(KnowledgeBaseError, match="was embedded with"):
+        KnowledgeBase(tmp_path / "kb", embedder=SentenceEmbedder(delta)).reader()
+    assert KnowledgeBase(tmp_path / "kb").reader().size == kb.reader().size  # its own settings open it
+
+
 CRASHING_INGEST = textwrap.dedent("""
     import os, signal, sys
     from ebmrag.index.kb import KnowledgeBase

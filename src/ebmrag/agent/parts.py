@@ -62,7 +62,7 @@ def make_retriever(settings: Settings, kb: KnowledgeBase, mode: str | None = Non
     model = rerank_model if rerank_model is not None else r.rerank_model
     reranker = CrossEncoderReranker(model) if model else None
     return HybridRetriever(kb, mode or r.mode, r.fusion, (r.bm25_weight, r.dense_weight), r.route_depth, r.rrf_k,
-                           reranker)
+                           reranker, r.focus_weight)
 
 
 def make_voter(settings: Settings, retriever: HybridRetriever) -> DocumentVoter:

@@ -205,12 +205,13 @@ def eval_retrieval(
     corpus: Annotated[list[Path] | None, typer.Option("--corpus", help="Corpus files to ingest into a new KB.")] = None,
     limit: Annotated[int, typer.Option(help="Evaluate a deterministic sample of this many queries (0 = all).")] = 0,
     ablation: Annotated[bool, typer.Option(help="Also score the fusion variants.")] = False,
+    split: Annotated[str, typer.Option(help="all, or a fixed hash half: tune | check.")] = "all",
     out: Annotated[Path | None, typer.Option(help="Append the markdown table to this file.")] = None,
     as_json: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:
     """Recall@10, MRR and nDCG@10 of BM25, dense and hybrid retrieval on a public benchmark."""
-    from ebmrag.eval.retrieval import evaluate_retrieval, load_queries, markdown_table
+    from ebmrag.eval.retrieval import evaluate_retrieval, load_queries, markdown_table, select_split
 
     with user_errors():
         settings = load_settings(config)
@@ -221,11 +222,11 @@ def eval_retrieval(
             with progress_bar() as bar:
                 report = ingest_paths(knowledge_base, corpus, progress=progress_callback(bar))
             stderr.print(report_table(report))
-        queries = load_queries(dataset, data_dir, corpus or [], limit)
+        queries = select_split(load_queries(dataset, data_dir, corpus or [], limit), split)
         r = settings.retrieval
         with stderr.status(f"retrieving for {len(queries)} queries..."):
             result = evaluate_retrieval(knowledge_base, dataset, queries, r.fusion, (r.bm25_weight, r.dense_weight),
-                                        ablation)
+                                        ablation, r.focus_weight)
     table = markdown_table(result)
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)

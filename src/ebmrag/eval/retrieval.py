@@ -20,7 +20,7 @@ import numpy as np
 
 from ebmrag.errors import EbmragError
 from ebmrag.index import store
-from ebmrag.index.fusion import Ranked, rrf, score_fusion, top
+from ebmrag.index.fusion import Ranked, fuse, top, with_focus
 from ebmrag.index.kb import KnowledgeBase
 from ebmrag.index.search import HybridRetriever
 
@@ -119,38 +119,78 @@ def mean(scores: Sequence[Scores]) -> Scores:
     return Scores(*(float(np.mean([getattr(s, f) for s in scores])) for f in ("recall_at_10", "mrr", "ndcg_at_10")))
 
 
+SPLITS = ("all", "tune", "check")
+
+
+def split_of(query_id: str) -> str:
+    """A fixed hash half: levers are chosen on "tune", the chosen configuration is checked once on "check"."""
+    return "tune" if int(hashlib.sha256(f"ebmrag-split:{query_id}".encode()).hexdigest(), 16) % 2 == 0 else "check"
+
+
+def select_split(queries: Sequence[Query], split: str) -> list[Query]:
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    return [q for q in queries if split == "all" or split_of(q.query_id) == split]
+
+
+@dataclass(frozen=True)
+class QueryRoutes:
+    bm25: Ranked
+    dense: Ranked
+    focus: tuple[Ranked, Ranked] | None  # the same two routes on the question's focus, when it names one
+
+
 class RouteCache:
-    """BM25 and dense route results for every query, computed once; fusion variants re-use them."""
+    """BM25 and dense route results for every query (and its focus), computed once; fusion variants re-use them."""
 
     def __init__(self, kb: KnowledgeBase, queries: Sequence[Query], unit: str) -> None:
         self.kb, self.queries = kb, queries
         reader = kb.reader()
         rows = store.iter_chunks(reader.db)
         self.unit_of_row = [(c.section_id or c.doc_id) if unit == "section" else c.doc_id for c in rows]
-        vectors = kb.embedder.embed([q.text for q in queries])
-        bm25 = HybridRetriever(kb, "bm25", route_depth=CHUNK_DEPTH)
-        dense = HybridRetriever(kb, "dense", route_depth=CHUNK_DEPTH)
-        self.bm25 = [bm25.rank(q.text, CHUNK_DEPTH) for q in queries]
-        self.dense = [dense.rank(q.text, CHUNK_DEPTH, query_vector=v) for q, v in zip(queries, vectors, strict=True)]
+        retriever = HybridRetriever(kb, "hybrid", route_depth=CHUNK_DEPTH)
+        focus = [retriever.focus_query(q.text) for q in queries]
+        retriever.prepare([q.text for q in queries] + [f for f in focus if f])  # one embedding batch
+        self.routes = [self._routes(retriever, q.text, f) for q, f in zip(queries, focus, strict=True)]
+
+    @staticmethod
+    def _routes(retriever: HybridRetriever, text: str, focus: str) -> QueryRoutes:
+        bm25, dense = retriever.routes(text, CHUNK_DEPTH)
+        if not focus:
+            return QueryRoutes(bm25, dense, None)
+        focus_bm25, focus_dense = retriever.routes(focus, CHUNK_DEPTH)
+        return QueryRoutes(bm25, dense, (focus_bm25, focus_dense))
 
     def units(self, ranked: Ranked) -> list[str]:
         return list(dict.fromkeys(self.unit_of_row[r] for r in ranked.rows.tolist()))
 
-    def evaluate(self, fuse: Callable[[Ranked, Ranked], Ranked]) -> Scores:
-        return mean([score_ranking(self.units(fuse(b, d)), q.gains)
-                     for q, b, d in zip(self.queries, self.bm25, self.dense, strict=True)])
+    def per_query(self, fuse_routes: Callable[[QueryRoutes], Ranked]) -> list[Scores]:
+        return [score_ranking(self.units(fuse_routes(r)), q.gains) for q, r in zip(self.queries, self.routes,
+                                                                                      strict=True)]
+
+    def evaluate(self, fuse_routes: Callable[[QueryRoutes], Ranked]) -> Scores:
+        return mean(self.per_query(fuse_routes))
 
 
-def fuser(fusion: str, weights: tuple[float, float], rrf_k: int = 60) -> Callable[[Ranked, Ranked], Ranked]:
-    def fuse(bm25: Ranked, dense: Ranked) -> Ranked:
-        routes = [Ranked(bm25.rows[:50], bm25.scores[:50]), Ranked(dense.rows[:50], dense.scores[:50])]
-        fused = rrf(routes, weights, rrf_k) if fusion == "rrf" else score_fusion(routes, weights)
-        return top(fused, CHUNK_DEPTH)
-    return fuse
+def fuser(fusion: str, weights: tuple[float, ...], rrf_k: int = 60,
+          focus_weight: float = 0.0) -> Callable[[QueryRoutes], Ranked]:
+    """Weights (bm25, dense); (0, 1) or (1, 0) is a single route. The focus routes take `focus_weight`."""
+    def fuse_routes(r: QueryRoutes) -> Ranked:
+        routes, used = [r.bm25, r.dense], list(weights)
+        if r.focus and focus_weight:
+            routes, used = routes + list(r.focus), with_focus(used, focus_weight)
+        if sorted(used) == [0.0, 1.0]:
+            return routes[used.index(1.0)]
+        cut = [Ranked(x.rows[:50], x.scores[:50]) for x in routes]
+        return top(fuse(cut, used, fusion, rrf_k), CHUNK_DEPTH)
+    return fuse_routes
 
 
-ABLATION = (("rrf", (1.0, 1.0)), ("rrf", (0.5, 1.0)), ("rrf", (0.3, 1.0)), ("score", (0.5, 0.5)),
-            ("score", (0.4, 0.6)), ("score", (0.3, 0.7)), ("score", (0.2, 0.8)))
+ABLATION = (("rrf", (1.0, 1.0), 0.0), ("rrf", (0.5, 1.0), 0.0), ("rrf", (0.3, 1.0), 0.0),
+            ("score", (0.5, 0.5), 0.0), ("score", (0.4, 0.6), 0.0), ("score", (0.3, 0.7), 0.0),
+            ("score", (0.2, 0.8), 0.0), ("score", (0.0, 1.0), 0.3), ("score", (0.0, 1.0), 0.5),
+            ("score", (0.3, 0.7), 0.2), ("score", (0.3, 0.7), 0.3), ("score", (0.3, 0.7), 0.5),
+            ("score", (0.3, 0.7), 0.7))
 
 
 @dataclass(frozen=True)
@@ -166,11 +206,13 @@ class RetrievalReport:
 
 
 def evaluate_retrieval(kb: KnowledgeBase, dataset: str, queries: Sequence[Query], fusion: str,
-                       weights: tuple[float, float], ablation: bool = False) -> RetrievalReport:
+                       weights: tuple[float, float], ablation: bool = False,
+                       focus_weight: float = 0.0) -> RetrievalReport:
     cache = RouteCache(kb, queries, "doc" if dataset == "pubmedqa" else "section")
-    modes = {"bm25": cache.evaluate(lambda b, d: b), "dense": cache.evaluate(lambda b, d: d),
-             "hybrid": cache.evaluate(fuser(fusion, weights))}
-    variants = {f"{f} bm25={w[0]} dense={w[1]}": cache.evaluate(fuser(f, w)) for f, w in ABLATION} if ablation else {}
+    modes = {"bm25": cache.evaluate(fuser(fusion, (1.0, 0.0))), "dense": cache.evaluate(fuser(fusion, (0.0, 1.0))),
+             "hybrid": cache.evaluate(fuser(fusion, weights, focus_weight=focus_weight))}
+    variants = {f"{f} bm25={w[0]} dense={w[1]}" + (f" focus={fw}" if fw else ""):
+                cache.evaluate(fuser(f, w, focus_weight=fw)) for f, w, fw in ABLATION} if ablation else {}
     return RetrievalReport(dataset, len(queries), modes, variants)
 
 

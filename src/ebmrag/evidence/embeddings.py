@@ -1,7 +1,10 @@
-"""Sentence embeddings for similarity: the bundled all-MiniLM-L6-v2 or a user's local model, cached by content hash.
+"""Sentence embeddings for similarity: the bundled all-MiniLM-L6-v2, a delta over it, or a user's local model,
+cached by content hash.
 
-The model loads lazily in `warm_up()` (a few seconds), never at import, and never from a hub: a
-path that is not a local directory is an error, not a download. Vectors are L2-normalized, so
+`model_path` is empty (the bundled MiniLM), a named profile such as `minilm-medquad` or a `.npz` low-rank delta
+(the bundled MiniLM with that delta merged, `adapters.py`), or a local sentence-transformers folder. The model
+loads lazily in `warm_up()` (a few seconds), never at import, and never from a hub: a path that is not local is
+an error, not a download. Vectors are L2-normalized, so
 cosine similarity is a dot product. The cache key is sha256(model name + text), in memory and,
 when `cache_dir` is given, in a SQLite file shared across runs.
 """
@@ -18,6 +21,7 @@ import numpy as np
 
 from ebmrag.config import EMBEDDING_PRECISIONS
 from ebmrag.errors import ModelUnavailableError
+from ebmrag.evidence.adapters import LowRankDelta, load_delta, resolve_delta
 from ebmrag.evidence.tokens import bundled_model_dir
 from ebmrag.kvcache import KeyValueCache
 from ebmrag.protocols import Vectors
@@ -86,15 +90,19 @@ class SentenceEmbedder:
             raise ValueError(f"max_tokens must be in [8, 512], got {max_tokens}")
         if precision not in EMBEDDING_PRECISIONS:
             raise ValueError(f"precision must be one of {EMBEDDING_PRECISIONS}, got {precision!r}")
-        if model_path is not None and not Path(model_path).is_dir():
-            raise ModelUnavailableError(f"embedding model path is not a local directory: {model_path}")
+        delta_path = resolve_delta(model_path) if model_path else None
+        self._delta: LowRankDelta | None = load_delta(delta_path) if delta_path else None
+        if model_path and not self._delta and not Path(model_path).is_dir():
+            raise ModelUnavailableError(f"embedding model is not a local directory, a .npz delta or a named "
+                                        f"profile: {model_path}")
         self.model_path = Path(model_path) if model_path else None
         self.device = device
         self.batch_size = batch_size
         self.cache_dir = Path(cache_dir) if cache_dir else None
         self.max_tokens = max_tokens
         self.precision = resolve_precision(precision)
-        base = str(self.model_path) if self.model_path else "bundled:all-MiniLM-L6-v2"
+        base = str(self.model_path) if self.model_path and not self._delta else "bundled:all-MiniLM-L6-v2"
+        base += f"+delta:{self._delta.digest}" if self._delta else ""
         profile = (f"|max_tokens={max_tokens}" if max_tokens else "") + (
             "" if self.precision == "fp32" else f"|{self.precision}")
         self.model_name = base + profile
@@ -113,11 +121,13 @@ class SentenceEmbedder:
             from sentence_transformers import SentenceTransformer
         except ImportError as exc:
             raise ModelUnavailableError("sentence-transformers is missing: pip install 'ebmrag[embed]'") from exc
-        path = self.model_path or bundled_model_dir()
+        path = bundled_model_dir() if self._delta or not self.model_path else self.model_path
         try:
             self._model = SentenceTransformer(str(path), device=self.device, local_files_only=True)
         except Exception as exc:  # the library raises many types for a bad folder
             raise ModelUnavailableError(f"could not load the embedding model from {path}: {exc}") from exc
+        if self._delta:
+            self._delta.apply(self._model[0].auto_model)
         if self.max_tokens:
             self._model.max_seq_length = self.max_tokens
         if self.precision == "int8":

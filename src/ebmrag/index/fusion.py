@@ -43,6 +43,18 @@ def score_fusion(routes: Sequence[Ranked], weights: Sequence[float]) -> dict[int
     return fused
 
 
+def fuse(routes: Sequence[Ranked], weights: Sequence[float], fusion: str = "score",
+         rrf_k: int = 60) -> dict[int, float]:
+    """`fusion` is "rrf" (weighted reciprocal rank) or "score" (weighted min-max)."""
+    return rrf(routes, weights, rrf_k) if fusion == "rrf" else score_fusion(routes, weights)
+
+
+def with_focus(weights: Sequence[float], focus_weight: float) -> list[float]:
+    """Route weights when every route also runs on the question's focus: full text keeps 1 - f of each weight,
+    the focus routes take f (routes in the order full..., focus...)."""
+    return [w * (1 - focus_weight) for w in weights] + [w * focus_weight for w in weights]
+
+
 def top(fused: dict[int, float], k: int) -> Ranked:
     ordered = sorted(fused.items(), key=lambda item: (-item[1], item[0]))[:k]
     return Ranked(np.asarray([r for r, _ in ordered], np.int64), np.asarray([s for _, s in ordered], np.float32))

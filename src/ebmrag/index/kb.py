@@ -106,7 +106,16 @@ class KnowledgeBase:
             if self._reader is not None:
                 self._reader.close()  # the KB moved on to a newer generation: release the old one's SQLite
             self._reader = Reader(live, self.config)
+            self._check_model(self._reader.manifest)
         return self._reader
+
+    def _check_model(self, manifest: dict[str, Any]) -> None:
+        """Queries must be embedded by the model the chunks were: a different one (another delta, another folder)
+        would rank silently wrong. Length and precision suffixes may differ (bf16 is chosen per machine)."""
+        built, ours = str(manifest["embedding_model"]).split("|")[0], self.embedder.model_name.split("|")[0]
+        if built != ours:
+            raise KnowledgeBaseError(f"{self.root} was embedded with {built}; this embedder is {ours}. "
+                                     "Rebuild the knowledge base or open it with its own settings")
 
     def to_dict(self) -> dict[str, Any]:
         """Where the KB is; its build settings live in its manifest, not here."""

@@ -78,6 +78,13 @@ class LexicalIndex:
             total[self._indices[start:end]] += self._data[start:end]
         return total * np.float32(self.k1 + 1)  # bm25s leaves out this constant factor of the textbook formula
 
+    def share(self, term: str) -> float:
+        """The share of rows that contain `term` (0 for an unknown term): how generic a word is here."""
+        column = self._vocabulary.get(term)
+        if column is None or self.size == 0:
+            return 0.0
+        return (int(self._indptr[column + 1]) - int(self._indptr[column])) / self.size
+
     def search(self, terms: list[str], k: int, mask: npt.NDArray[np.bool_] | None = None) -> tuple[Rows, Scores]:
         """Top-k rows by BM25 among rows where `mask` is True; rows with no query term never appear."""
         if self.size == 0 or k <= 0:

@@ -15,7 +15,8 @@ import numpy.typing as npt
 
 from ebmrag.evidence.embeddings import SentenceEmbedder
 from ebmrag.index import store
-from ebmrag.index.fusion import Ranked, rrf, score_fusion, top
+from ebmrag.index.focus import FocusExtractor
+from ebmrag.index.fusion import Ranked, fuse, top, with_focus
 from ebmrag.index.kb import KnowledgeBase
 from ebmrag.index.rerank import reranker_from_dict
 from ebmrag.index.types import Filters, Reranker, SearchHit
@@ -27,12 +28,14 @@ FUSIONS = ("rrf", "score")
 class HybridRetriever:
     """Pipeline step: query text -> ranked chunks. Route depth 50 and RRF k = 60 follow SPEC §3.
 
-    With a reranker, the top `route_depth` fused chunks are reranked and the best k returned.
+    With a reranker, the top `route_depth` fused chunks are reranked and the best k returned. With
+    `focus_weight` > 0, every route also runs on the question's focus (`focus.py`: the knowledge base's titles it
+    names and its question type) and the focus routes take that share of the fusion weight.
     """
 
     def __init__(self, kb: KnowledgeBase, mode: str = "hybrid", fusion: str = "rrf",
                  weights: Sequence[float] = (1.0, 1.0), route_depth: int = 50, rrf_k: int = 60,
-                 reranker: Reranker | None = None) -> None:
+                 reranker: Reranker | None = None, focus_weight: float = 0.0) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if fusion not in FUSIONS:
@@ -41,9 +44,12 @@ class HybridRetriever:
             raise ValueError(f"weights are (bm25, dense), non-negative, not both 0; got {tuple(weights)}")
         if route_depth < 1 or rrf_k < 1:
             raise ValueError("route_depth and rrf_k must be >= 1")
+        if not 0.0 <= focus_weight < 1.0:
+            raise ValueError(f"focus_weight must be in [0, 1), got {focus_weight}")
         self.kb, self.mode, self.fusion = kb, mode, fusion
         self.weights, self.route_depth, self.rrf_k = tuple(weights), route_depth, rrf_k
-        self.reranker = reranker
+        self.reranker, self.focus_weight = reranker, focus_weight
+        self._focus: tuple[object, FocusExtractor] | None = None
 
     def run(self, query: str, k: int = 10, filters: Filters | None = None) -> list[SearchHit]:
         if not query.strip():
@@ -84,19 +90,38 @@ class HybridRetriever:
 
     def rank(self, query: str, k: int, filters: Filters | None = None,
              query_vector: npt.NDArray[np.float32] | None = None) -> Ranked:
-        reader = self.kb.reader()
         mask = self._mask(filters)
-        depth = max(self.route_depth, k) if self.mode == "hybrid" else k
+        depth = max(self.route_depth, k) if self.mode == "hybrid" or self.focus_weight else k
+        routes = self.routes(query, depth, mask, query_vector)
+        weights: list[float] = list(self.weights) if self.mode == "hybrid" else [1.0]
+        focus = self.focus_query(query) if self.focus_weight else ""
+        if focus:
+            routes += self.routes(focus, depth, mask)
+            weights = with_focus(weights, self.focus_weight)
+        if len(routes) == 1:
+            return Ranked(routes[0].rows[:k], routes[0].scores[:k])
+        return top(fuse(routes, weights, self.fusion, self.rrf_k), k)
+
+    def routes(self, query: str, depth: int, mask: npt.NDArray[np.bool_] | None = None,
+               query_vector: npt.NDArray[np.float32] | None = None) -> list[Ranked]:
+        """This mode's routes for one query text, each its top `depth` rows."""
+        reader = self.kb.reader()
         routes: list[Ranked] = []
         if self.mode in ("bm25", "hybrid"):
             routes.append(Ranked(*reader.lexical.search(self.kb.analyzer.terms(query), depth, mask)))
         if self.mode in ("dense", "hybrid"):
             vector = query_vector if query_vector is not None else self.kb.embedder.embed([query])[0]
             routes.append(Ranked(*reader.dense.search(vector, depth, mask)))
-        if self.mode != "hybrid":
-            return Ranked(routes[0].rows[:k], routes[0].scores[:k])
-        fused = rrf(routes, self.weights, self.rrf_k) if self.fusion == "rrf" else score_fusion(routes, self.weights)
-        return top(fused, k)
+        return routes
+
+    def focus_query(self, query: str) -> str:
+        """The question's focus as a query ("" when it names no title); extractor built once per generation."""
+        reader = self.kb.reader()
+        if self._focus is None or self._focus[0] is not reader:
+            def rarest_share(title: str) -> float:
+                return min((reader.lexical.share(t) for t in self.kb.analyzer.terms(title)), default=1.0)
+            self._focus = (reader, FocusExtractor(store.titles(reader.db), rarest_share, reader.size))
+        return self._focus[1].extract(query).query
 
     def _mask(self, filters: Filters | None) -> npt.NDArray[np.bool_] | None:
         if filters is None:
@@ -120,7 +145,7 @@ class HybridRetriever:
 
     def to_dict(self) -> dict[str, Any]:
         return {"kb": self.kb.to_dict(), "mode": self.mode, "fusion": self.fusion, "weights": list(self.weights),
-                "route_depth": self.route_depth, "rrf_k": self.rrf_k,
+                "route_depth": self.route_depth, "rrf_k": self.rrf_k, "focus_weight": self.focus_weight,
                 "reranker": self.reranker.to_dict() if self.reranker else None}
 
     @classmethod

@@ -131,3 +131,8 @@ def chunks_of(db: sqlite3.Connection, doc_id: str) -> list[ChunkRow]:
 
 def rows_matching(db: sqlite3.Connection, where: str, params: Sequence[str]) -> list[int]:
     return [row for (row,) in db.execute(f"SELECT row FROM chunks WHERE {where}", list(params))]
+
+
+def titles(db: sqlite3.Connection) -> list[str]:
+    """Every distinct non-empty document title (the focus extractor's phrases)."""
+    return [row[0] for row in db.execute("SELECT DISTINCT title FROM documents WHERE title != ''")]

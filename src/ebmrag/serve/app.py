@@ -253,7 +253,8 @@ def _install_answers(app: FastAPI, service: Service) -> None:
             retriever = voter.retriever
             if body.mode and body.mode != retriever.mode:
                 retriever = HybridRetriever(retriever.kb, body.mode, retriever.fusion, retriever.weights,
-                                            retriever.route_depth, retriever.rrf_k, retriever.reranker)
+                                            retriever.route_depth, retriever.rrf_k, retriever.reranker,
+                                            retriever.focus_weight)
             hits = retriever.run(body.query, body.k)
             return [h.to_json() for h in hits]
 
