@@ -135,7 +135,8 @@ def main() -> None:
     peer = {name: [score_ranking(units, q.gains) for units, q in zip(rankings, queries, strict=True)]
             for name, rankings in theirs.items()}
     for split in args.split.split(","):
-        keep = [i for i, q in enumerate(queries) if q in select_split(queries, split)]
+        chosen = {q.query_id for q in select_split(queries, split)}
+        keep = [i for i, q in enumerate(queries) if q.query_id in chosen]
         report(args, split, [queries[i] for i in keep], {n: [s[i] for i in keep] for n, s in ours.items()},
                {n: [s[i] for i in keep] for n, s in peer.items()})
 

@@ -11,6 +11,7 @@ A file's sha256 is part of the embedder's name, so caches and knowledge bases ne
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import tempfile
@@ -60,12 +61,19 @@ def resolve_delta(spec: str | Path) -> Path | None:
     return Path(spec) if str(spec).endswith(".npz") else None
 
 
+def delta_digest(path: Path) -> str:
+    """The short content hash that names a delta in cache keys and manifests (the file is read, not parsed)."""
+    if not path.is_file():
+        raise ModelUnavailableError(f"embedding delta file not found: {path}")
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+
+
 def load_delta(path: Path) -> LowRankDelta:
     if not path.is_file():
         raise ModelUnavailableError(f"embedding delta file not found: {path}")
     raw = path.read_bytes()
     try:
-        with np.load(path, allow_pickle=False) as archive:
+        with np.load(io.BytesIO(raw), allow_pickle=False) as archive:
             meta = json.loads(str(archive["meta"]))
             layers = {name: (archive[f"{name}:a"], archive[f"{name}:b"]) for name in meta["layers"]}
     except (OSError, ValueError, KeyError) as exc:

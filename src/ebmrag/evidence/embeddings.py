@@ -21,7 +21,7 @@ import numpy as np
 
 from ebmrag.config import EMBEDDING_PRECISIONS
 from ebmrag.errors import ModelUnavailableError
-from ebmrag.evidence.adapters import LowRankDelta, load_delta, resolve_delta
+from ebmrag.evidence.adapters import delta_digest, load_delta, resolve_delta
 from ebmrag.evidence.tokens import bundled_model_dir
 from ebmrag.kvcache import KeyValueCache
 from ebmrag.protocols import Vectors
@@ -90,8 +90,8 @@ class SentenceEmbedder:
             raise ValueError(f"max_tokens must be in [8, 512], got {max_tokens}")
         if precision not in EMBEDDING_PRECISIONS:
             raise ValueError(f"precision must be one of {EMBEDDING_PRECISIONS}, got {precision!r}")
-        delta_path = resolve_delta(model_path) if model_path else None
-        self._delta: LowRankDelta | None = load_delta(delta_path) if delta_path else None
+        self._delta = resolve_delta(model_path) if model_path else None  # its weights load in warm_up()
+        digest = delta_digest(self._delta) if self._delta else ""
         if model_path and not self._delta and not Path(model_path).is_dir():
             raise ModelUnavailableError(f"embedding model is not a local directory, a .npz delta or a named "
                                         f"profile: {model_path}")
@@ -102,7 +102,7 @@ class SentenceEmbedder:
         self.max_tokens = max_tokens
         self.precision = resolve_precision(precision)
         base = str(self.model_path) if self.model_path and not self._delta else "bundled:all-MiniLM-L6-v2"
-        base += f"+delta:{self._delta.digest}" if self._delta else ""
+        base += f"+delta:{digest}" if digest else ""
         profile = (f"|max_tokens={max_tokens}" if max_tokens else "") + (
             "" if self.precision == "fp32" else f"|{self.precision}")
         self.model_name = base + profile
@@ -127,7 +127,7 @@ class SentenceEmbedder:
         except Exception as exc:  # the library raises many types for a bad folder
             raise ModelUnavailableError(f"could not load the embedding model from {path}: {exc}") from exc
         if self._delta:
-            self._delta.apply(self._model[0].auto_model)
+            load_delta(self._delta).apply(self._model[0].auto_model)
         if self.max_tokens:
             self._model.max_seq_length = self.max_tokens
         if self.precision == "int8":
