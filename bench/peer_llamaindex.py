@@ -35,9 +35,10 @@ from llama_index.core.retrievers import QueryFusionRetriever
 from llama_index.retrievers.bm25 import BM25Retriever
 
 from ebmrag.config import load_settings
-from ebmrag.eval.retrieval import RouteCache, fuser, liveqa_queries, score_ranking, select_split
+from ebmrag.eval.retrieval import RouteCache, fuser, liveqa_queries, reranked, score_ranking, select_split
 from ebmrag.evidence.embeddings import SentenceEmbedder
-from ebmrag.factory import open_kb
+from ebmrag.factory import make_retriever, open_kb
+from ebmrag.index.search import HybridRetriever
 from ebmrag.ingest.readers import read_file
 
 CORPUS = ("medquad/medquad_docs.jsonl", "liveqa_med_2017/judged_answers_medquad_2479.jsonl")
@@ -122,9 +123,12 @@ def main() -> None:
     kb = open_kb(settings, args.kb)
     r = settings.retrieval
     cache = RouteCache(kb, queries, "section")
+    hybrid = fuser(r.fusion, (r.bm25_weight, r.dense_weight), r.rrf_k, r.focus_weight)
     ours = {"ebmrag dense": cache.per_query(fuser(r.fusion, (0.0, 1.0))),
-            "ebmrag hybrid (configured)": cache.per_query(
-                fuser(r.fusion, (r.bm25_weight, r.dense_weight), r.rrf_k, r.focus_weight))}
+            "ebmrag hybrid": cache.per_query(hybrid)}
+    reranker = make_retriever(settings, kb).reranker
+    if reranker is not None:
+        ours["ebmrag hybrid+rerank"] = cache.per_query(reranked(hybrid, HybridRetriever(kb), reranker))
     peer_embedder = SentenceEmbedder(args.peer_model or None, cache_dir=kb.embedder.cache_dir,
                                      max_tokens=kb.config.embedding_max_tokens,
                                      precision=kb.config.embedding_precision)

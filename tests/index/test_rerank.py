@@ -5,12 +5,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from ebmrag.errors import ModelUnavailableError
+from ebmrag.evidence.adapters import save_delta
 from ebmrag.evidence.tokens import bundled_model_dir
 from ebmrag.index.kb import KnowledgeBase
-from ebmrag.index.rerank import CrossEncoderReranker, reranker_from_dict
+from ebmrag.index.rerank import CrossEncoderReranker, reranker_from_dict, shown_text
 from ebmrag.index.search import HybridRetriever
 from ebmrag.index.types import SearchHit
 from ebmrag.index.vote import DocumentVoter
@@ -107,8 +109,10 @@ def test_cross_encoder_reranker_loads_a_local_folder_and_orders_by_its_scores(
         kb: KnowledgeBase, cross_encoder_dir: Path) -> None:
     reranker = CrossEncoderReranker(cross_encoder_dir, batch_size=2)
     hits = HybridRetriever(kb).run("kidney injury after contrast", k=5)
+    assert {h.title for h in hits} <= set(GUIDES) and all(h.title for h in hits)
     reranked = reranker.rerank("kidney injury after contrast", hits)
-    expected = reranker.scores("kidney injury after contrast", [h.text for h in hits])
+    expected = reranker.scores("kidney injury after contrast", [shown_text(h) for h in hits])
+    assert shown_text(hits[0]).startswith(f"{hits[0].title} — {hits[0].section}\n")
     assert sorted(h.chunk_id for h in reranked) == sorted(h.chunk_id for h in hits)
     assert [h.score for h in reranked] == sorted(expected, reverse=True)
     again = reranker_from_dict(reranker.to_dict())
@@ -117,9 +121,50 @@ def test_cross_encoder_reranker_loads_a_local_folder_and_orders_by_its_scores(
     assert HybridRetriever.from_dict(retriever.to_dict()).to_dict() == retriever.to_dict()
 
 
+def test_reranker_depth_rescores_only_the_head_and_mix_keeps_the_first_stage_in_play(
+        kb: KnowledgeBase, cross_encoder_dir: Path) -> None:
+    query = "kidney injury after contrast"
+    hits = HybridRetriever(kb).run(query, k=6)
+    head = CrossEncoderReranker(cross_encoder_dir, depth=3).rerank(query, hits)
+    assert [h.chunk_id for h in head[3:]] == [h.chunk_id for h in hits[3:]]
+    assert sorted(h.chunk_id for h in head[:3]) == sorted(h.chunk_id for h in hits[:3])
+    first_stage_only = CrossEncoderReranker(cross_encoder_dir, mix=0.0).rerank(query, hits)
+    assert [h.chunk_id for h in first_stage_only] == [h.chunk_id for h in hits]
+    raw = np.asarray(CrossEncoderReranker(cross_encoder_dir).scores(query, [shown_text(h) for h in hits]))
+    first = np.asarray([h.score for h in hits])
+    expected = 0.5 * (raw - raw.min()) / np.ptp(raw) + 0.5 * (first - first.min()) / np.ptp(first)
+    mixed = CrossEncoderReranker(cross_encoder_dir, mix=0.5).rerank(query, hits)
+    assert [h.chunk_id for h in mixed] == [hits[i].chunk_id for i in np.argsort(-expected, kind="stable")]
+    assert np.allclose([h.score for h in mixed], np.sort(expected)[::-1], atol=1e-6)
+    with pytest.raises(ValueError, match="mix in"):
+        CrossEncoderReranker(cross_encoder_dir, mix=1.5)
+
+
+def test_a_delta_turns_the_bundled_model_into_a_reranker(tmp_path: Path, kb: KnowledgeBase) -> None:
+    """The shipped form: the bundled MiniLM plus a file holding its new head (and low-rank layer changes)."""
+    rng = np.random.default_rng(3)
+    head = {"classifier.weight": rng.normal(size=(1, 384)).astype(np.float32),
+            "classifier.bias": np.zeros(1, np.float32)}
+    layer = {"bert.encoder.layer.0.output.dense": (rng.normal(size=(2, 1536)).astype(np.float32) * 0.01,
+                                                   rng.normal(size=(384, 2)).astype(np.float32) * 0.01)}
+    save_delta(tmp_path / "a.npz", layer, {"kind": "cross-encoder"}, head)
+    head["classifier.weight"] = -head["classifier.weight"]
+    save_delta(tmp_path / "b.npz", layer, {"kind": "cross-encoder"}, head)
+    texts = ["Acute kidney injury is a creatinine rise.", "Norepinephrine is the first vasopressor."]
+    a = CrossEncoderReranker(tmp_path / "a.npz").scores("kidney", texts)
+    b = CrossEncoderReranker(tmp_path / "b.npz").scores("kidney", texts)
+    assert a == CrossEncoderReranker(str(tmp_path / "a.npz")).scores("kidney", texts)  # deterministic load
+    assert np.allclose(a, [-x for x in b], atol=0.05)  # the head came from the file, not a random init
+    save_delta(tmp_path / "bad.npz", {}, {}, {"classifier.weight": np.zeros((1, 10), np.float32)})
+    with pytest.raises(ModelUnavailableError, match=r"parameter classifier\.weight is"):
+        CrossEncoderReranker(tmp_path / "bad.npz").scores("kidney", texts)
+
+
 def test_cross_encoder_reranker_rejects_missing_or_broken_folders(tmp_path: Path) -> None:
     with pytest.raises(ModelUnavailableError, match="not a local directory"):
         CrossEncoderReranker(tmp_path / "missing")
+    with pytest.raises(ModelUnavailableError, match="not found"):
+        CrossEncoderReranker(tmp_path / "missing.npz")
     (tmp_path / "empty").mkdir()
     with pytest.raises(ModelUnavailableError, match="could not load the reranker"):
         CrossEncoderReranker(tmp_path / "empty").rerank("q", [_hit()])

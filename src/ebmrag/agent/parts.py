@@ -60,7 +60,8 @@ def make_retriever(settings: Settings, kb: KnowledgeBase, mode: str | None = Non
                    rerank_model: str | None = None) -> HybridRetriever:
     r = settings.retrieval
     model = rerank_model if rerank_model is not None else r.rerank_model
-    reranker = CrossEncoderReranker(model) if model else None
+    reranker = CrossEncoderReranker(model, max_length=r.rerank_max_tokens, depth=r.rerank_depth,
+                                    mix=r.rerank_mix) if model else None
     return HybridRetriever(kb, mode or r.mode, r.fusion, (r.bm25_weight, r.dense_weight), r.route_depth, r.rrf_k,
                            reranker, r.focus_weight)
 

@@ -226,7 +226,7 @@ def eval_retrieval(
         r = settings.retrieval
         with stderr.status(f"retrieving for {len(queries)} queries..."):
             result = evaluate_retrieval(knowledge_base, dataset, queries, r.fusion, (r.bm25_weight, r.dense_weight),
-                                        ablation, r.focus_weight)
+                                        ablation, r.focus_weight, make_retriever(settings, knowledge_base).reranker)
     table = markdown_table(result)
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)

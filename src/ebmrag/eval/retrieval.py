@@ -23,6 +23,7 @@ from ebmrag.index import store
 from ebmrag.index.fusion import Ranked, fuse, top, with_focus
 from ebmrag.index.kb import KnowledgeBase
 from ebmrag.index.search import HybridRetriever
+from ebmrag.index.types import Reranker
 
 DATASETS = ("liveqa", "pubmedqa", "medquad")
 CHUNK_DEPTH = 100
@@ -135,6 +136,7 @@ def select_split(queries: Sequence[Query], split: str) -> list[Query]:
 
 @dataclass(frozen=True)
 class QueryRoutes:
+    text: str
     bm25: Ranked
     dense: Ranked
     focus: tuple[Ranked, Ranked] | None  # the same two routes on the question's focus, when it names one
@@ -157,9 +159,9 @@ class RouteCache:
     def _routes(retriever: HybridRetriever, text: str, focus: str) -> QueryRoutes:
         bm25, dense = retriever.routes(text, CHUNK_DEPTH)
         if not focus:
-            return QueryRoutes(bm25, dense, None)
+            return QueryRoutes(text, bm25, dense, None)
         focus_bm25, focus_dense = retriever.routes(focus, CHUNK_DEPTH)
-        return QueryRoutes(bm25, dense, (focus_bm25, focus_dense))
+        return QueryRoutes(text, bm25, dense, (focus_bm25, focus_dense))
 
     def units(self, ranked: Ranked) -> list[str]:
         return list(dict.fromkeys(self.unit_of_row[r] for r in ranked.rows.tolist()))
@@ -186,6 +188,15 @@ def fuser(fusion: str, weights: tuple[float, ...], rrf_k: int = 60,
     return fuse_routes
 
 
+def reranked(fuse_routes: Callable[[QueryRoutes], Ranked], retriever: HybridRetriever,
+             reranker: Reranker) -> Callable[[QueryRoutes], Ranked]:
+    """The fused ranking reordered by a reranker, as `HybridRetriever.run` does with one."""
+    def rerank_routes(r: QueryRoutes) -> Ranked:
+        hits = reranker.rerank(r.text, retriever.hits(fuse_routes(r)))
+        return Ranked(np.asarray([h.row for h in hits], np.int64), np.asarray([h.score for h in hits], np.float32))
+    return rerank_routes
+
+
 ABLATION = (("rrf", (1.0, 1.0), 0.0), ("rrf", (0.5, 1.0), 0.0), ("rrf", (0.3, 1.0), 0.0),
             ("score", (0.5, 0.5), 0.0), ("score", (0.4, 0.6), 0.0), ("score", (0.3, 0.7), 0.0),
             ("score", (0.2, 0.8), 0.0), ("score", (0.0, 1.0), 0.3), ("score", (0.0, 1.0), 0.5),
@@ -207,10 +218,15 @@ class RetrievalReport:
 
 def evaluate_retrieval(kb: KnowledgeBase, dataset: str, queries: Sequence[Query], fusion: str,
                        weights: tuple[float, float], ablation: bool = False,
-                       focus_weight: float = 0.0) -> RetrievalReport:
+                       focus_weight: float = 0.0, reranker: Reranker | None = None) -> RetrievalReport:
+    """BM25, dense and hybrid (the configured fusion); with a reranker also "hybrid+rerank", the configured
+    pipeline as `search` runs it."""
     cache = RouteCache(kb, queries, "doc" if dataset == "pubmedqa" else "section")
+    hybrid = fuser(fusion, weights, focus_weight=focus_weight)
     modes = {"bm25": cache.evaluate(fuser(fusion, (1.0, 0.0))), "dense": cache.evaluate(fuser(fusion, (0.0, 1.0))),
-             "hybrid": cache.evaluate(fuser(fusion, weights, focus_weight=focus_weight))}
+             "hybrid": cache.evaluate(hybrid)}
+    if reranker is not None:
+        modes["hybrid+rerank"] = cache.evaluate(reranked(hybrid, HybridRetriever(kb), reranker))
     variants = {f"{f} bm25={w[0]} dense={w[1]}" + (f" focus={fw}" if fw else ""):
                 cache.evaluate(fuser(f, w, focus_weight=fw)) for f, w, fw in ABLATION} if ablation else {}
     return RetrievalReport(dataset, len(queries), modes, variants)

@@ -6,6 +6,9 @@ what the base model costs. `bench/finetune_minilm.py --lora-rank` writes them. T
 `minilm-medquad` is the bundled MiniLM plus the delta trained on MedQuAD's own question -> answer pairs
 (docs/results/retrieval.md has how it was trained and measured; ATTRIBUTION.md beside it, the data's licence).
 A file's sha256 is part of the embedder's name, so caches and knowledge bases never mix two deltas.
+A delta may also carry whole tensors that replace the base model's (a reranker's new scoring head, its biases and
+layer norms): small next to the layers, and not low-rank. `minilm-medquad-rerank` is such a file: the bundled MiniLM
+turned into a cross-encoder (`index.rerank`), trained by `bench/train_reranker.py`.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import io
 import json
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +29,8 @@ from ebmrag.errors import ModelUnavailableError
 LORA_TARGETS = ("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense",
                 "intermediate.dense", "output.dense")
 _MODELS = Path(__file__).parent / "models"
-NAMED_DELTAS = {"minilm-medquad": _MODELS / "minilm_medquad.npz"}
+NAMED_DELTAS = {"minilm-medquad": _MODELS / "minilm_medquad.npz",
+                "minilm-medquad-rerank": _MODELS / "minilm_medquad_rerank.npz"}
 
 
 @dataclass(frozen=True)
@@ -35,11 +39,14 @@ class LowRankDelta:
     layers: dict[str, tuple[np.ndarray, np.ndarray]]  # module name -> (A, scaled B)
     meta: dict[str, Any]
     digest: str
+    tensors: dict[str, np.ndarray] = field(default_factory=dict)  # parameter name -> its whole new value
 
     def apply(self, encoder: Any) -> None:
-        """Add B @ A to each named Linear's weight in place (a torch module from the base model)."""
+        """Add B @ A to each named Linear's weight and set each whole tensor, in place (a torch module from the
+        base model)."""
         import torch
 
+        self._replace_tensors(encoder)
         modules = dict(encoder.named_modules())
         missing = sorted(set(self.layers) - set(modules))
         if missing:
@@ -52,6 +59,20 @@ class LowRankDelta:
                     raise ModelUnavailableError(f"{self.path}: layer {name} is {tuple(weight.shape)}, "
                                                 f"the delta is {(b.shape[0], a.shape[1])}")
                 weight += torch.from_numpy(b.astype(np.float32) @ a.astype(np.float32))
+
+    def _replace_tensors(self, encoder: Any) -> None:
+        import torch
+
+        parameters = dict(encoder.named_parameters())
+        with torch.no_grad():
+            for name, value in self.tensors.items():
+                if name not in parameters:
+                    raise ModelUnavailableError(f"{self.path}: the base model has no parameter {name!r}; "
+                                                "the delta was trained on a different model")
+                if tuple(parameters[name].shape) != value.shape:
+                    raise ModelUnavailableError(f"{self.path}: parameter {name} is {tuple(parameters[name].shape)}, "
+                                                f"the delta is {value.shape}")
+                parameters[name].copy_(torch.from_numpy(value.astype(np.float32)))
 
 
 def resolve_delta(spec: str | Path) -> Path | None:
@@ -76,16 +97,19 @@ def load_delta(path: Path) -> LowRankDelta:
         with np.load(io.BytesIO(raw), allow_pickle=False) as archive:
             meta = json.loads(str(archive["meta"]))
             layers = {name: (archive[f"{name}:a"], archive[f"{name}:b"]) for name in meta["layers"]}
+            tensors = {name: archive[f"{name}:full"] for name in meta.get("tensors", [])}
     except (OSError, ValueError, KeyError) as exc:
         raise ModelUnavailableError(f"{path} is not an ebmrag low-rank delta: {exc}") from exc
-    return LowRankDelta(path, layers, meta, hashlib.sha256(raw).hexdigest()[:12])
+    return LowRankDelta(path, layers, meta, hashlib.sha256(raw).hexdigest()[:12], tensors)
 
 
-def save_delta(path: Path, layers: dict[str, tuple[np.ndarray, np.ndarray]], meta: dict[str, Any]) -> None:
-    """Write (A, scaled B) per layer as float16, atomically (a crash leaves the previous file)."""
+def save_delta(path: Path, layers: dict[str, tuple[np.ndarray, np.ndarray]], meta: dict[str, Any],
+               tensors: dict[str, np.ndarray] | None = None) -> None:
+    """Write (A, scaled B) per layer and whole tensors as float16, atomically (a crash leaves the previous file)."""
     arrays = {f"{name}:{part}": array.astype(np.float16)
               for name, (a, b) in layers.items() for part, array in (("a", a), ("b", b))}
-    arrays["meta"] = np.array(json.dumps({**meta, "layers": sorted(layers)}))
+    arrays.update({f"{name}:full": value.astype(np.float16) for name, value in (tensors or {}).items()})
+    arrays["meta"] = np.array(json.dumps({**meta, "layers": sorted(layers), "tensors": sorted(tensors or {})}))
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npz.partial")
     try:

@@ -1,6 +1,13 @@
 """Chunk reranking after retrieval: any object with `rerank(query, hits)` (the `index.types.Reranker`
-contract); the shipped one is a cross-encoder loaded from a local folder, because no reranker model
-ships in a pip package and a hospital network cannot download one."""
+contract). The shipped one is a cross-encoder: a local sentence-transformers folder, or the bundled MiniLM plus a
+delta file (`evidence.adapters`; the named profile `minilm-medquad-rerank`), because a hospital network cannot
+download a model.
+
+A cross-encoder reads each (question, chunk) pair together, so it sees what a bi-encoder's two separate vectors
+miss (which of a page's sections answers this question); it costs a model call per pair, so only the first
+`depth` hits are rescored. Its score is mixed with the retriever's (`mix`, both min-max normalised over those
+hits): a reranker trained on one kind of question should refine the first stage, not overrule it.
+"""
 
 from __future__ import annotations
 
@@ -10,19 +17,44 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ebmrag.errors import ModelUnavailableError
+from ebmrag.evidence.adapters import delta_digest, load_delta, resolve_delta
+from ebmrag.evidence.embeddings import native_bf16
+from ebmrag.evidence.tokens import bundled_model_dir
 from ebmrag.index.types import Reranker, SearchHit
 
 
-class CrossEncoderReranker:
-    """Scores (query, chunk text) pairs with a sentence-transformers cross-encoder from a local folder."""
+def shown_text(hit: SearchHit) -> str:
+    """What the cross-encoder reads: the chunk headed by its document title and section, as the index embeds it."""
+    head = " — ".join(part for part in (hit.title, hit.section) if part)
+    return f"{head}\n{hit.text}" if head else hit.text
 
-    def __init__(self, model_path: str | Path, batch_size: int = 16, max_length: int = 512) -> None:
-        if not Path(model_path).is_dir():
-            raise ModelUnavailableError(f"reranker model path is not a local directory: {model_path}")
+
+def min_max(values: Sequence[float]) -> np.ndarray:
+    array = np.asarray(values, dtype=np.float64)
+    span = float(array.max() - array.min()) if len(array) else 0.0
+    return (array - array.min()) / span if span > 0 else np.ones_like(array)
+
+
+class CrossEncoderReranker:
+    """Scores (query, chunk) pairs with a cross-encoder: a local folder, a `.npz` delta or a named profile."""
+
+    def __init__(self, model_path: str | Path, batch_size: int = 16, max_length: int = 512, depth: int = 0,
+                 mix: float = 1.0) -> None:
+        self._delta = resolve_delta(model_path)
+        if self._delta is None and not Path(model_path).is_dir():
+            raise ModelUnavailableError(f"reranker model is not a local directory, a .npz delta or a named "
+                                        f"profile: {model_path}")
+        if self._delta is not None:
+            delta_digest(self._delta)  # a missing file is an error now, not at the first question
         if batch_size < 1 or max_length < 8:
             raise ValueError(f"batch_size must be >= 1 and max_length >= 8, got {batch_size}, {max_length}")
-        self.model_path, self.batch_size, self.max_length = Path(model_path), batch_size, max_length
+        if depth < 0 or not 0.0 <= mix <= 1.0:
+            raise ValueError(f"depth must be >= 0 (0: every hit) and mix in [0, 1], got {depth}, {mix}")
+        self.model_path, self.batch_size, self.max_length = str(model_path), batch_size, max_length
+        self.depth, self.mix = depth, mix
         self._model: Any = None
 
     def warm_up(self) -> None:
@@ -34,27 +66,42 @@ class CrossEncoderReranker:
             from sentence_transformers import CrossEncoder
         except ImportError as exc:
             raise ModelUnavailableError("sentence-transformers is missing: pip install 'ebmrag[embed]'") from exc
+        path = bundled_model_dir() if self._delta else Path(self.model_path)
         try:
-            self._model = CrossEncoder(str(self.model_path), device="cpu", max_length=self.max_length,
-                                       local_files_only=True)
+            model = CrossEncoder(str(path), device="cpu", max_length=self.max_length, local_files_only=True,
+                                 num_labels=1 if self._delta else None)
         except Exception as exc:  # the library raises many types for a bad folder
             raise ModelUnavailableError(f"could not load the reranker from {self.model_path}: {exc}") from exc
+        if self._delta:
+            load_delta(self._delta).apply(model.model)
+        self._model = model
 
     def scores(self, query: str, texts: Sequence[str]) -> list[float]:
+        """Raw model scores (logits for a delta profile), one per text; higher is more relevant."""
+        import torch
+
         self.warm_up()
-        values = self._model.predict([(query, text) for text in texts], batch_size=self.batch_size,
-                                     show_progress_bar=False, convert_to_numpy=True)
-        return [float(v) for v in values.reshape(len(texts), -1)[:, -1]]
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=native_bf16()):
+            values = self._model.predict([(query, text) for text in texts], batch_size=self.batch_size,
+                                         show_progress_bar=False, convert_to_numpy=True,
+                                         activation_fn=torch.nn.Identity())
+        return [float(v) for v in np.asarray(values, dtype=np.float32).reshape(len(texts), -1)[:, -1]]
 
     def rerank(self, query: str, hits: Sequence[SearchHit]) -> list[SearchHit]:
+        """The first `depth` hits reordered by the mixed score, written into `score` (the model's own score when
+        `mix` is 1); the rest follow unchanged."""
         if not hits:
             return []
-        scored = zip(self.scores(query, [h.text for h in hits]), range(len(hits)), hits, strict=True)
-        return [replace(hit, score=score) for score, _, hit in sorted(scored, key=lambda t: (-t[0], t[1]))]
+        head, tail = (list(hits[:self.depth]), list(hits[self.depth:])) if self.depth else (list(hits), [])
+        raw = self.scores(query, [shown_text(h) for h in head])
+        mixed = np.asarray(raw) if self.mix == 1.0 else (
+            self.mix * min_max(raw) + (1 - self.mix) * min_max([h.score for h in head]))
+        ordered = sorted(zip(mixed.tolist(), range(len(head)), head, strict=True), key=lambda t: (-t[0], t[1]))
+        return [replace(hit, score=score) for score, _, hit in ordered] + tail
 
     def to_dict(self) -> dict[str, Any]:
-        return {"type": "cross-encoder", "model_path": str(self.model_path), "batch_size": self.batch_size,
-                "max_length": self.max_length}
+        return {"type": "cross-encoder", "model_path": self.model_path, "batch_size": self.batch_size,
+                "max_length": self.max_length, "depth": self.depth, "mix": self.mix}
 
 
 def reranker_from_dict(data: dict[str, Any]) -> Reranker:

@@ -62,12 +62,15 @@ class HybridRetriever:
         return self.reranker.rerank(query, candidates)[:k]
 
     def run_many(self, queries: Sequence[str], k: int = 10, filters: Filters | None = None) -> list[list[SearchHit]]:
-        """One ranked list per query; the dense route embeds all queries in one batch (the model call
-        dominates a single search, so 20 sentences cost about what 3 would one by one)."""
+        """One first-stage ranked list per query, never reranked: this serves the document vote, which counts
+        chunks across many record sentences by their route scores (a reranker is for one question's list, and
+        rescoring 20 sentences' hits would cost a cross-encoder call per pair). The dense route embeds all
+        queries in one batch (the model call dominates a single search, so 20 sentences cost about what 3
+        would one by one)."""
         if any(not q.strip() for q in queries):
             raise ValueError("a query is empty")
-        if self.reranker is not None or self.mode == "bm25" or not queries:
-            return [self.run(q, k, filters) for q in queries]
+        if self.mode == "bm25" or not queries:
+            return [self.hits(self.rank(q, k, filters)) for q in queries]
         vectors = self.kb.embedder.embed(list(queries))
         return [self.hits(self.rank(q, k, filters, v)) for q, v in zip(queries, vectors, strict=True)]
 
@@ -135,10 +138,12 @@ class HybridRetriever:
         return mask
 
     def hits(self, ranked: Ranked) -> list[SearchHit]:
-        rows = store.chunks_by_rows(self.kb.reader().db, ranked.rows.tolist())
+        db = self.kb.reader().db
+        rows = store.chunks_by_rows(db, ranked.rows.tolist())
+        titles = store.titles_of(db, [c.doc_id for c in rows.values()])
         return [
             SearchHit(c.chunk_id, c.doc_id, float(score), c.section, c.text, c.source, c.section_id, c.char_start,
-                      c.char_end, c.authority, c.date, row)
+                      c.char_end, c.authority, c.date, row, title=titles.get(c.doc_id, ""))
             for row, score in zip(ranked.rows.tolist(), ranked.scores.tolist(), strict=True)
             if (c := rows[row])
         ]

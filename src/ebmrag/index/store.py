@@ -133,6 +133,17 @@ def rows_matching(db: sqlite3.Connection, where: str, params: Sequence[str]) -> 
     return [row for (row,) in db.execute(f"SELECT row FROM chunks WHERE {where}", list(params))]
 
 
+def titles_of(db: sqlite3.Connection, doc_ids: Sequence[str]) -> dict[str, str]:
+    """doc id -> title for these documents (one query per 500 ids)."""
+    found: dict[str, str] = {}
+    unique = list(dict.fromkeys(doc_ids))
+    for start in range(0, len(unique), 500):
+        part = unique[start:start + 500]
+        marks = ",".join("?" * len(part))
+        found.update(db.execute(f"SELECT doc_id, title FROM documents WHERE doc_id IN ({marks})", part).fetchall())
+    return found
+
+
 def titles(db: sqlite3.Connection) -> list[str]:
     """Every distinct non-empty document title (the focus extractor's phrases)."""
     return [row[0] for row in db.execute("SELECT DISTINCT title FROM documents WHERE title != ''")]

@@ -49,6 +49,7 @@ class SearchHit:
     date: str
     row: int = -1  # the chunk's row in this generation's vector matrix (-1: not from an index)
     similarity: float | None = None  # cosine to a reference text (the question), when the caller asked for it
+    title: str = ""  # the document's title (a reranker reads it above the text, as the index embeds it)
 
     def to_json(self) -> dict[str, Any]:
         return {"chunk_id": self.chunk_id, "doc_id": self.doc_id, "score": round(self.score, 6),
