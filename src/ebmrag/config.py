@@ -42,10 +42,10 @@ route_depth = 50
 rrf_k = 60
 focus_weight = 0.0       # > 0: also search the question's focus (titles it names + question type), this share
 k = 10
-rerank_model = ""        # a cross-encoder: a local folder, a .npz delta, or "minilm-medquad-rerank"; "" = none
-rerank_depth = 20        # it rescores this many best hits of the first stage
-rerank_mix = 0.5         # its share of the final score (the rest: the first stage's, both min-max normalised)
-rerank_max_tokens = 192
+rerank_model = ""        # a cross-encoder: a local folder or a .npz delta over the bundled MiniLM; "" = none
+rerank_depth = 0         # it rescores this many best hits of the first stage (0: all route_depth of them)
+rerank_mix = 1.0         # its share of the final score (the rest: the first stage's, both min-max normalised)
+rerank_max_tokens = 512
 
 [llm]
 backend = "extractive"   # or "openai": any OpenAI-compatible endpoint (base_url, model; key from OPENAI_API_KEY)
@@ -176,10 +176,10 @@ class RetrievalSettings:
     rrf_k: int = 60
     focus_weight: float = 0.0  # the share of fusion weight for the routes run on the question's focus (focus.py)
     k: int = 10
-    rerank_model: str = ""  # a local cross-encoder folder, a .npz delta or "minilm-medquad-rerank"; empty = none
-    rerank_depth: int = 20  # the reranker rescores this many best hits of the first stage
-    rerank_mix: float = 0.5  # share of the reranker's score in the final one (the rest: the first stage's)
-    rerank_max_tokens: int = 192  # question + chunk length the reranker reads
+    rerank_model: str = ""  # a local cross-encoder folder or a .npz delta over the bundled MiniLM; empty = none
+    rerank_depth: int = 0  # the reranker rescores this many best hits of the first stage (0: all of them)
+    rerank_mix: float = 1.0  # share of the reranker's score in the final one (the rest: the first stage's)
+    rerank_max_tokens: int = 512  # question + chunk length the reranker reads
     vote_chunks: int = 100  # ICA-RAG document vote: chunks per sentence (m)
     vote_documents: int = 5  # documents kept (k)
     vote_min_score: float = 0.5  # chunks below this share of the sentence's best score do not vote

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from ebmrag.errors import ModelUnavailableError
-from ebmrag.evidence.adapters import save_delta
+from ebmrag.evidence.adapters import NAMED_DELTAS, save_delta
 from ebmrag.evidence.tokens import bundled_model_dir
 from ebmrag.index.kb import KnowledgeBase
 from ebmrag.index.rerank import CrossEncoderReranker, reranker_from_dict, shown_text
@@ -155,6 +155,8 @@ def test_a_delta_turns_the_bundled_model_into_a_reranker(tmp_path: Path, kb: Kno
     b = CrossEncoderReranker(tmp_path / "b.npz").scores("kidney", texts)
     assert a == CrossEncoderReranker(str(tmp_path / "a.npz")).scores("kidney", texts)  # deterministic load
     assert np.allclose(a, [-x for x in b], atol=0.05)  # the head came from the file, not a random init
+    with pytest.raises(ModelUnavailableError, match="no scoring head"):
+        CrossEncoderReranker(NAMED_DELTAS["minilm-medquad"]).scores("kidney", texts)
     save_delta(tmp_path / "bad.npz", {}, {}, {"classifier.weight": np.zeros((1, 10), np.float32)})
     with pytest.raises(ModelUnavailableError, match=r"parameter classifier\.weight is"):
         CrossEncoderReranker(tmp_path / "bad.npz").scores("kidney", texts)

@@ -7,8 +7,8 @@ what the base model costs. `bench/finetune_minilm.py --lora-rank` writes them. T
 (docs/results/retrieval.md has how it was trained and measured; ATTRIBUTION.md beside it, the data's licence).
 A file's sha256 is part of the embedder's name, so caches and knowledge bases never mix two deltas.
 A delta may also carry whole tensors that replace the base model's (a reranker's new scoring head, its biases and
-layer norms): small next to the layers, and not low-rank. `minilm-medquad-rerank` is such a file: the bundled MiniLM
-turned into a cross-encoder (`index.rerank`), trained by `bench/train_reranker.py`.
+layer norms): small next to the layers, and not low-rank. That is how a cross-encoder trained from the bundled
+MiniLM (`bench/train_reranker.py --compress`) travels as a few MB (`index.rerank`).
 """
 
 from __future__ import annotations
@@ -29,8 +29,7 @@ from ebmrag.errors import ModelUnavailableError
 LORA_TARGETS = ("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense",
                 "intermediate.dense", "output.dense")
 _MODELS = Path(__file__).parent / "models"
-NAMED_DELTAS = {"minilm-medquad": _MODELS / "minilm_medquad.npz",
-                "minilm-medquad-rerank": _MODELS / "minilm_medquad_rerank.npz"}
+NAMED_DELTAS = {"minilm-medquad": _MODELS / "minilm_medquad.npz"}
 
 
 @dataclass(frozen=True)

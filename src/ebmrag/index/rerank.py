@@ -1,7 +1,7 @@
 """Chunk reranking after retrieval: any object with `rerank(query, hits)` (the `index.types.Reranker`
 contract). The shipped one is a cross-encoder: a local sentence-transformers folder, or the bundled MiniLM plus a
-delta file (`evidence.adapters`; the named profile `minilm-medquad-rerank`), because a hospital network cannot
-download a model.
+delta file (`evidence.adapters`), because a hospital network cannot download a model. No reranker model ships: the
+one trained here on MedQuAD lowered LiveQA-Med nDCG@10 (docs/results/retrieval.md).
 
 A cross-encoder reads each (question, chunk) pair together, so it sees what a bi-encoder's two separate vectors
 miss (which of a page's sections answers this question); it costs a model call per pair, so only the first
@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ebmrag.errors import ModelUnavailableError
-from ebmrag.evidence.adapters import delta_digest, load_delta, resolve_delta
+from ebmrag.evidence.adapters import delta_digest, load_delta
 from ebmrag.evidence.embeddings import native_bf16
 from ebmrag.evidence.tokens import bundled_model_dir
 from ebmrag.index.types import Reranker, SearchHit
@@ -39,14 +39,13 @@ def min_max(values: Sequence[float]) -> np.ndarray:
 
 
 class CrossEncoderReranker:
-    """Scores (query, chunk) pairs with a cross-encoder: a local folder, a `.npz` delta or a named profile."""
+    """Scores (query, chunk) pairs with a cross-encoder: a local folder or a `.npz` delta over the bundled MiniLM."""
 
     def __init__(self, model_path: str | Path, batch_size: int = 16, max_length: int = 512, depth: int = 0,
                  mix: float = 1.0) -> None:
-        self._delta = resolve_delta(model_path)
+        self._delta = Path(model_path) if str(model_path).endswith(".npz") else None
         if self._delta is None and not Path(model_path).is_dir():
-            raise ModelUnavailableError(f"reranker model is not a local directory, a .npz delta or a named "
-                                        f"profile: {model_path}")
+            raise ModelUnavailableError(f"reranker model is not a local directory or a .npz delta: {model_path}")
         if self._delta is not None:
             delta_digest(self._delta)  # a missing file is an error now, not at the first question
         if batch_size < 1 or max_length < 8:
@@ -73,7 +72,11 @@ class CrossEncoderReranker:
         except Exception as exc:  # the library raises many types for a bad folder
             raise ModelUnavailableError(f"could not load the reranker from {self.model_path}: {exc}") from exc
         if self._delta:
-            load_delta(self._delta).apply(model.model)
+            delta = load_delta(self._delta)
+            if "classifier.weight" not in delta.tensors:
+                raise ModelUnavailableError(f"{self._delta} is not a cross-encoder delta: it has no scoring head "
+                                            "(an embedding delta belongs in [kb] embedding_model)")
+            delta.apply(model.model)
         self._model = model
 
     def scores(self, query: str, texts: Sequence[str]) -> list[float]:
