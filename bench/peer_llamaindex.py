@@ -28,7 +28,6 @@ from typing import Any
 import numpy as np
 from llama_index.core import Document as LlamaDocument
 from llama_index.core import VectorStoreIndex
-from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.llms.mock import MockLLM
 from llama_index.core.node_parser import SentenceSplitter
 from llama_index.core.retrievers import QueryFusionRetriever
@@ -40,31 +39,10 @@ from ebmrag.evidence.embeddings import SentenceEmbedder
 from ebmrag.factory import make_retriever, open_kb
 from ebmrag.index.search import HybridRetriever
 from ebmrag.ingest.readers import read_file
+from ebmrag.integrations.llamaindex import EbmragEmbedding
 
 CORPUS = ("medquad/medquad_docs.jsonl", "liveqa_med_2017/judged_answers_medquad_2479.jsonl")
 MODES = ("reciprocal_rerank", "relative_score", "dist_based_score")
-
-
-class EbmragEmbedding(BaseEmbedding):
-    """LlamaIndex's embedding interface over ebmrag's embedder: the same model, cache and precision."""
-
-    _embedder: SentenceEmbedder
-
-    def __init__(self, embedder: SentenceEmbedder) -> None:
-        super().__init__(model_name=embedder.model_name, embed_batch_size=512)
-        self._embedder = embedder
-
-    def _get_query_embedding(self, query: str) -> list[float]:
-        return [float(x) for x in self._embedder.embed([query])[0]]
-
-    async def _aget_query_embedding(self, query: str) -> list[float]:
-        return self._get_query_embedding(query)
-
-    def _get_text_embedding(self, text: str) -> list[float]:
-        return self._get_query_embedding(text)
-
-    def _get_text_embeddings(self, texts: list[str]) -> list[list[float]]:
-        return [[float(x) for x in row] for row in self._embedder.embed(texts)]
 
 
 def section_documents(data_root: Path) -> list[LlamaDocument]:

@@ -30,6 +30,7 @@ LAYERS: list[set[str]] = [
     {"research"},  # the research agent: ReAct loop, tools, trajectories, question synthesis
     {"eval"},
     {"factory"},
+    {"integrations"},  # framework drop-ins: LlamaIndex, LangChain, Haystack around EBM-Pack
     {"serve"},  # the HTTP service: store, access, audit, app
     {"gateway"},  # results from a message queue into the service's store
     {"cli"},
