@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint browser gateway-demo bench bench-ask tiers clean retrieval bench-retrieval packing-suite
+.PHONY: setup demo test lint browser package-check gateway-demo bench bench-ask tiers clean retrieval bench-retrieval packing-suite
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -34,7 +34,11 @@ browser:
 	@command -v chromedriver >/dev/null || apt-get install -y -q chromium chromium-driver >/dev/null
 	@command -v redis-server >/dev/null || apt-get install -y -q redis-server >/dev/null
 
-test: lint browser
+# A wheel installed into a fresh virtual environment packs a bundled record (tests/package_check.sh, ~1 min).
+package-check: $(STAMP)
+	bash tests/package_check.sh $(PY)
+
+test: lint browser package-check
 	$(VENV)/bin/pytest -q
 
 bench: $(STAMP)

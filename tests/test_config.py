@@ -20,3 +20,15 @@ def test_answer_settings_are_read_and_checked(tmp_path: Path) -> None:
         path.write_text(f"[answer]\n{bad}\n", encoding="utf-8")
         with pytest.raises(ConfigError, match=message):
             load_settings(path)
+
+
+def test_the_all_extra_installs_every_user_extra() -> None:
+    """`pip install 'ebmrag[all]'` must not silently miss an extra added later (dev and peer serve this repo)."""
+    import re
+    import tomllib
+    from pathlib import Path
+
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    listed = set(re.fullmatch(r"ebmrag\[(.*)\]", extras["all"][0]).group(1).split(","))  # type: ignore[union-attr]
+    assert listed == set(extras) - {"all", "dev", "peer"}

@@ -50,3 +50,24 @@ def test_zero_or_absurd_windows_are_errors_not_defaults(window: str) -> None:
     assert result.exit_code == 2 and "window must be a whole number of tokens from 1 to" in result.stderr
     assert result.stdout == "", "errors never reach stdout, where --json output is parsed"
     assert "Traceback" not in result.output and len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.model
+def test_pack_takes_a_bundled_demo_name_and_names_them_when_unknown() -> None:
+    result = runner.invoke(app, ["pack", "demo-colon", "--query", "Which antibiotic?", "--window", "300", "--json"])
+    assert result.exit_code == 0, result.output
+    assert any(p["fragment_id"] == "admission-2026-03-08" for p in json.loads(result.output)["packed"])
+    unknown = runner.invoke(app, ["pack", "demo-nobody", "--query", "q"])
+    assert unknown.exit_code == 2 and "demo-colon" in unknown.output and "Traceback" not in unknown.output
+
+
+def test_version_from_the_cli_and_python_m() -> None:
+    import subprocess
+    import sys
+
+    from ebmrag import __version__
+
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output.strip() == f"ebmrag {__version__}"
+    module = subprocess.run([sys.executable, "-m", "ebmrag", "--version"], capture_output=True, text=True, check=False)
+    assert module.returncode == 0 and module.stdout.strip() == f"ebmrag {__version__}"

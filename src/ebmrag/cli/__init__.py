@@ -21,6 +21,7 @@ from typing import Annotated
 
 import typer
 
+from ebmrag import __version__
 from ebmrag.cli import ask, kb, pack, serve
 from ebmrag.cli.ddx import ddx_app
 from ebmrag.cli.eval import eval_app
@@ -32,8 +33,16 @@ from ebmrag.cli.synth import synth_app
 app = typer.Typer(help="Evidence-graded retrieval and context packing for medical LLMs.", no_args_is_help=True)
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"ebmrag {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log progress.")] = False) -> None:
+def main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log progress.")] = False,
+         version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                               help="Print the version and exit.")] = False) -> None:
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )

@@ -22,23 +22,8 @@ from ebmrag.cli.common import (
     user_errors,
 )
 from ebmrag.config import load_settings
-from ebmrag.demo import demo_record_path, demo_record_paths
-from ebmrag.errors import RecordError
-from ebmrag.evidence.fragment import PatientRecord
-from ebmrag.evidence.loaders import load_record
+from ebmrag.demo import load_patient
 from ebmrag.factory import build_engine
-
-
-def resolve_patient(patient: str, patient_id: str | None) -> PatientRecord:
-    """A record file, or the name of a bundled demo record ("demo-colon")."""
-    path = Path(patient)
-    if not path.exists():
-        bundled = demo_record_path(patient)
-        if bundled is None:
-            names = ", ".join(p.stem for p in demo_record_paths())
-            raise RecordError(patient, f"no such file, and not a bundled demo record ({names})")
-        path = bundled
-    return load_record(path, patient_id)
 
 
 def ask(
@@ -56,7 +41,7 @@ def ask(
 ) -> None:
     """Answer a question about one patient from the record and the knowledge base, citing every claim."""
     with user_errors():
-        record = resolve_patient(patient, patient_id)
+        record = load_patient(patient, patient_id)
         engine = build_engine(load_settings(config), kb=kb, llm=llm, base_url=base_url, model=model, window=window,
                               retrieval=retrieval)
         with stderr.status("loading the bundled embedding model..."):

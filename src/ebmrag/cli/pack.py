@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -12,7 +11,7 @@ from rich.table import Table
 
 from ebmrag.cli.common import ConfigOption, JsonOption, console, stderr, user_errors
 from ebmrag.config import load_settings
-from ebmrag.demo import demo_query, demo_record_paths
+from ebmrag.demo import demo_query, demo_record_paths, load_patient
 from ebmrag.evidence.fragment import Tier, parse_timestamp
 from ebmrag.evidence.loaders import load_record
 from ebmrag.factory import build_packer
@@ -41,7 +40,8 @@ def trace_table(result: PackResult, title: str) -> Table:
 
 def pack(
     record: Annotated[
-        Path, typer.Argument(help="Patient record: ebmrag JSON, FHIR R4 Bundle, AgentClinic case, or text.")
+        str, typer.Argument(help="Patient record: ebmrag JSON, FHIR R4 Bundle, AgentClinic case, text, or a "
+                                 "bundled demo record (demo-colon, demo-chest, demo-zh).")
     ],
     query: Annotated[str, typer.Option("--query", "-q", help="The clinical question.")],
     window: Annotated[int | None, typer.Option(help="Token window for the packed context.")] = None,
@@ -62,7 +62,7 @@ def pack(
     with user_errors():
         settings = load_settings(config)
         packer = build_packer(settings, strategy, k_min, objective=objective)
-        patient = load_record(record, patient_id)
+        patient = load_patient(record, patient_id)
         when: datetime | None = parse_timestamp(as_of, "--as-of") if as_of else None
         result = packer.run(patient, query, window if window is not None else settings.packing.window, when)
     if as_json:

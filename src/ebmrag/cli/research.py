@@ -53,7 +53,7 @@ def run(
     config: ConfigOption = None,
 ) -> None:
     """Research a question with the tools, then answer citing only what the tools showed. The run is logged."""
-    from ebmrag.cli.ask import resolve_patient
+    from ebmrag.demo import load_patient
     from ebmrag.factory import require_llm_client
     from ebmrag.research.parts import build_research_agent, trajectory_folder
     from ebmrag.research.trajectory import TrajectoryLog
@@ -61,7 +61,7 @@ def run(
     with user_errors():
         settings = load_settings(config)
         client = require_llm_client(settings, llm, model, base_url, "research")
-        record = resolve_patient(patient, None) if patient else None
+        record = load_patient(patient) if patient else None
         with stderr.status("loading the knowledge base and the embedding model..."):
             agent = build_research_agent(settings, client, kb, record, max_steps=max_steps)
         with stderr.status("researching (each step is one model call)..."):

@@ -8,6 +8,10 @@ import json
 import logging
 from pathlib import Path
 
+from ebmrag.errors import RecordError
+from ebmrag.evidence.fragment import PatientRecord
+from ebmrag.evidence.loaders import load_record
+
 RECORDS_DIR = Path(__file__).parent / "records"
 DEMO_CORPUS = Path(__file__).parent / "kb" / "guidelines.jsonl"
 log = logging.getLogger(__name__)
@@ -21,6 +25,18 @@ def demo_record_path(name: str) -> Path | None:
     """A bundled record by its file stem ("demo-colon"), or None when there is none of that name."""
     path = RECORDS_DIR / f"{name}.json"
     return path if path.is_file() and path.parent == RECORDS_DIR else None
+
+
+def load_patient(source: str | Path, patient_id: str | None = None) -> PatientRecord:
+    """A record file (every format `load_record` reads), or the name of a bundled demo record ("demo-colon")."""
+    path = Path(source)
+    if not path.exists():
+        bundled = demo_record_path(str(source))
+        if bundled is None:
+            names = ", ".join(p.stem for p in demo_record_paths())
+            raise RecordError(str(source), f"no such file, and not a bundled demo record ({names})")
+        path = bundled
+    return load_record(path, patient_id)
 
 
 def demo_query(path: Path) -> str:

@@ -16,9 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from ebmrag.config import Settings, load_settings
-from ebmrag.demo import demo_record_path
+from ebmrag.demo import load_patient
 from ebmrag.evidence.fragment import Fragment, PatientRecord, TierDecision
-from ebmrag.evidence.loaders import load_record
 from ebmrag.factory import build_packer
 from ebmrag.generate.context import evidence_key, evidence_tier
 from ebmrag.packing.packer import ContextPacker
@@ -75,10 +74,7 @@ class Selection:
 
 def resolve_record(record: RecordSource) -> PatientRecord:
     """A `PatientRecord`, a record file (every format `ebmrag pack` reads) or a bundled demo name ("demo-colon")."""
-    if isinstance(record, PatientRecord):
-        return record
-    demo = demo_record_path(str(record)) if isinstance(record, str) else None
-    return load_record(demo or record)
+    return record if isinstance(record, PatientRecord) else load_patient(record)
 
 
 class EvidencePacker:

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The package as a user gets it: a wheel built from this tree, installed into a fresh virtual environment outside
+# the checkout, then `ebmrag pack` on a bundled demo record from it (proves the package data ships: demo records,
+# rule files, the tier model, tokenizer and model files). Part of `make test`.
+set -euo pipefail
+python="${1:-.venv/bin/python}"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+"$python" -m pip wheel --no-deps --quiet -w "$work/dist" . 2>&1 | grep -v "^WARNING: Location" || true
+wheel="$(ls "$work"/dist/ebmrag-*.whl)"
+python3 -m venv "$work/venv"
+# torch first, pinned: the CPU wheel is local; any looser spec pulls gigabytes of CUDA packages.
+"$work/venv/bin/pip" install --quiet torch==2.13.0 2>&1 | grep -v "^WARNING: Location" || true
+"$work/venv/bin/pip" install --quiet "$wheel[embed,kb]" 2>&1 | grep -v "^WARNING: Location" || true
+cd "$work"
+version="$(venv/bin/ebmrag --version)"
+[ "$version" = "$(venv/bin/python -m ebmrag --version)" ] || { echo "python -m ebmrag disagrees: $version"; exit 1; }
+venv/bin/python -m ebmrag pack demo-colon --query "Which antibiotic is safe for his wound infection?" \
+    --window 300 --json > pack.json
+venv/bin/python - <<'PY'
+import json
+import pathlib
+
+import ebmrag
+
+assert "site-packages" in ebmrag.__file__, f"imported from the checkout, not the wheel: {ebmrag.__file__}"
+packed = {p["fragment_id"]: p["reason"] for p in json.loads(pathlib.Path("pack.json").read_text())["packed"]}
+assert packed.get("admission-2026-03-08") == "must_keep", packed  # the penicillin anaphylaxis
+print(f"package check: {len(packed)} fragments packed from the installed wheel, the allergy kept")
+PY
+echo "package check: $version from $(basename "$wheel") in a fresh virtual environment"
