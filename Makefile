@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch first, pinned: the CPU wheel is local; any looser spec pulls gigabytes of CUDA packages.
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[embed,fhir,kb,eval,serve,gateway,research,llamaindex,langchain,haystack,dev]'
+	$(PY) -m pip install --quiet -e '.[embed,fhir,kb,eval,serve,mcp,gateway,research,llamaindex,langchain,haystack,dev]'
 	touch $(STAMP)
 
 setup: $(STAMP)

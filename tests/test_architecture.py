@@ -34,6 +34,7 @@ LAYERS: list[set[str]] = [
     {"serve"},  # the HTTP service: store, access, audit, app
     {"gateway"},  # results from a message queue into the service's store
     {"cli"},
+    {"__main__"},  # `python -m ebmrag`: the command line
 ]
 
 

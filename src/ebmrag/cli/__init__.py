@@ -5,7 +5,7 @@
     ingest, delete, search, kb    cli.kb       the knowledge base
     eval ...                      cli.eval     measurements on public data
     gate ...                      cli.gate     the retrieval gate's classifier
-    serve, keys ..., audit ...    cli.serve    the multi-tenant service
+    serve, mcp, keys, audit       cli.serve    the multi-tenant service (HTTP and MCP)
     gateway run | publish         cli.gateway  results from a message queue into the store
     ddx, ddx eval | build-kb      cli.ddx      Bayesian differential diagnosis
     research, research export | score  cli.research  the research agent and its trajectories
@@ -58,6 +58,7 @@ app.add_typer(kb.kb_app, name="kb")
 app.add_typer(eval_app, name="eval")
 app.add_typer(gate_app, name="gate")
 app.command()(serve.serve)
+app.command()(serve.mcp)
 app.add_typer(serve.keys_app, name="keys")
 app.add_typer(serve.audit_app, name="audit")
 app.add_typer(gateway_app, name="gateway")

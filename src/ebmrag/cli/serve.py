@@ -61,6 +61,41 @@ def serve(
                 log_level="warning")
 
 
+def mcp(
+    data_dir: DataDirOption,
+    transport: Annotated[str, typer.Option(help="stdio (one local client, --key) or http (streamable HTTP at "
+                                                "/mcp, a key in every request).")] = "stdio",
+    key: Annotated[str, typer.Option(help="stdio: the API key every call acts with (default: EBMRAG_API_KEY).")]
+    = "",
+    host: Annotated[str, typer.Option(help="http: interface to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="http: TCP port.")] = 8090,
+    store_url: StoreOption = "",
+    config: ConfigOption = None,
+) -> None:
+    """Expose pack, ask, search, ddx and a patient's fragments as MCP tools, with the service's keys and scopes."""
+    with user_errors():
+        require_extra("mcp", "mcp", "ebmrag mcp")
+        from ebmrag.serve.access import authenticate
+        from ebmrag.serve.mcp import build_mcp_server, http_app
+        from ebmrag.serve.service import Service
+
+        if transport not in ("stdio", "http"):
+            raise ValueError(f"--transport must be stdio or http, got {transport!r}")
+        settings = load_settings(config)
+        service = Service(open_store_for(data_dir, store_url, config), settings)
+        if transport == "stdio":
+            stdio_key = key or os.environ.get("EBMRAG_API_KEY", "")
+            authenticate(service.store, f"Bearer {stdio_key}")  # a wrong key fails now, in one line
+            server = build_mcp_server(service, stdio_key)
+    if transport == "stdio":
+        server.run("stdio")
+        return
+    import uvicorn
+
+    stderr.print(f"ebmrag mcp on http://{host}:{port}/mcp (store: {service.store.backend})")
+    uvicorn.run(http_app(service), host=host, port=port, log_level="warning")
+
+
 def open_store_for(data_dir: Path, store_url: str, config: Path | None) -> PatientStore:
     from ebmrag.serve.store import open_store
 

@@ -1,0 +1,149 @@
+"""`ebmrag mcp` driven by the `mcp` SDK's own client: over streamable HTTP against a real uvicorn server, and over
+stdio against the real command in a subprocess. Keys, roles, tenants and patient scopes hold as on the HTTP API."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+from ebmrag.agent.engine import Engine
+from ebmrag.config import Settings
+from ebmrag.demo import load_patient
+from ebmrag.evidence.fragment import PatientRecord
+from ebmrag.serve import audit
+from ebmrag.serve.access import create_key
+from ebmrag.serve.service import Service
+from ebmrag.serve.store import SQLiteStore
+from tests.serve.conftest import free_port
+
+pytest.importorskip("mcp", reason="the [mcp] extra is not installed")
+
+from mcp import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
+
+from ebmrag.serve.mcp import http_app
+
+pytestmark = pytest.mark.model
+TOOLS = {"patient_fragments", "pack", "ask", "search", "ddx"}
+QUESTION = "Which antibiotic is safe for his wound infection?"
+
+
+def as_patient(record: PatientRecord, pid: str, marker: str = "") -> PatientRecord:
+    return PatientRecord(pid, tuple(replace(f, patient_id=pid, text=f.text + marker) for f in record.fragments))
+
+
+def seeded_store(path: Path) -> tuple[SQLiteStore, str]:
+    """Tenant t1 holds p1 and p2, tenant t2 holds its own p1 (marked); the key sees t1's p1 only."""
+    store, demo = SQLiteStore(path), load_patient("demo-colon")
+    store.put_record("t1", "p1", as_patient(demo, "p1"))
+    store.put_record("t1", "p2", as_patient(demo, "p2", " TENANT-ONE-P2"))
+    store.put_record("t2", "p1", as_patient(demo, "p1", " TENANT-TWO"))
+    return store, create_key(store, "t1", "clinician", ("p1",))[0]
+
+
+@pytest.fixture
+def mcp_url(tmp_path: Path, context_packer: Any, demo_voter: Any) -> Iterator[tuple[str, SQLiteStore, str]]:
+    store, key = seeded_store(tmp_path / "store.sqlite")
+    service = Service(store, Settings(), Engine(context_packer, demo_voter))
+    server = uvicorn.Server(uvicorn.Config(http_app(service), host="127.0.0.1", port=free_port(),
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert time.monotonic() < deadline, "the MCP server did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{server.config.port}/mcp", store, key
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+async def http_calls(url: str, key: str, calls: list[tuple[str, dict[str, Any]]]) -> tuple[set[str], list[Any]]:
+    client = create_mcp_http_client(headers={"Authorization": f"Bearer {key}"})
+    async with (client, streamable_http_client(url, http_client=client) as (read, write, *_),
+                ClientSession(read, write) as session):
+        await session.initialize()
+        listed = await session.list_tools()
+        names = {t.name for t in listed.tools}
+        assert all(t.input_schema.get("type") == "object" and t.input_schema.get("properties") for t in listed.tools)
+        return names, [await session.call_tool(name, args) for name, args in calls]
+
+
+def text(result: Any) -> str:
+    return "".join(getattr(block, "text", "") for block in result.content)
+
+
+def test_http_tools_answer_within_the_keys_scope(mcp_url: tuple[str, SQLiteStore, str]) -> None:
+    url, store, key = mcp_url
+    names, (fragments, packed, asked, searched, ranked, other_patient, bad_window, missing) = asyncio.run(
+        http_calls(url, key, [
+            ("patient_fragments", {"patient_id": "p1"}),
+            ("pack", {"patient_id": "p1", "question": QUESTION, "window": 300}),
+            ("ask", {"patient_id": "p1", "question": QUESTION, "window": 900}),
+            ("search", {"query": "penicillin allergy and cephalosporins", "k": 3}),
+            ("ddx", {"findings": ["fever", "cough", "shortness of breath"]}),
+            ("patient_fragments", {"patient_id": "p2"}),
+            ("pack", {"patient_id": "p1", "question": QUESTION, "window": -5}),
+            ("pack", {"patient_id": "p1"}),
+        ]))
+    assert names == TOOLS
+    listed = json.loads(text(fragments))["fragments"]
+    assert any(f["id"] == "admission-2026-03-08" and f["must_keep"] for f in listed)
+    assert not any("TENANT-TWO" in f["text"] for f in listed)  # the same patient id in another tenant stays apart
+    pack = json.loads(text(packed))
+    assert {p["fragment_id"]: p["reason"] for p in pack["packed"]}["admission-2026-03-08"] == "must_keep"
+    answer = json.loads(text(asked))
+    assert answer["answer"] and answer["citations"]
+    assert "TENANT-TWO" not in text(asked) and "TENANT-ONE-P2" not in text(asked)
+    hits = json.loads(text(searched))
+    assert len(hits) == 3 and all(h["doc_id"] for h in hits)
+    assert json.loads(text(ranked))["mapped"]
+    for refused in (other_patient, bad_window, missing):
+        assert refused.is_error
+    assert "404" in text(other_patient) and "TENANT-ONE-P2" not in text(other_patient)
+    assert "window" in text(bad_window)
+    rows = store.audit_rows()
+    assert {"mcp:read", "mcp:pack", "mcp:ask", "mcp:search"} <= {r[5] for r in rows} and audit.verify(rows) == []
+    assert {r[3] for r in rows} == {"t1"} and "p2" not in {r[4] for r in rows}
+
+
+def test_http_refuses_a_request_without_a_valid_key(mcp_url: tuple[str, SQLiteStore, str]) -> None:
+    url, _, _ = mcp_url
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+    for headers in ({}, {"Authorization": "Bearer ebm_000000000000_notavalidsecretnotavalid"}):
+        response = httpx.post(url, json=body, headers={**headers, "Accept": "application/json, text/event-stream"})
+        assert response.status_code == 401 and response.headers["content-type"] == "application/problem+json"
+
+
+def test_stdio_server_lists_and_calls_tools(tmp_path: Path) -> None:
+    seeded_store(tmp_path / "store.sqlite")
+    key = create_key(SQLiteStore(tmp_path / "store.sqlite"), "t1", "clinician", ("p1",))[0]
+    params = StdioServerParameters(command=sys.executable, args=["-m", "ebmrag", "mcp", "--data-dir", str(tmp_path)],
+                                   env={**os.environ, "EBMRAG_API_KEY": key})
+
+    async def run() -> tuple[set[str], Any, Any]:
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            names = {t.name for t in (await session.list_tools()).tools}
+            return (names, await session.call_tool("patient_fragments", {"patient_id": "p1"}),
+                    await session.call_tool("patient_fragments", {"patient_id": "p2"}))
+
+    names, mine, not_mine = asyncio.run(asyncio.wait_for(run(), 120))
+    assert names == TOOLS
+    assert any(f["id"] == "admission-2026-03-08" for f in json.loads(text(mine))["fragments"])
+    assert not_mine.is_error and "404" in text(not_mine)
