@@ -9,13 +9,12 @@ colon-surgery patient's record into the budget; the kept documents and every lef
 from __future__ import annotations
 
 import argparse
-import json
 
 from haystack import Document, Pipeline
 from haystack.components.retrievers.in_memory import InMemoryBM25Retriever
 from haystack.document_stores.in_memory import InMemoryDocumentStore
 
-from ebmrag.demo import DEMO_CORPUS
+from ebmrag.demo import demo_guidelines
 from ebmrag.integrations.haystack import EbmPack
 
 QUESTION = "Which antibiotic should treat his post-operative wound infection?"
@@ -25,7 +24,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budget", type=int, default=900)
     args = parser.parse_args()
-    guides = [json.loads(line) for line in DEMO_CORPUS.read_text(encoding="utf-8").splitlines() if line.strip()]
+    guides = demo_guidelines()
     store = InMemoryDocumentStore()
     store.write_documents([Document(id=g["id"], content=g["text"], meta={"authority": g["authority"]})
                            for g in guides])

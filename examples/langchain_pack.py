@@ -10,13 +10,12 @@ the bundled colon-surgery patient's record within the budget.
 from __future__ import annotations
 
 import argparse
-import json
 
 from langchain_classic.retrievers import ContextualCompressionRetriever
 from langchain_core.documents import Document
 from langchain_core.vectorstores import InMemoryVectorStore
 
-from ebmrag.demo import DEMO_CORPUS
+from ebmrag.demo import demo_guidelines
 from ebmrag.integrations.langchain import EbmPackCompressor, EbmragEmbeddings
 
 QUESTION = "Which antibiotic should treat his post-operative wound infection?"
@@ -26,7 +25,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budget", type=int, default=900)
     args = parser.parse_args()
-    guides = [json.loads(line) for line in DEMO_CORPUS.read_text(encoding="utf-8").splitlines() if line.strip()]
+    guides = demo_guidelines()
     store = InMemoryVectorStore(EbmragEmbeddings())
     store.add_documents([Document(page_content=g["text"], id=g["id"], metadata={"authority": g["authority"]})
                          for g in guides])

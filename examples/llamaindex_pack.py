@@ -10,11 +10,10 @@ what it kept, and why, and what it left out.
 from __future__ import annotations
 
 import argparse
-import json
 
 from llama_index.core import Document, VectorStoreIndex
 
-from ebmrag.demo import DEMO_CORPUS
+from ebmrag.demo import demo_guidelines
 from ebmrag.integrations.llamaindex import EbmPackPostprocessor, EbmragEmbedding
 
 QUESTION = "Which antibiotic should treat his post-operative wound infection?"
@@ -24,7 +23,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budget", type=int, default=900)
     args = parser.parse_args()
-    guides = [json.loads(line) for line in DEMO_CORPUS.read_text(encoding="utf-8").splitlines() if line.strip()]
+    guides = demo_guidelines()
     index = VectorStoreIndex.from_documents(
         [Document(id_=g["id"], text=g["text"], metadata={"title": g["title"], "authority": g["authority"]})
          for g in guides], embed_model=EbmragEmbedding())

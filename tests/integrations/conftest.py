@@ -3,12 +3,11 @@ about antibiotics, and a budget in which the framework's own cut loses the penic
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 
 import pytest
 
-from ebmrag.demo import DEMO_CORPUS
+from ebmrag.demo import demo_guidelines
 from ebmrag.evidence.fragment import PatientRecord
 from ebmrag.integrations.core import EvidencePacker, resolve_record
 from ebmrag.packing.packer import ContextPacker
@@ -20,7 +19,7 @@ ALLERGY = "admission-2026-03-08"  # the admission assessment that tells of a pen
 
 @pytest.fixture(scope="session")
 def guidelines() -> list[dict[str, str]]:
-    return [json.loads(line) for line in DEMO_CORPUS.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return demo_guidelines()
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,13 @@ DEMO_CORPUS = Path(__file__).parent / "kb" / "guidelines.jsonl"
 log = logging.getLogger(__name__)
 
 
+def demo_guidelines() -> list[dict[str, str]]:
+    """The demo corpus as records (id, title, section, date, authority, source, text): what the drop-in examples
+    hand to a framework's own index."""
+    lines = DEMO_CORPUS.read_text(encoding="utf-8").splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
 def demo_record_paths() -> list[Path]:
     return sorted(RECORDS_DIR.glob("*.json"))
 
