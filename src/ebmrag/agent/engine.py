@@ -158,7 +158,7 @@ class Engine:
         return AskResult(question, record.patient_id, language, "openai" if self.client else "extractive", decision,
                          answer.text, answer.citations, unsupported, budget, retrieval, assembled, numbering, pack,
                          items, context, answer.stages, answer.fault, timings,
-                         tuple(instruction_sentences(items)), dict(answer.redacted))
+                         tuple(instruction_sentences(items)), dict(answer.redacted), answer.claims)
 
     def _retrieve(self, question: str, decision: GateDecision, record: PatientRecord) -> RetrievalTrace:
         if self.voter is None or not self._may_retrieve:

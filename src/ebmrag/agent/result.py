@@ -69,6 +69,7 @@ class AskResult:
     timings_ms: dict[str, float] = field(default_factory=dict)
     flagged: tuple[FlaggedSentence, ...] = ()  # instruction-like sentences in the context, never findings
     redacted: dict[str, int] = field(default_factory=dict)  # identifier kinds kept from the model, and how many
+    claims: tuple[str, ...] = ()  # the answer's sentences the grounding check read (no warning, no headings)
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -235,6 +235,40 @@ def eval_retrieval(
     typer.echo(json.dumps(result.to_json(), indent=2) if as_json else table)
 
 
+@eval_app.command("generation")
+def eval_generation(
+    questions: Annotated[Path, typer.Option(help="JSON lines: {id, question, patient (file or demo name), "
+                                                 "reference?, window?}.")],
+    kb: Annotated[Path | None, typer.Option("--kb", help="Knowledge base (default: the bundled demo one).")] = None,
+    llm: LlmOption = None,
+    base_url: BaseUrlOption = None,
+    model: ModelOption = None,
+    judge: Annotated[bool, typer.Option(help="Judge with the configured model (off: offline approximations "
+                                             "only, even when a model answers).")] = True,
+    out: Annotated[Path | None, typer.Option(help="Write the markdown table here.")] = None,
+    as_json: JsonOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """Faithfulness, answer relevancy, context relevancy and context recall of `ask` answers (model-judged when a
+    model is configured, else offline approximations; each score names its method)."""
+    from ebmrag.eval.generation import GenerationJudge, evaluate_generation, load_questions, markdown, summary
+    from ebmrag.factory import build_engine
+
+    with user_errors():
+        items = load_questions(questions)
+        engine = build_engine(load_settings(config), kb=kb, llm=llm, base_url=base_url, model=model)
+        scorer = GenerationJudge(engine, engine.client if judge else None)
+        with progress_bar() as bar:
+            task = bar.add_task("asking and judging", total=len(items))
+            rows = evaluate_generation(engine, scorer, items, lambda done: bar.update(task, completed=done))
+    table = markdown(rows)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(table, encoding="utf-8")
+    document = {"summary": summary(rows), "questions": [r.to_json() for r in rows]}
+    typer.echo(json.dumps(document, ensure_ascii=False, indent=2) if as_json else table)
+
+
 @eval_app.command("compression")
 def eval_compression(
     data_root: Annotated[Path, typer.Option("--data-root", help="Folder holding MIRAGE, AgentClinic, CMB-Clin files.")],
