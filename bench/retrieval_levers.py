@@ -10,7 +10,10 @@ Every variant re-ranks with an exact dense scan (V @ q), so the variants differ 
 - `subject`: the consumer's subject line embedded alone and mixed in;
 - `page`: a section's score blended with its page's best section (gamma), MedQuAD pages read from the section id
   (`..._SecN`), optionally with the best 3 pages' other sections added;
-- `ensemble`: the mean of the two knowledge bases' cosines (`--second-kb`, the same corpus with another model).
+- `ensemble`: the mean of the two knowledge bases' cosines (`--second-kb`, the same corpus with another model);
+- `abbreviations`: the offline expansion of issue 17: "Long Name (ABBR)" pairs read from the knowledge base's own
+  titles and text (initials must spell the abbreviation), and each abbreviation in the question (2+ letters, not a
+  common word) followed by its long form.
 LiveQA questions are only scored, never used to fit anything; choose on `--split tune`.
 """
 
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +37,32 @@ from ebmrag.index.fusion import Ranked, fuse, top
 from ebmrag.index.kb import KnowledgeBase
 
 Scores = npt.NDArray[np.float32]
+_DEFINED = re.compile(r"\b((?:[A-Za-z][\w'-]*[ ,]+){0,7}?[A-Za-z][\w'-]*)\s+\(([A-Z][A-Za-z0-9-]{1,9})\)")
+_SMALL = {"of", "and", "the", "with", "in", "to", "for", "on", "a"}
+_COMMON = {"is", "it", "as", "am", "us", "or", "an", "at", "be", "by", "do", "go", "he", "if", "in", "me", "my",
+           "no", "of", "on", "so", "to", "up", "we", "all", "and", "are", "can", "for", "had", "has", "her", "him",
+           "his", "how", "its", "not", "now", "our", "out", "she", "the", "was", "who", "why", "you", "any", "may",
+           "one", "two", "use", "get", "per", "day", "old", "new", "car"}
+
+
+def abbreviation_table(texts: list[str]) -> dict[str, str]:
+    """abbreviation -> its most frequent long form, from "Long Name (ABBR)" where the initials spell ABBR."""
+    seen: dict[str, Counter[str]] = {}
+    for text in texts:
+        for match in _DEFINED.finditer(text):
+            words = match.group(1).replace(",", " ").split()
+            letters = [c.lower() for c in match.group(2) if c.isalpha()]
+            for start in range(len(words) - 1, -1, -1):
+                if [w[0].lower() for w in words[start:] if w.lower() not in _SMALL] == letters:
+                    seen.setdefault("".join(letters), Counter())[" ".join(words[start:]).lower()] += 1
+                    break
+    return {abbr: forms.most_common(1)[0][0] for abbr, forms in seen.items() if len(abbr) >= 2}
+
+
+def expand_abbreviations(text: str, table: dict[str, str]) -> str:
+    found = [table[t.lower()] for t in re.findall(r"[A-Za-z][A-Za-z0-9]{1,9}", text)
+             if t.lower() in table and t.lower() not in _COMMON]
+    return f"{text} ({'; '.join(dict.fromkeys(found))})" if found else text
 
 
 class Levers:
@@ -45,6 +75,8 @@ class Levers:
         for u in dict.fromkeys(self.unit):
             self.sections_of.setdefault(self.page[u], []).append(u)
         self.vectors = np.asarray(kb.reader().dense.vectors, dtype=np.float32)
+        titles = [d.title for d in store.documents(kb.reader().db).values()]
+        self.abbreviations = abbreviation_table(titles + [c.text for c in rows])
         if second is not None:
             if [c.chunk_id for c in store.iter_chunks(second.reader().db)] != [c.chunk_id for c in rows]:
                 raise SystemExit("--second-kb must hold the same chunks in the same order")
@@ -103,6 +135,8 @@ class Levers:
         for gamma in (0.2, 0.4, 0.6):
             out[f"page {gamma}"] = self.by_page(plain, gamma)
             out[f"page {gamma} +3 pages"] = self.by_page(plain, gamma, 3)
+        expanded = expand_abbreviations(text, self.abbreviations)
+        out["abbreviations"] = self.units(self.hybrid(expanded, self.cosines([expanded])[:, 0]))
         if self.second is not None:
             ensemble = ((full + self.cosines([text], self.second)[:, 0]) / 2).astype(np.float32)
             out["ensemble"] = self.units(self.hybrid(text, ensemble))

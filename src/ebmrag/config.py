@@ -46,6 +46,8 @@ rerank_model = ""        # a cross-encoder: a local folder or a .npz delta over 
 rerank_depth = 0         # it rescores this many best hits of the first stage (0: all route_depth of them)
 rerank_mix = 1.0         # its share of the final score (the rest: the first stage's, both min-max normalised)
 rerank_max_tokens = 512
+query_variants = 0       # > 0 (needs a model): the question reworded this many times, each searched at half weight
+hyde = false             # (needs a model) HyDE: dense search with the mean of the question and a model-written passage
 
 [llm]
 backend = "extractive"   # or "openai": any OpenAI-compatible endpoint (base_url, model; key from OPENAI_API_KEY)
@@ -180,6 +182,8 @@ class RetrievalSettings:
     rerank_depth: int = 0  # the reranker rescores this many best hits of the first stage (0: all of them)
     rerank_mix: float = 1.0  # share of the reranker's score in the final one (the rest: the first stage's)
     rerank_max_tokens: int = 512  # question + chunk length the reranker reads
+    query_variants: int = 0  # > 0: a model rewords the question this many times; each rewording also searches
+    hyde: bool = False  # a model writes a passage answering the question; the dense route searches with it too
     vote_chunks: int = 100  # ICA-RAG document vote: chunks per sentence (m)
     vote_documents: int = 5  # documents kept (k)
     vote_min_score: float = 0.5  # chunks below this share of the sentence's best score do not vote

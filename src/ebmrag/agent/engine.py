@@ -41,6 +41,7 @@ from ebmrag.generate.grounding import GroundingChecker
 from ebmrag.generate.injection import fence_for_model, instruction_sentences
 from ebmrag.generate.llm import OpenAIChatClient
 from ebmrag.generate.prompts import PromptStage, load_prompts, with_warning
+from ebmrag.generate.query_rewrite import QueryRewriter
 from ebmrag.generate.redact import Redactor, redactor_for, should_redact
 from ebmrag.generate.staged import StagedAnswerer, StageTrace, cited_numbers
 from ebmrag.index.types import SearchHit
@@ -63,13 +64,16 @@ class Engine:
     """Pipeline: question + patient -> `AskResult`. `answer` holds the [answer] settings, validated there."""
 
     def __init__(self, packer: ContextPacker, voter: DocumentVoter | None = None, client: ChatClient | None = None,
-                 gate: RetrievalGate | None = None, answer: AnswerSettings | None = None) -> None:
+                 gate: RetrievalGate | None = None, answer: AnswerSettings | None = None,
+                 rewriter: QueryRewriter | None = None) -> None:
+        """`rewriter` (query expansion / HyDE, `[retrieval] query_variants`, `hyde`): its rewordings and passage
+        vote beside the question and the record's sentences."""
         self.settings = answer = answer or AnswerSettings()
         if answer.retrieval == "always" and voter is None:
             raise ValueError("retrieval 'always' needs a knowledge base")
         if answer.relevance_filter and client is None:
             raise ValueError("the relevance filter needs an LLM (--llm openai)")
-        self.packer, self.voter, self.client = packer, voter, client
+        self.packer, self.voter, self.client, self.rewriter = packer, voter, client, rewriter
         self.gate = gate or RetrievalGate(RuleLabeller(packer.classifier))
         self.relevance = RelevanceFilter(client) if answer.relevance_filter and client else None
         self.grounding = GroundingChecker(packer.embedder, answer.grounding_threshold)
@@ -95,7 +99,8 @@ class Engine:
         """What this engine runs with; `from_dict` rebuilds it (the API key stays in the environment)."""
         return {"packer": self.packer.to_dict(), "voter": self.voter.to_dict() if self.voter else None,
                 "llm": self.client.to_dict() if isinstance(self.client, OpenAIChatClient) else None,
-                "gate": self.gate.to_dict(), "shared_embedder": self.shares_embedder, **asdict(self.settings)}
+                "gate": self.gate.to_dict(), "shared_embedder": self.shares_embedder,
+                "rewriter": self.rewriter.to_dict() if self.rewriter else None, **asdict(self.settings)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Engine:
@@ -107,7 +112,9 @@ class Engine:
                                        if labeller.get("type") == "classifier" else RuleLabeller(packer.classifier))
         client = OpenAIChatClient.from_dict(data["llm"]) if data.get("llm") else None
         answer = AnswerSettings(**{f.name: data[f.name] for f in fields(AnswerSettings) if f.name in data})
-        return cls(packer, voter, client, gate, answer)
+        rewrite = data.get("rewriter")
+        rewriter = QueryRewriter(client, rewrite["variants"], rewrite["hyde"]) if rewrite and client else None
+        return cls(packer, voter, client, gate, answer, rewriter)
 
     def prepare(self, patient: PatientRecord) -> None:
         """Embed a record ahead of the first question (when a chart is opened): fragment texts, their
@@ -166,9 +173,12 @@ class Engine:
         if self.settings.retrieval == "auto" and decision.action is Action.ANSWER:
             return RetrievalTrace(False, f"the gate answers directly ({decision.reason})")
         queries = self._queries(question, decision)
+        rewrite = self.rewriter.run(question) if self.rewriter else None
+        voting = queries if rewrite is None else tuple(dict.fromkeys(
+            [question, *rewrite.variants, *([rewrite.hypothesis] if rewrite.hypothesis else []), *queries[1:]]))
         if self.shares_embedder:  # one model call for the vote's queries and the packer's fragments
-            self.packer.prepare(record, queries)
-        documents = self.voter.run(queries, similarity_to=question)
+            self.packer.prepare(record, voting)
+        documents = self.voter.run(voting, similarity_to=question)
         verdicts: tuple[RelevanceVerdict, ...] = ()
         if self.relevance:  # the filter's prompt carries the question and record sentences: redacted like the answer's
             redactor = self._redactor(record)
@@ -176,7 +186,9 @@ class Engine:
             verdicts = tuple(self.relevance.run(shown[0], shown[1:], documents)[1])
         reason = "retrieval = always" if self.settings.retrieval == "always" else \
             f"gate: {decision.action.value} ({decision.reason})"
-        return RetrievalTrace(True, reason, queries, tuple(documents), verdicts)
+        if rewrite is not None and rewrite.fault:
+            reason += f"; {rewrite.fault} (the question searched as written)"
+        return RetrievalTrace(True, reason, voting, tuple(documents), verdicts)
 
     def _queries(self, question: str, decision: GateDecision) -> tuple[str, ...]:
         """The question, then A sentences, then B sentences, at most `max_queries` in all."""

@@ -18,6 +18,7 @@ from ebmrag.config import Settings
 from ebmrag.demo import ensure_demo_kb
 from ebmrag.evidence.embeddings import SentenceEmbedder, default_cache_dir
 from ebmrag.generate.llm import OpenAIChatClient
+from ebmrag.generate.query_rewrite import QueryRewriter
 from ebmrag.index.kb import KnowledgeBase
 from ebmrag.index.rerank import CrossEncoderReranker
 from ebmrag.index.search import HybridRetriever
@@ -25,6 +26,7 @@ from ebmrag.index.vote import DocumentVoter
 from ebmrag.packing.packer import ContextPacker
 from ebmrag.packing.prefilter import Prefilter
 from ebmrag.packing.utility import TierWeights, UtilityParams
+from ebmrag.protocols import ChatClient
 
 
 def cache_dir(settings: Settings) -> Path:
@@ -126,4 +128,17 @@ def engine_parts(settings: Settings, *, kb: str | Path | None = None, llm: str |
     packer = build_packer(settings, embedder=shared_embedder(settings, knowledge_base))
     voter = make_voter(settings, make_retriever(settings, knowledge_base)) if knowledge_base else None
     return {"packer": packer, "voter": voter, "client": client, "gate": build_gate(settings, packer),
-            "answer": answer}
+            "answer": answer, "rewriter": make_rewriter(settings, client) if voter else None}
+
+
+def make_rewriter(settings: Settings, client: ChatClient | None, variants: int | None = None,
+                  hyde: bool | None = None) -> QueryRewriter | None:
+    """Query expansion / HyDE as configured (flags override [retrieval]); both need a model."""
+    n = settings.retrieval.query_variants if variants is None else variants
+    imagine = settings.retrieval.hyde if hyde is None else hyde
+    if not n and not imagine:
+        return None
+    if client is None:
+        raise ValueError("query expansion and HyDE need a model: --llm openai --base-url URL --model NAME "
+                         "(or set [retrieval] query_variants = 0 and hyde = false)")
+    return QueryRewriter(client, n, imagine)

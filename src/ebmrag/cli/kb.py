@@ -12,9 +12,12 @@ from rich.markup import escape
 from rich.table import Table
 
 from ebmrag.cli.common import (
+    BaseUrlOption,
     ConfigOption,
     JsonOption,
     KbOption,
+    LlmOption,
+    ModelOption,
     console,
     progress_bar,
     progress_callback,
@@ -23,7 +26,8 @@ from ebmrag.cli.common import (
 )
 from ebmrag.config import load_settings
 from ebmrag.evidence.sentences import split_sentences
-from ebmrag.factory import cache_dir, make_retriever, open_kb
+from ebmrag.factory import cache_dir, make_llm_client, make_retriever, make_rewriter, open_kb
+from ebmrag.generate.query_rewrite import Rewrite
 from ebmrag.index.kb import IngestReport, KnowledgeBase, knowledge_base_stats
 from ebmrag.index.sync import ingest_paths
 from ebmrag.index.types import Filters
@@ -98,6 +102,13 @@ def search(
     rerank_model: Annotated[str | None, typer.Option(help="Local cross-encoder folder to rerank chunks.")] = None,
     by_document: Annotated[bool, typer.Option(
         help="ICA-RAG: every sentence of the query votes with its chunks; prints documents.")] = False,
+    expand: Annotated[int | None, typer.Option(help="Query expansion: a model rewords the query N times "
+                                                    "(needs --llm openai).")] = None,
+    hyde: Annotated[bool | None, typer.Option(help="HyDE: search with a model-written answer passage too "
+                                                   "(needs --llm openai).")] = None,
+    llm: LlmOption = None,
+    base_url: BaseUrlOption = None,
+    model: ModelOption = None,
     as_json: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:
@@ -107,12 +118,19 @@ def search(
         knowledge_base = KnowledgeBase(kb, cache_dir=cache_dir(settings))
         retriever = make_retriever(settings, knowledge_base, mode, rerank_model)
         filters = Filters(source, section, authority, date_from, date_to)
+        rewriter = make_rewriter(settings, make_llm_client(settings, llm, model, base_url), expand, hyde)
+        rewrite = rewriter.run(query) if rewriter else Rewrite()
+        if rewrite.fault:
+            stderr.print(f"[yellow]{rewrite.fault}; searching the query as written[/]")
         if by_document:
             r = settings.retrieval
             voter = DocumentVoter(retriever, r.vote_chunks, k if k is not None else r.vote_documents, r.vote_min_score)
-            documents = voter.run([s.text for s in split_sentences(query)] or [query], filters)
+            sentences = [s.text for s in split_sentences(query)] or [query]
+            extra = [*rewrite.variants, *([rewrite.hypothesis] if rewrite.hypothesis else [])]
+            documents = voter.run([*sentences, *extra], filters)
         else:
-            hits = retriever.run(query, k if k is not None else settings.retrieval.k, filters)
+            hits = retriever.run(query, k if k is not None else settings.retrieval.k, filters, rewrite.variants,
+                                 rewrite.hypothesis)
     if by_document:
         _print_documents(documents, as_json)
         return

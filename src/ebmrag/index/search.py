@@ -22,6 +22,7 @@ from ebmrag.index.rerank import reranker_from_dict
 from ebmrag.index.types import Filters, Reranker, SearchHit
 
 MODES = ("bm25", "dense", "hybrid")
+VARIANT_WEIGHT = 0.5  # a model-written rewording counts half as much as the question itself
 FUSIONS = ("rrf", "score")
 
 
@@ -51,14 +52,20 @@ class HybridRetriever:
         self.reranker, self.focus_weight = reranker, focus_weight
         self._focus: tuple[object, FocusExtractor] | None = None
 
-    def run(self, query: str, k: int = 10, filters: Filters | None = None) -> list[SearchHit]:
+    def run(self, query: str, k: int = 10, filters: Filters | None = None, variants: Sequence[str] = (),
+            hypothesis: str = "") -> list[SearchHit]:
+        """`variants` (query expansion) run every route again, each at VARIANT_WEIGHT of the question's weight;
+        `hypothesis` (HyDE: a passage that would answer the question) moves the dense query to the mean of the
+        question's and the passage's vectors. Both come from a model (`generate.query_rewrite`)."""
         if not query.strip():
             raise ValueError("the query is empty")
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
+        variants = [v for v in variants if v.strip() and v.strip() != query.strip()]
         if self.reranker is None:
-            return self.hits(self.rank(query, k, filters))
-        candidates = self.hits(self.rank(query, max(k, self.route_depth), filters))
+            return self.hits(self.rank(query, k, filters, variants=variants, hypothesis=hypothesis))
+        candidates = self.hits(self.rank(query, max(k, self.route_depth), filters, variants=variants,
+                                         hypothesis=hypothesis))
         return self.reranker.rerank(query, candidates)[:k]
 
     def run_many(self, queries: Sequence[str], k: int = 10, filters: Filters | None = None) -> list[list[SearchHit]]:
@@ -92,18 +99,33 @@ class HybridRetriever:
         return [float(vectors[h.row] @ query_vector) if h.row >= 0 else 0.0 for h in hits]
 
     def rank(self, query: str, k: int, filters: Filters | None = None,
-             query_vector: npt.NDArray[np.float32] | None = None) -> Ranked:
+             query_vector: npt.NDArray[np.float32] | None = None, variants: Sequence[str] = (),
+             hypothesis: str = "") -> Ranked:
         mask = self._mask(filters)
-        depth = max(self.route_depth, k) if self.mode == "hybrid" or self.focus_weight else k
+        fused = self.mode == "hybrid" or bool(self.focus_weight or variants)
+        depth = max(self.route_depth, k) if fused else k
+        if hypothesis.strip() and self.mode != "bm25":
+            query_vector = self._hypothesis_vector(query, hypothesis, query_vector)
         routes = self.routes(query, depth, mask, query_vector)
-        weights: list[float] = list(self.weights) if self.mode == "hybrid" else [1.0]
+        base: list[float] = list(self.weights) if self.mode == "hybrid" else [1.0]
+        weights = list(base)
         focus = self.focus_query(query) if self.focus_weight else ""
         if focus:
             routes += self.routes(focus, depth, mask)
             weights = with_focus(weights, self.focus_weight)
+        for variant in variants:
+            routes += self.routes(variant, depth, mask)
+            weights += [w * VARIANT_WEIGHT for w in base]
         if len(routes) == 1:
             return Ranked(routes[0].rows[:k], routes[0].scores[:k])
         return top(fuse(routes, weights, self.fusion, self.rrf_k), k)
+
+    def _hypothesis_vector(self, query: str, hypothesis: str,
+                           query_vector: npt.NDArray[np.float32] | None) -> npt.NDArray[np.float32]:
+        """HyDE: the mean of the question's vector and the hypothetical passage's, normalised."""
+        question = query_vector if query_vector is not None else self.kb.embedder.embed([query])[0]
+        mean = question + self.kb.embedder.embed([hypothesis])[0]
+        return np.asarray(mean / max(float(np.linalg.norm(mean)), 1e-12), dtype=np.float32)
 
     def routes(self, query: str, depth: int, mask: npt.NDArray[np.bool_] | None = None,
                query_vector: npt.NDArray[np.float32] | None = None) -> list[Ranked]:
