@@ -38,6 +38,7 @@ from ebmrag.factory import (
     cache_dir,
     make_llm_client,
     make_retriever,
+    make_rewriter,
     open_kb,
     require_llm_client,
     utility_params,
@@ -207,10 +208,14 @@ def eval_retrieval(
     ablation: Annotated[bool, typer.Option(help="Also score the fusion variants.")] = False,
     split: Annotated[str, typer.Option(help="all, or a fixed hash half: tune | check.")] = "all",
     out: Annotated[Path | None, typer.Option(help="Append the markdown table to this file.")] = None,
+    llm: LlmOption = None,
+    base_url: BaseUrlOption = None,
+    model: ModelOption = None,
     as_json: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:
-    """Recall@10, MRR and nDCG@10 of BM25, dense and hybrid retrieval on a public benchmark."""
+    """Recall@10, MRR and nDCG@10 of BM25, dense and hybrid retrieval on a public benchmark (with [retrieval]
+    query_variants / hyde and a model, also "hybrid+rewrite")."""
     from ebmrag.eval.retrieval import evaluate_retrieval, load_queries, markdown_table, select_split
 
     with user_errors():
@@ -224,9 +229,16 @@ def eval_retrieval(
             stderr.print(report_table(report))
         queries = select_split(load_queries(dataset, data_dir, corpus or [], limit), split)
         r = settings.retrieval
+        rewriter = make_rewriter(settings, make_llm_client(settings, llm, model, base_url))
+
+        def rewrite(text: str) -> tuple[tuple[str, ...], str]:
+            done = rewriter.run(text) if rewriter else None
+            return (done.variants, done.hypothesis) if done else ((), "")
+
         with stderr.status(f"retrieving for {len(queries)} queries..."):
             result = evaluate_retrieval(knowledge_base, dataset, queries, r.fusion, (r.bm25_weight, r.dense_weight),
-                                        ablation, r.focus_weight, make_retriever(settings, knowledge_base).reranker)
+                                        ablation, r.focus_weight, make_retriever(settings, knowledge_base).reranker,
+                                        rewrite if rewriter else None)
     table = markdown_table(result)
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -216,17 +216,33 @@ class RetrievalReport:
                 "modes": {name: s.to_json() for name, s in self.modes.items()}}
 
 
+def rewritten(cache: RouteCache, kb: KnowledgeBase, fusion: str, weights: tuple[float, float],
+              rewrite: Callable[[str], tuple[Sequence[str], str]]) -> Scores:
+    """Hybrid with each question's model rewordings and hypothetical passage, as `search --expand --hyde` runs."""
+    retriever = HybridRetriever(kb, "hybrid", fusion, weights)
+    scores = []
+    for query in cache.queries:
+        variants, hypothesis = rewrite(query.text)
+        ranked = retriever.rank(query.text, CHUNK_DEPTH, variants=variants, hypothesis=hypothesis)
+        scores.append(score_ranking(cache.units(ranked), query.gains))
+    return mean(scores)
+
+
 def evaluate_retrieval(kb: KnowledgeBase, dataset: str, queries: Sequence[Query], fusion: str,
                        weights: tuple[float, float], ablation: bool = False,
-                       focus_weight: float = 0.0, reranker: Reranker | None = None) -> RetrievalReport:
+                       focus_weight: float = 0.0, reranker: Reranker | None = None,
+                       rewrite: Callable[[str], tuple[Sequence[str], str]] | None = None) -> RetrievalReport:
     """BM25, dense and hybrid (the configured fusion); with a reranker also "hybrid+rerank", the configured
-    pipeline as `search` runs it."""
+    pipeline as `search` runs it; with `rewrite` (query -> model rewordings, hypothetical passage) also
+    "hybrid+rewrite"."""
     cache = RouteCache(kb, queries, "doc" if dataset == "pubmedqa" else "section")
     hybrid = fuser(fusion, weights, focus_weight=focus_weight)
     modes = {"bm25": cache.evaluate(fuser(fusion, (1.0, 0.0))), "dense": cache.evaluate(fuser(fusion, (0.0, 1.0))),
              "hybrid": cache.evaluate(hybrid)}
     if reranker is not None:
         modes["hybrid+rerank"] = cache.evaluate(reranked(hybrid, HybridRetriever(kb), reranker))
+    if rewrite is not None:
+        modes["hybrid+rewrite"] = rewritten(cache, kb, fusion, weights, rewrite)
     variants = {f"{f} bm25={w[0]} dense={w[1]}" + (f" focus={fw}" if fw else ""):
                 cache.evaluate(fuser(f, w, focus_weight=fw)) for f, w, fw in ABLATION} if ablation else {}
     return RetrievalReport(dataset, len(queries), modes, variants)
