@@ -193,16 +193,18 @@ class RetrievalSettings:
 class LLMSettings:
     """The answering model. The key is better left out of the file: OPENAI_API_KEY is read when it is empty."""
 
-    backend: str = "extractive"  # or "openai": any OpenAI-compatible endpoint
+    backend: str = "extractive"  # or "openai": any OpenAI-compatible endpoint; "local": a GGUF file (llama.cpp)
     base_url: str = ""
     model: str = ""
     api_key: str = ""
     timeout: float = 60.0
     max_retries: int = 2
+    model_path: str = ""  # backend "local": the .gguf file
+    context_tokens: int = 4096  # backend "local": the model's context window
 
     def __post_init__(self) -> None:
-        if self.backend not in ("extractive", "openai"):
-            raise ValueError(f"backend must be 'extractive' or 'openai', got {self.backend!r}")
+        if self.backend not in ("extractive", "openai", "local"):
+            raise ValueError(f"backend must be 'extractive', 'openai' or 'local', got {self.backend!r}")
 
 
 @dataclass(frozen=True)

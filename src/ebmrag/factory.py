@@ -43,7 +43,7 @@ __all__ = [
 
 def build_engine(settings: Settings, *, kb: str | Path | None = None, llm: str | None = None,
                  base_url: str | None = None, model: str | None = None, window: int | None = None,
-                 retrieval: str | None = None) -> Engine:
+                 retrieval: str | None = None, model_path: str | None = None) -> Engine:
     """The answer engine the settings describe; flags override them. Without `kb`, the bundled demo KB."""
     return Engine(**engine_parts(settings, kb=kb, llm=llm, base_url=base_url, model=model, window=window,
-                                 retrieval=retrieval))
+                                 retrieval=retrieval, model_path=model_path))

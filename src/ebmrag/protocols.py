@@ -66,6 +66,15 @@ class ChatClient(Protocol):
     def complete(self, messages: list[ChatMessage], temperature: float = 0.0, max_tokens: int = 512) -> LLMReply: ...
 
 
+@runtime_checkable
+class SchemaChatClient(Protocol):
+    """A client that can hold its reply to a JSON schema while it decodes (a grammar): a small local model then
+    cannot break the format. `generate.completion.complete_json` uses it when the client offers it."""
+
+    def complete_schema(self, messages: list[ChatMessage], schema: dict[str, Any], temperature: float = 0.0,
+                        max_tokens: int = 512) -> LLMReply: ...
+
+
 @dataclass(frozen=True)
 class ToolCall:
     """One function call the model asked for; `arguments` is the raw JSON text, parsed (and judged) by the caller."""

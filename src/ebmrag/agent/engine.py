@@ -162,7 +162,9 @@ class Engine:
         with _timed(timings, "grounding"):
             checked = self.grounding.run(answer.claims, [i.body for i in items])
             unsupported = tuple(s for s in checked if not s.supported)
-        return AskResult(question, record.patient_id, language, "openai" if self.client else "extractive", decision,
+        backend = "extractive" if self.client is None else "local" if getattr(self.client, "in_process", False) \
+            else "openai"
+        return AskResult(question, record.patient_id, language, backend, decision,
                          answer.text, answer.citations, unsupported, budget, retrieval, assembled, numbering, pack,
                          items, context, answer.stages, answer.fault, timings,
                          tuple(instruction_sentences(items)), dict(answer.redacted), answer.claims)
@@ -255,6 +257,8 @@ class Engine:
                       redacted)
 
     def _redactor(self, record: PatientRecord) -> Redactor | None:
+        if getattr(self.client, "in_process", False) and self.settings.redact == "auto":
+            return None  # a local model in this process: nothing leaves the machine
         base_url = str(getattr(self.client, "base_url", ""))
         hosts = [h.strip() for h in self.settings.local_hosts.split(",") if h.strip()]
         if not should_redact(self.settings.redact, base_url, hosts):

@@ -18,6 +18,7 @@ from ebmrag.config import Settings
 from ebmrag.demo import ensure_demo_kb
 from ebmrag.evidence.embeddings import SentenceEmbedder, default_cache_dir
 from ebmrag.generate.llm import OpenAIChatClient
+from ebmrag.generate.local_llm import LlamaCppChatClient
 from ebmrag.generate.query_rewrite import QueryRewriter
 from ebmrag.index.kb import KnowledgeBase
 from ebmrag.index.rerank import CrossEncoderReranker
@@ -79,13 +80,28 @@ def make_llm_client(settings: Settings, llm: str | None = None, model: str | Non
     backend = llm or settings.llm.backend
     if backend == "extractive":
         return None
+    if backend == "local":
+        raise ValueError("this command needs an OpenAI-compatible endpoint (--llm openai); the local backend "
+                         "answers `ask` and `eval generation`")
     if backend != "openai":
-        raise ValueError(f"--llm must be 'openai' or 'extractive', got {backend!r}")
+        raise ValueError(f"--llm must be 'openai', 'local' or 'extractive', got {backend!r}")
     s = settings.llm
     url, name = base_url or s.base_url, model or s.model
     if not url or not name:
         raise ValueError("--llm openai needs --base-url and --model (or [llm] base_url and model)")
     return OpenAIChatClient(url, name, s.api_key or None, s.timeout, s.max_retries, cache_dir=cache_dir(settings))
+
+
+def make_chat_client(settings: Settings, llm: str | None = None, model: str | None = None,
+                     base_url: str | None = None, model_path: str | None = None) -> ChatClient | None:
+    """The answering model: an OpenAI-compatible endpoint, a local GGUF file (`--llm local --model-path`), or
+    None (the offline brief)."""
+    if (llm or settings.llm.backend) != "local":
+        return make_llm_client(settings, llm, model, base_url)
+    path = model_path or settings.llm.model_path
+    if not path:
+        raise ValueError("--llm local needs --model-path FILE.gguf (or [llm] model_path)")
+    return LlamaCppChatClient(path, settings.llm.context_tokens)
 
 
 def require_llm_client(settings: Settings, llm: str | None, model: str | None, base_url: str | None,
@@ -117,11 +133,11 @@ def build_gate(settings: Settings, packer: ContextPacker) -> RetrievalGate:
 
 def engine_parts(settings: Settings, *, kb: str | Path | None = None, llm: str | None = None,
                  base_url: str | None = None, model: str | None = None, window: int | None = None,
-                 retrieval: str | None = None) -> dict[str, Any]:
+                 retrieval: str | None = None, model_path: str | None = None) -> dict[str, Any]:
     """Keyword arguments of `Engine`: without `kb`, the bundled demo knowledge base (built on first use)."""
     answer = replace(settings.answer, window=window if window is not None else settings.answer.window,
                      retrieval=retrieval or settings.answer.retrieval)
-    client = make_llm_client(settings, llm, model, base_url)  # before the KB: a bad flag fails fast
+    client = make_chat_client(settings, llm, model, base_url, model_path)  # before the KB: a bad flag fails fast
     knowledge_base = None
     if answer.retrieval != "never":
         knowledge_base = open_kb(settings, Path(kb) if kb else ensure_demo_kb(cache_dir(settings)))

@@ -36,6 +36,7 @@ def ask(
     window: Annotated[int | None, typer.Option(help="Whole prompt budget in tokens (default [answer] window).")] = None,
     retrieval: Annotated[str | None, typer.Option(help="auto (the gate decides), always or never.")] = None,
     patient_id: Annotated[str | None, typer.Option("--patient-id", help="One patient of a multi-record file.")] = None,
+    model_path: Annotated[str | None, typer.Option("--model-path", help="--llm local: the GGUF model file.")] = None,
     as_json: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:
@@ -43,7 +44,7 @@ def ask(
     with user_errors():
         record = load_patient(patient, patient_id)
         engine = build_engine(load_settings(config), kb=kb, llm=llm, base_url=base_url, model=model, window=window,
-                              retrieval=retrieval)
+                              retrieval=retrieval, model_path=model_path)
         with stderr.status("loading the bundled embedding model..."):
             engine.warm_up()
         waiting = "retrieving, packing and asking the model (stages run in order)..." if engine.client \

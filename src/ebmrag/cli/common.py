@@ -25,7 +25,8 @@ stderr = Console(stderr=True)  # progress, reports, errors
 
 ConfigOption = Annotated[Path | None, typer.Option("--config", help="TOML configuration file.")]
 KbOption = Annotated[Path, typer.Option("--kb", help="Knowledge-base directory.")]
-LlmOption = Annotated[str | None, typer.Option("--llm", help="'openai' to also score answers with a model.")]
+LlmOption = Annotated[str | None, typer.Option("--llm", help="'openai' (an OpenAI-compatible endpoint), 'local' "
+                                                             "(ask: a GGUF file, --model-path) or 'extractive'.")]
 ModelOption = Annotated[str | None, typer.Option("--model", help="Model name at the endpoint.")]
 BaseUrlOption = Annotated[str | None, typer.Option("--base-url", help="OpenAI-compatible endpoint, e.g. .../v1")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON (and nothing else) on stdout.")]

@@ -11,12 +11,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 from ebmrag.errors import LLMError
-from ebmrag.protocols import ChatClient, ChatMessage
+from ebmrag.protocols import ChatClient, ChatMessage, SchemaChatClient
 
 T = TypeVar("T", bound=BaseModel)
 Status = Literal["ok", "invalid", "failed"]
@@ -55,9 +55,10 @@ def parse_json(text: str, schema: type[T]) -> T:
 def complete_json(client: ChatClient, messages: Sequence[ChatMessage], schema: type[T], *,
                   temperature: float = 0.0, max_tokens: int = 512, check: Callable[[T], None] | None = None,
                   retry_hint: str = "Reply again with only the JSON object.",
-                  deadline: float | None = None) -> Completion[T]:
+                  deadline: float | None = None, json_schema: dict[str, Any] | None = None) -> Completion[T]:
     """Ask for `schema`; `check` adds rules pydantic cannot express (raise ValueError). One retry at most.
-    `deadline` (time.monotonic()) is shared by every model call of one answer: past it, no call starts."""
+    `deadline` (time.monotonic()) is shared by every model call of one answer: past it, no call starts.
+    A client that decodes under a JSON schema (`SchemaChatClient`) gets `json_schema`, or `schema`'s own."""
     started, history = time.perf_counter(), list(messages)
     prompt_tokens = completion_tokens = 0
     error, text, cached = "", "", False
@@ -67,7 +68,11 @@ def complete_json(client: ChatClient, messages: Sequence[ChatMessage], schema: t
             return Completion(None, "failed", attempt - 1, error, text, time.perf_counter() - started,
                               prompt_tokens, completion_tokens, cached)
         try:
-            reply = client.complete(history, temperature, max_tokens)
+            if isinstance(client, SchemaChatClient):
+                reply = client.complete_schema(history, json_schema or schema.model_json_schema(), temperature,
+                                               max_tokens)
+            else:
+                reply = client.complete(history, temperature, max_tokens)
         except LLMError as exc:
             error = f"attempt {attempt}: {exc}"
             return Completion(None, "failed", attempt, error, text, time.perf_counter() - started, prompt_tokens,

@@ -65,6 +65,37 @@ STAGE_SCHEMAS: dict[str, type[BaseModel]] = {"evidence_evaluator": EvidenceEvalu
                                              "final_assembler": AnswerText}
 
 
+def stage_schema(name: str, numbers: Collection[int], max_chars: int = 600, max_items: int = 6) -> dict[str, Any]:
+    """The stage's JSON schema as a decoder can enforce it (`SchemaChatClient`): citation lists hold only the
+    context's numbers, strings end within `max_chars` and lists within `max_items`, so a small model neither cites
+    what is not there nor runs on until the token limit cuts the JSON."""
+    schema: dict[str, Any] = json.loads(json.dumps(STAGE_SCHEMAS[name].model_json_schema()))
+    allowed = sorted(numbers) or [0]
+
+    def tighten(node: Any, field: str = "") -> None:
+        if isinstance(node, list):
+            for child in node:
+                tighten(child)
+            return
+        if not isinstance(node, dict):
+            return
+        if node.get("type") == "string" and "enum" not in node:
+            node["maxLength"] = max_chars
+        if node.get("type") == "array":
+            node["maxItems"] = max_items
+            if field == "citations":
+                node["items"] = {"type": "integer", "enum": allowed}
+        for key, child in node.items():
+            if key == "properties":
+                for name_of_field, sub in child.items():
+                    tighten(sub, name_of_field)
+            else:
+                tighten(child)
+
+    tighten(schema)
+    return schema
+
+
 @dataclass(frozen=True)
 class StageTrace:
     name: str
@@ -155,7 +186,7 @@ class StagedAnswerer:
                              temperature=stage.temperature, max_tokens=stage.max_tokens,
                              check=lambda value: check_citations(value, numbers),
                              retry_hint="Reply again with only the JSON object, citing only numbers of the context.",
-                             deadline=self._deadline)
+                             deadline=self._deadline, json_schema=stage_schema(name, numbers))
         output = done.value.model_dump() if done.value is not None else None
         traces.append(StageTrace(name, done.status, done.attempts, done.seconds, output, done.error,
                                  done.prompt_tokens, done.completion_tokens, done.cached))
