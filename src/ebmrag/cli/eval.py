@@ -36,6 +36,7 @@ from ebmrag.evidence.tokens import make_token_counter
 from ebmrag.factory import (
     build_packer,
     cache_dir,
+    make_chat_client,
     make_llm_client,
     make_retriever,
     make_rewriter,
@@ -211,6 +212,7 @@ def eval_retrieval(
     llm: LlmOption = None,
     base_url: BaseUrlOption = None,
     model: ModelOption = None,
+    model_path: Annotated[str | None, typer.Option("--model-path", help="--llm local: the GGUF model file.")] = None,
     as_json: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:
@@ -229,7 +231,7 @@ def eval_retrieval(
             stderr.print(report_table(report))
         queries = select_split(load_queries(dataset, data_dir, corpus or [], limit), split)
         r = settings.retrieval
-        rewriter = make_rewriter(settings, make_llm_client(settings, llm, model, base_url))
+        rewriter = make_rewriter(settings, make_chat_client(settings, llm, model, base_url, model_path))
 
         def rewrite(text: str) -> tuple[tuple[str, ...], str]:
             done = rewriter.run(text) if rewriter else None
@@ -255,6 +257,7 @@ def eval_generation(
     llm: LlmOption = None,
     base_url: BaseUrlOption = None,
     model: ModelOption = None,
+    model_path: Annotated[str | None, typer.Option("--model-path", help="--llm local: the GGUF model file.")] = None,
     judge: Annotated[bool, typer.Option(help="Judge with the configured model (off: offline approximations "
                                              "only, even when a model answers).")] = True,
     out: Annotated[Path | None, typer.Option(help="Write the markdown table here.")] = None,
@@ -268,7 +271,8 @@ def eval_generation(
 
     with user_errors():
         items = load_questions(questions)
-        engine = build_engine(load_settings(config), kb=kb, llm=llm, base_url=base_url, model=model)
+        engine = build_engine(load_settings(config), kb=kb, llm=llm, base_url=base_url, model=model,
+                              model_path=model_path)
         scorer = GenerationJudge(engine, engine.client if judge else None)
         with progress_bar() as bar:
             task = bar.add_task("asking and judging", total=len(items))
