@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ from typer.testing import CliRunner
 
 from ebmrag.agent.engine import Engine
 from ebmrag.cli import app
+from ebmrag.config import AnswerSettings
 from ebmrag.demo import load_patient
 from ebmrag.generate.llm import OpenAIChatClient
 from ebmrag.generate.query_rewrite import QueryExpander, QueryRewriter
@@ -66,6 +68,13 @@ def test_ask_votes_with_the_rewordings_and_records_a_failure(context_packer: Any
     queries = result.retrieval.queries
     assert queries[:3] == ("Which antibiotic now?", "penicillin anaphylaxis which antibiotic",
                            "Patients with penicillin anaphylaxis can receive aztreonam.")
+    fake = FakeOpenAI(default=rewriter_reply)  # redacting (as for a remote endpoint): identifiers never reach it
+    with serve(fake) as url:
+        engine = Engine(context_packer, demo_voter, answer=AnswerSettings(redact="always"),
+                        rewriter=QueryRewriter(client(url), 1))
+        engine.ask("Which antibiotic now for MRN12345678, phone 555-123-4567?", record, 900)
+    sent = json.dumps(fake.requests)
+    assert "MRN12345678" not in sent and "555-123-4567" not in sent and re.search(r"\[[A-Z_]+-1\]", sent)
     with serve(FakeOpenAI(default=("text", "sorry"))) as url:
         engine = Engine(context_packer, demo_voter, rewriter=QueryRewriter(client(url), 1))
         failed = engine.ask("Which antibiotic now?", record, 900)

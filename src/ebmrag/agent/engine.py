@@ -41,7 +41,7 @@ from ebmrag.generate.grounding import GroundingChecker
 from ebmrag.generate.injection import fence_for_model, instruction_sentences
 from ebmrag.generate.llm import OpenAIChatClient
 from ebmrag.generate.prompts import PromptStage, load_prompts, with_warning
-from ebmrag.generate.query_rewrite import QueryRewriter
+from ebmrag.generate.query_rewrite import QueryRewriter, Rewrite
 from ebmrag.generate.redact import Redactor, redactor_for, should_redact
 from ebmrag.generate.staged import StagedAnswerer, StageTrace, cited_numbers
 from ebmrag.index.types import SearchHit
@@ -175,7 +175,7 @@ class Engine:
         if self.settings.retrieval == "auto" and decision.action is Action.ANSWER:
             return RetrievalTrace(False, f"the gate answers directly ({decision.reason})")
         queries = self._queries(question, decision)
-        rewrite = self.rewriter.run(question) if self.rewriter else None
+        rewrite = self._rewrite(question, record) if self.rewriter else None
         voting = queries if rewrite is None else tuple(dict.fromkeys(
             [question, *rewrite.variants, *([rewrite.hypothesis] if rewrite.hypothesis else []), *queries[1:]]))
         if self.shares_embedder:  # one model call for the vote's queries and the packer's fragments
@@ -191,6 +191,17 @@ class Engine:
         if rewrite is not None and rewrite.fault:
             reason += f"; {rewrite.fault} (the question searched as written)"
         return RetrievalTrace(True, reason, voting, tuple(documents), verdicts)
+
+    def _rewrite(self, question: str, record: PatientRecord) -> Rewrite:
+        """Query expansion / HyDE on the question as the model may see it (identifiers redacted like the answer's
+        prompt); the rewordings come back restored, since they only search the local knowledge base."""
+        assert self.rewriter is not None
+        redactor = self._redactor(record)
+        if redactor is None:
+            return self.rewriter.run(question)
+        done = self.rewriter.run(redactor.apply(question))
+        return Rewrite(tuple(redactor.restore(v) for v in done.variants), redactor.restore(done.hypothesis),
+                       done.fault)
 
     def _queries(self, question: str, decision: GateDecision) -> tuple[str, ...]:
         """The question, then A sentences, then B sentences, at most `max_queries` in all."""
