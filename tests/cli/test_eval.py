@@ -19,8 +19,8 @@ ABSTRACTS = {
 }
 
 
-def test_eval_retrieval_json_is_alone_on_stdout(tmp_path: Path) -> None:
-    """Building the KB prints an ingest report; with --json it goes to stderr and stdout stays pure JSON."""
+def mini_pubmedqa(tmp_path: Path, extra_config: str = "") -> tuple[Path, Path, Path]:
+    """Three PubMedQA-shaped questions, their abstracts as a corpus file, and a config with a private cache."""
     data = tmp_path / "data"
     data.mkdir()
     (data / "ori_pqal_mini.json").write_text(json.dumps({k: {"QUESTION": q} for k, (q, _) in ABSTRACTS.items()}))
@@ -28,7 +28,13 @@ def test_eval_retrieval_json_is_alone_on_stdout(tmp_path: Path) -> None:
     corpus.write_text("".join(json.dumps({"pmid": k, "contexts": [text], "labels": ["RESULTS"]}) + "\n"
                               for k, (_, text) in ABSTRACTS.items()))
     config = tmp_path / "ebmrag.toml"
-    config.write_text(f'[models]\ncache_dir = "{tmp_path / "cache"}"\n')
+    config.write_text(f'[models]\ncache_dir = "{tmp_path / "cache"}"\n{extra_config}')
+    return data, corpus, config
+
+
+def test_eval_retrieval_json_is_alone_on_stdout(tmp_path: Path) -> None:
+    """Building the KB prints an ingest report; with --json it goes to stderr and stdout stays pure JSON."""
+    data, corpus, config = mini_pubmedqa(tmp_path)
     result = CliRunner().invoke(app, ["eval", "retrieval", "--dataset", "pubmedqa", "--data-dir", str(data),
                                       "--kb", str(tmp_path / "kb"), "--corpus", str(corpus), "--json",
                                       "--config", str(config)])
@@ -42,14 +48,7 @@ def test_eval_retrieval_scores_the_model_rewrite_when_configured(tmp_path: Path)
     """`[retrieval] query_variants` with a model adds "hybrid+rewrite" (the fake server rewords every question)."""
     from tests.fake_openai import FakeOpenAI, serve
 
-    data = tmp_path / "data"
-    data.mkdir()
-    (data / "ori_pqal_mini.json").write_text(json.dumps({k: {"QUESTION": q} for k, (q, _) in ABSTRACTS.items()}))
-    corpus = tmp_path / "abstracts.jsonl"
-    corpus.write_text("".join(json.dumps({"pmid": k, "contexts": [text], "labels": ["RESULTS"]}) + "\n"
-                              for k, (_, text) in ABSTRACTS.items()))
-    config = tmp_path / "ebmrag.toml"
-    config.write_text(f'[models]\ncache_dir = "{tmp_path / "cache"}"\n[retrieval]\nquery_variants = 1\n')
+    data, corpus, config = mini_pubmedqa(tmp_path, "[retrieval]\nquery_variants = 1\n")
     with serve(FakeOpenAI(default=("text", '{"queries": ["a reworded question"]}'))) as url:
         result = CliRunner().invoke(app, ["eval", "retrieval", "--dataset", "pubmedqa", "--data-dir", str(data),
                                           "--kb", str(tmp_path / "kb"), "--corpus", str(corpus), "--json",
