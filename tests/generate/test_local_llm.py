@@ -18,7 +18,7 @@ from ebmrag.config import AnswerSettings
 from ebmrag.demo import load_patient
 from ebmrag.errors import ModelUnavailableError
 from ebmrag.generate.local_llm import LlamaCppChatClient
-from ebmrag.generate.staged import STAGE_ORDER, stage_schema
+from ebmrag.generate.staged import STAGE_ORDER, STAGE_SCHEMAS, check_citations, stage_schema
 from ebmrag.protocols import ChatMessage, SchemaChatClient
 
 pytest.importorskip("llama_cpp", reason="the [local] extra is not installed")
@@ -36,6 +36,18 @@ def local() -> LlamaCppChatClient:
     client = LlamaCppChatClient(tiny_model(), context_tokens=4096)
     client.warm_up()
     return client
+
+
+def test_every_stage_schema_decodes_to_a_valid_reply(local: LlamaCppChatClient) -> None:
+    """Each of the four stages' shapes, as the grammar holds the model to it, validates against the stage's model
+    (the final assembler only runs in `ask` when the reviewer asks for a revision, so it is checked here too)."""
+    context = "Context: [3] Creatinine 2.8 mg/dL. [7] Penicillin anaphylaxis in 2014."
+    for name in STAGE_ORDER:
+        reply = local.complete_schema([ChatMessage("user", f"{context}\nTask: {name.replace('_', ' ')} for the "
+                                                           "question: which antibiotic is safe? Reply in JSON.")],
+                                      stage_schema(name, [3, 7]), max_tokens=400)
+        value = STAGE_SCHEMAS[name].model_validate_json(reply.text)
+        check_citations(value, [3, 7])
 
 
 def test_schema_decoding_holds_a_tiny_model_to_the_shape(local: LlamaCppChatClient) -> None:

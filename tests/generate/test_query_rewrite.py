@@ -85,3 +85,5 @@ def test_search_command_needs_a_model_for_expansion(demo_voter: Any) -> None:
     kb = str(demo_voter.retriever.kb.root)
     result = CliRunner().invoke(app, ["search", "penicillin", "--kb", kb, "--expand", "2"])
     assert result.exit_code == 2 and "need a model" in result.output
+    asked = CliRunner().invoke(app, ["ask", "Which antibiotic?", "--patient", "demo-colon", "--kb", kb, "--hyde"])
+    assert asked.exit_code == 2 and "need a model" in asked.output

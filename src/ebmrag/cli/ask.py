@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -37,13 +38,23 @@ def ask(
     retrieval: Annotated[str | None, typer.Option(help="auto (the gate decides), always or never.")] = None,
     patient_id: Annotated[str | None, typer.Option("--patient-id", help="One patient of a multi-record file.")] = None,
     model_path: Annotated[str | None, typer.Option("--model-path", help="--llm local: the GGUF model file.")] = None,
+    expand: Annotated[int | None, typer.Option(help="Query expansion: the model rewords the question N times and "
+                                                    "the rewordings vote too (default [retrieval] "
+                                                    "query_variants).")] = None,
+    hyde: Annotated[bool | None, typer.Option(help="HyDE: a model-written answer passage votes too (default "
+                                                   "[retrieval] hyde).")] = None,
     as_json: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:
     """Answer a question about one patient from the record and the knowledge base, citing every claim."""
     with user_errors():
         record = load_patient(patient, patient_id)
-        engine = build_engine(load_settings(config), kb=kb, llm=llm, base_url=base_url, model=model, window=window,
+        settings = load_settings(config)
+        if expand is not None or hyde is not None:
+            r = settings.retrieval
+            settings = replace(settings, retrieval=replace(r, query_variants=r.query_variants if expand is None
+                                                           else expand, hyde=r.hyde if hyde is None else hyde))
+        engine = build_engine(settings, kb=kb, llm=llm, base_url=base_url, model=model, window=window,
                               retrieval=retrieval, model_path=model_path)
         with stderr.status("loading the bundled embedding model..."):
             engine.warm_up()
