@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -54,10 +55,10 @@ def seeded_store(path: Path) -> tuple[SQLiteStore, str]:
     return store, create_key(store, "t1", "clinician", ("p1",))[0]
 
 
-@pytest.fixture
-def mcp_url(tmp_path: Path, context_packer: Any, demo_voter: Any) -> Iterator[tuple[str, SQLiteStore, str]]:
+@contextmanager
+def running_mcp(tmp_path: Path, engine: Engine, settings: Settings) -> Iterator[tuple[str, SQLiteStore, str]]:
     store, key = seeded_store(tmp_path / "store.sqlite")
-    service = Service(store, Settings(), Engine(context_packer, demo_voter))
+    service = Service(store, settings, engine)
     server = uvicorn.Server(uvicorn.Config(http_app(service), host="127.0.0.1", port=free_port(),
                                            log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -71,6 +72,20 @@ def mcp_url(tmp_path: Path, context_packer: Any, demo_voter: Any) -> Iterator[tu
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+@pytest.fixture
+def mcp_url(tmp_path: Path, context_packer: Any, demo_voter: Any) -> Iterator[tuple[str, SQLiteStore, str]]:
+    with running_mcp(tmp_path, Engine(context_packer, demo_voter), Settings()) as running:
+        yield running
+
+
+def test_calls_beyond_the_keys_rate_are_refused(tmp_path: Path, context_packer: Any, demo_voter: Any) -> None:
+    settings = Settings()
+    settings = replace(settings, serve=replace(settings.serve, rate_per_second=0.01, rate_burst=2))
+    with running_mcp(tmp_path, Engine(context_packer, demo_voter), settings) as (url, _, key):
+        _, results = asyncio.run(http_calls(url, key, [("patient_fragments", {"patient_id": "p1"})] * 3))
+    assert [r.is_error for r in results] == [False, False, True] and "429" in text(results[2])
 
 
 async def http_calls(url: str, key: str, calls: list[tuple[str, dict[str, Any]]]) -> tuple[set[str], list[Any]]:

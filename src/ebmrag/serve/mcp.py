@@ -112,10 +112,16 @@ def build_mcp_server(service: Service, stdio_key: str | None = None) -> MCPServe
     tools, server = McpTools(service), MCPServer("ebmrag", instructions=INSTRUCTIONS, version=__version__)
 
     def caller(ctx: Context) -> tuple[ApiKey, str]:
+        """The calling key, authenticated and held to the service's per-key rate limit ([serve] rate_*)."""
         headers = ctx.headers
         header = headers.get("authorization") if headers is not None else (f"Bearer {stdio_key}" if stdio_key
                                                                            else None)
-        return authenticate(service.store, header), f"mcp-{ctx.request_id}"
+        key = authenticate(service.store, header)
+        wait = service.limiter.take(key.key_id)
+        if wait > 0:
+            raise AccessError(429, f"more than {service.settings.serve.rate_per_second:g} calls per second for "
+                                   f"this key; retry in {max(1, round(wait))} s")
+        return key, f"mcp-{ctx.request_id}"
 
     def guarded(work: Callable[[], Any]) -> str:
         try:
