@@ -17,6 +17,7 @@ from ebmrag.cli import app
 from ebmrag.config import AnswerSettings
 from ebmrag.demo import load_patient
 from ebmrag.errors import ModelUnavailableError
+from ebmrag.eval.generation import GenerationJudge
 from ebmrag.generate.local_llm import LlamaCppChatClient
 from ebmrag.generate.staged import STAGE_ORDER, STAGE_SCHEMAS, check_citations, stage_schema
 from ebmrag.protocols import ChatMessage, SchemaChatClient
@@ -74,6 +75,8 @@ def test_ask_runs_every_stage_with_schema_valid_replies(local: LlamaCppChatClien
     assert stages["final_assembler"].status in ("ok", "skipped")
     assert result.answer.strip() and result.backend == "local"
     assert result.redacted == {}  # nothing leaves the machine: no redaction under "auto"
+    judged = GenerationJudge(engine, local).run(result)  # a verdict per context line, exactly as many as lines
+    assert judged["context_relevancy"].method == "model" and judged["faithfulness"].method == "model"
 
 
 def test_the_relevance_filter_gets_a_verdict_per_document(local: LlamaCppChatClient, context_packer: Any,

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -258,6 +259,8 @@ def eval_generation(
     base_url: BaseUrlOption = None,
     model: ModelOption = None,
     model_path: Annotated[str | None, typer.Option("--model-path", help="--llm local: the GGUF model file.")] = None,
+    window: Annotated[int | None, typer.Option(help="Use this window for every question (a model needs more room "
+                                                    "than the offline brief).")] = None,
     judge: Annotated[bool, typer.Option(help="Judge with the configured model (off: offline approximations "
                                              "only, even when a model answers).")] = True,
     out: Annotated[Path | None, typer.Option(help="Write the markdown table here.")] = None,
@@ -271,6 +274,8 @@ def eval_generation(
 
     with user_errors():
         items = load_questions(questions)
+        if window is not None:
+            items = [replace(q, window=window) for q in items]
         engine = build_engine(load_settings(config), kb=kb, llm=llm, base_url=base_url, model=model,
                               model_path=model_path)
         scorer = GenerationJudge(engine, engine.client if judge else None)

@@ -115,7 +115,7 @@ class GenerationJudge:
         prompt = (f"Question: {question}\n\nContext lines:\n{_numbered(context)}\n\n{what.capitalize()}:\n"
                   f"{_numbered(items)}\n\n{ask} Reply {{\"supported\": [true|false, ...]}} with {len(items)} values.")
         return self._judged(prompt, Verdicts, lambda v: sum(v.supported) / len(items), offline,
-                            lambda v: _count(v.supported, len(items)))
+                            lambda v: _count(v.supported, len(items)), _verdicts_schema(len(items)))
 
     def _rating(self, question: str, answer: str) -> Score:
         if not answer.strip():
@@ -140,14 +140,14 @@ class GenerationJudge:
         prompt = (f"Question: {question}\n\nContext lines:\n{_numbered(lines)}\n\nDoes each line bear on the question? "
                   f"Reply {{\"supported\": [true|false, ...]}} with {len(lines)} values.")
         return self._judged(prompt, Verdicts, lambda v: sum(v.supported) / len(lines), offline,
-                            lambda v: _count(v.supported, len(lines)))
+                            lambda v: _count(v.supported, len(lines)), _verdicts_schema(len(lines)))
 
     def _judged(self, prompt: str, schema: type[Any], value: Callable[[Any], float], offline: Callable[[], float],
-                check: Callable[[Any], None] | None = None) -> Score:
+                check: Callable[[Any], None] | None = None, json_schema: dict[str, Any] | None = None) -> Score:
         if self.client is None:
             return Score(offline(), "offline")
         reply = complete_json(self.client, [ChatMessage("system", JUDGE_SYSTEM), ChatMessage("user", prompt)],
-                              schema, max_tokens=400, check=check)
+                              schema, max_tokens=400, check=check, json_schema=json_schema)
         if reply.value is None:
             return Score(offline(), f"offline (model failed: {reply.error})")
         return Score(value(reply.value), "model")
@@ -155,6 +155,13 @@ class GenerationJudge:
 
 def _numbered(items: Sequence[str]) -> str:
     return "\n".join(f"{n}. {text}" for n, text in enumerate(items, 1))
+
+
+def _verdicts_schema(count: int) -> dict[str, Any]:
+    """`Verdicts` with exactly `count` values, for a client that decodes under the schema (a local model)."""
+    schema: dict[str, Any] = Verdicts.model_json_schema()
+    schema["properties"]["supported"].update(minItems=count, maxItems=count)
+    return schema
 
 
 def _count(values: Sequence[bool], expected: int) -> None:
