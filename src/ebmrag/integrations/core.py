@@ -10,6 +10,7 @@ Every passage and fragment comes back placed or dropped with its reason.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,11 +93,14 @@ class EvidencePacker:
         self.settings = settings or load_settings(None)
         self._packer = packer
         self.strategy = strategy
+        self._lock = threading.Lock()  # the packer's caches are not thread-safe; frameworks call from threads
+        self._building = threading.Lock()
 
     @property
     def packer(self) -> ContextPacker:
-        if self._packer is None:
-            self._packer = build_packer(self.settings, self.strategy)
+        with self._building:
+            if self._packer is None:
+                self._packer = build_packer(self.settings, self.strategy)
         return self._packer
 
     def warm_up(self) -> None:
@@ -114,7 +118,8 @@ class EvidencePacker:
         evidence = [Fragment(evidence_key(p.id), base.patient_id, p.text, None, None, None,
                              TierDecision(evidence_tier(p.authority), f"authority:{p.authority or 'none'}",
                                           standing=True)) for p in passages if p.text.strip()]
-        result = self.packer.run(base, question, self.budget, evidence=evidence)
+        with self._lock:
+            result = self.packer.run(base, question, self.budget, evidence=evidence)
         return _selection(result, base, passages, self.budget)
 
     def to_dict(self) -> dict[str, Any]:
