@@ -88,6 +88,11 @@ class Engine:
         return cls(**engine_parts(config if isinstance(config, Settings) else load_settings(config), **overrides))
 
     @property
+    def _local_model(self) -> bool:
+        """The answering model runs in this process (`generate.local_llm`): nothing it reads leaves the machine."""
+        return bool(getattr(self.client, "in_process", False))
+
+    @property
     def shares_embedder(self) -> bool:
         """One model instance for the packer, the gate, grounding and the knowledge base."""
         return self.voter is not None and self.voter.embedder is self.packer.embedder
@@ -162,8 +167,7 @@ class Engine:
         with _timed(timings, "grounding"):
             checked = self.grounding.run(answer.claims, [i.body for i in items])
             unsupported = tuple(s for s in checked if not s.supported)
-        backend = "extractive" if self.client is None else "local" if getattr(self.client, "in_process", False) \
-            else "openai"
+        backend = "extractive" if self.client is None else "local" if self._local_model else "openai"
         return AskResult(question, record.patient_id, language, backend, decision,
                          answer.text, answer.citations, unsupported, budget, retrieval, assembled, numbering, pack,
                          items, context, answer.stages, answer.fault, timings,
@@ -268,7 +272,7 @@ class Engine:
                       redacted)
 
     def _redactor(self, record: PatientRecord) -> Redactor | None:
-        if getattr(self.client, "in_process", False) and self.settings.redact == "auto":
+        if self._local_model and self.settings.redact == "auto":
             return None  # a local model in this process: nothing leaves the machine
         base_url = str(getattr(self.client, "base_url", ""))
         hosts = [h.strip() for h in self.settings.local_hosts.split(",") if h.strip()]

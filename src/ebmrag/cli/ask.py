@@ -18,6 +18,7 @@ from ebmrag.cli.common import (
     JsonOption,
     LlmOption,
     ModelOption,
+    ModelPathOption,
     console,
     stderr,
     user_errors,
@@ -37,7 +38,7 @@ def ask(
     window: Annotated[int | None, typer.Option(help="Whole prompt budget in tokens (default [answer] window).")] = None,
     retrieval: Annotated[str | None, typer.Option(help="auto (the gate decides), always or never.")] = None,
     patient_id: Annotated[str | None, typer.Option("--patient-id", help="One patient of a multi-record file.")] = None,
-    model_path: Annotated[str | None, typer.Option("--model-path", help="--llm local: the GGUF model file.")] = None,
+    model_path: ModelPathOption = None,
     expand: Annotated[int | None, typer.Option(help="Query expansion: the model rewords the question N times and "
                                                     "the rewordings vote too (default [retrieval] "
                                                     "query_variants).")] = None,

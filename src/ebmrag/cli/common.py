@@ -28,6 +28,7 @@ KbOption = Annotated[Path, typer.Option("--kb", help="Knowledge-base directory."
 LlmOption = Annotated[str | None, typer.Option("--llm", help="'openai' (an OpenAI-compatible endpoint), 'local' "
                                                              "(ask: a GGUF file, --model-path) or 'extractive'.")]
 ModelOption = Annotated[str | None, typer.Option("--model", help="Model name at the endpoint.")]
+ModelPathOption = Annotated[str | None, typer.Option("--model-path", help="--llm local: the GGUF model file.")]
 BaseUrlOption = Annotated[str | None, typer.Option("--base-url", help="OpenAI-compatible endpoint, e.g. .../v1")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON (and nothing else) on stdout.")]
 

@@ -18,6 +18,7 @@ from ebmrag.cli.common import (
     KbOption,
     LlmOption,
     ModelOption,
+    ModelPathOption,
     progress_bar,
     progress_callback,
     stderr,
@@ -213,7 +214,7 @@ def eval_retrieval(
     llm: LlmOption = None,
     base_url: BaseUrlOption = None,
     model: ModelOption = None,
-    model_path: Annotated[str | None, typer.Option("--model-path", help="--llm local: the GGUF model file.")] = None,
+    model_path: ModelPathOption = None,
     as_json: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:
@@ -233,15 +234,10 @@ def eval_retrieval(
         queries = select_split(load_queries(dataset, data_dir, corpus or [], limit), split)
         r = settings.retrieval
         rewriter = make_rewriter(settings, make_chat_client(settings, llm, model, base_url, model_path))
-
-        def rewrite(text: str) -> tuple[tuple[str, ...], str]:
-            done = rewriter.run(text) if rewriter else None
-            return (done.variants, done.hypothesis) if done else ((), "")
-
         with stderr.status(f"retrieving for {len(queries)} queries..."):
             result = evaluate_retrieval(knowledge_base, dataset, queries, r.fusion, (r.bm25_weight, r.dense_weight),
                                         ablation, r.focus_weight, make_retriever(settings, knowledge_base).reranker,
-                                        rewrite if rewriter else None)
+                                        rewriter.run if rewriter else None)
     table = markdown_table(result)
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -258,7 +254,7 @@ def eval_generation(
     llm: LlmOption = None,
     base_url: BaseUrlOption = None,
     model: ModelOption = None,
-    model_path: Annotated[str | None, typer.Option("--model-path", help="--llm local: the GGUF model file.")] = None,
+    model_path: ModelPathOption = None,
     window: Annotated[int | None, typer.Option(help="Use this window for every question (a model needs more room "
                                                     "than the offline brief).")] = None,
     judge: Annotated[bool, typer.Option(help="Judge with the configured model (off: offline approximations "

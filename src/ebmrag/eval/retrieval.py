@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ebmrag.errors import EbmragError
+from ebmrag.generate.query_rewrite import Rewrite
 from ebmrag.index import store
 from ebmrag.index.fusion import Ranked, fuse, top, with_focus
 from ebmrag.index.kb import KnowledgeBase
@@ -217,13 +218,13 @@ class RetrievalReport:
 
 
 def rewritten(cache: RouteCache, kb: KnowledgeBase, fusion: str, weights: tuple[float, float],
-              rewrite: Callable[[str], tuple[Sequence[str], str]]) -> Scores:
+              rewrite: Callable[[str], Rewrite]) -> Scores:
     """Hybrid with each question's model rewordings and hypothetical passage, as `search --expand --hyde` runs."""
     retriever = HybridRetriever(kb, "hybrid", fusion, weights)
     scores = []
     for query in cache.queries:
-        variants, hypothesis = rewrite(query.text)
-        ranked = retriever.rank(query.text, CHUNK_DEPTH, variants=variants, hypothesis=hypothesis)
+        done = rewrite(query.text)
+        ranked = retriever.rank(query.text, CHUNK_DEPTH, variants=done.variants, hypothesis=done.hypothesis)
         scores.append(score_ranking(cache.units(ranked), query.gains))
     return mean(scores)
 
@@ -231,7 +232,7 @@ def rewritten(cache: RouteCache, kb: KnowledgeBase, fusion: str, weights: tuple[
 def evaluate_retrieval(kb: KnowledgeBase, dataset: str, queries: Sequence[Query], fusion: str,
                        weights: tuple[float, float], ablation: bool = False,
                        focus_weight: float = 0.0, reranker: Reranker | None = None,
-                       rewrite: Callable[[str], tuple[Sequence[str], str]] | None = None) -> RetrievalReport:
+                       rewrite: Callable[[str], Rewrite] | None = None) -> RetrievalReport:
     """BM25, dense and hybrid (the configured fusion); with a reranker also "hybrid+rerank", the configured
     pipeline as `search` runs it; with `rewrite` (query -> model rewordings, hypothetical passage) also
     "hybrid+rewrite"."""

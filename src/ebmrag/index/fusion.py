@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 
 from ebmrag.index.lexical import Rows, Scores
 
@@ -29,16 +30,22 @@ def rrf(routes: Sequence[Ranked], weights: Sequence[float], k: int = 60) -> dict
     return fused
 
 
+def min_max(values: Sequence[float] | npt.NDArray[np.floating]) -> npt.NDArray[np.float64]:
+    """Scores scaled to [0, 1] (all ones when they are all equal, none when there are none)."""
+    scores = np.asarray(values, dtype=np.float64)
+    if len(scores) == 0:
+        return scores
+    low, span = float(scores.min()), float(scores.max() - scores.min())
+    return (scores - low) / span if span > 0 else np.ones_like(scores)
+
+
 def score_fusion(routes: Sequence[Ranked], weights: Sequence[float]) -> dict[int, float]:
     """Convex combination of min-max normalised route scores; a row missing from a route scores 0 there."""
     fused: dict[int, float] = {}
     for route, weight in zip(routes, weights, strict=True):
         if len(route.rows) == 0:
             continue
-        scores = route.scores.astype(np.float64)
-        low, span = float(scores.min()), float(scores.max() - scores.min())
-        normalised = (scores - low) / span if span > 0 else np.ones_like(scores)
-        for row, value in zip(route.rows.tolist(), normalised.tolist(), strict=True):
+        for row, value in zip(route.rows.tolist(), min_max(route.scores).tolist(), strict=True):
             fused[row] = fused.get(row, 0.0) + weight * value
     return fused
 

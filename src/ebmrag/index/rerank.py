@@ -23,6 +23,7 @@ from ebmrag.errors import ModelUnavailableError
 from ebmrag.evidence.adapters import delta_digest, load_delta
 from ebmrag.evidence.embeddings import native_bf16
 from ebmrag.evidence.tokens import bundled_model_dir
+from ebmrag.index.fusion import min_max
 from ebmrag.index.types import Reranker, SearchHit
 
 
@@ -30,12 +31,6 @@ def shown_text(hit: SearchHit) -> str:
     """What the cross-encoder reads: the chunk headed by its document title and section, as the index embeds it."""
     head = " — ".join(part for part in (hit.title, hit.section) if part)
     return f"{head}\n{hit.text}" if head else hit.text
-
-
-def min_max(values: Sequence[float]) -> np.ndarray:
-    array = np.asarray(values, dtype=np.float64)
-    span = float(array.max() - array.min()) if len(array) else 0.0
-    return (array - array.min()) / span if span > 0 else np.ones_like(array)
 
 
 class CrossEncoderReranker:

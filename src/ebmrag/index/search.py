@@ -61,7 +61,6 @@ class HybridRetriever:
             raise ValueError("the query is empty")
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
-        variants = [v for v in variants if v.strip() and v.strip() != query.strip()]
         if self.reranker is None:
             return self.hits(self.rank(query, k, filters, variants=variants, hypothesis=hypothesis))
         candidates = self.hits(self.rank(query, max(k, self.route_depth), filters, variants=variants,
@@ -102,6 +101,7 @@ class HybridRetriever:
              query_vector: npt.NDArray[np.float32] | None = None, variants: Sequence[str] = (),
              hypothesis: str = "") -> Ranked:
         mask = self._mask(filters)
+        variants = [v for v in dict.fromkeys(v.strip() for v in variants) if v and v != query.strip()]
         fused = self.mode == "hybrid" or bool(self.focus_weight or variants)
         depth = max(self.route_depth, k) if fused else k
         if hypothesis.strip() and self.mode != "bm25":
