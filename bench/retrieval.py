@@ -30,7 +30,6 @@ import numpy as np
 import numpy.typing as npt
 
 from ebmrag.config import KnowledgeBaseConfig
-from ebmrag.index import store
 from ebmrag.index.kb import IngestReport, KnowledgeBase
 from ebmrag.index.search import HybridRetriever
 from ebmrag.ingest.documents import Document
@@ -69,15 +68,15 @@ class ScaledEmbedder:
 def base_corpus(kb_dir: Path) -> tuple[list[str], npt.NDArray[np.float32]]:
     kb = KnowledgeBase(kb_dir)
     reader = kb.reader()
-    texts = [row.text for row in store.iter_chunks(reader.db)]
-    return texts, np.asarray(reader.dense.vectors, dtype=np.float32)
+    rows = list(reader.iter_chunks())
+    return [row.text for row in rows], reader.dense.vectors_at([row.row for row in rows])
 
 
 def base_titles(kb_dir: Path) -> list[str]:
     """Each base chunk's document title, so the scaled knowledge base has real titles for the focus extractor."""
     reader = KnowledgeBase(kb_dir).reader()
-    titles = {doc_id: row.title for doc_id, row in store.documents(reader.db).items()}
-    return [titles.get(row.doc_id, "") for row in store.iter_chunks(reader.db)]
+    titles = {doc_id: row.title for doc_id, row in reader.documents().items()}
+    return [titles.get(row.doc_id, "") for row in reader.iter_chunks()]
 
 
 def percentile_ms(samples: list[float], q: float) -> float:

@@ -32,7 +32,6 @@ from ebmrag.config import load_settings
 from ebmrag.eval.retrieval import Query, liveqa_queries, score_ranking, select_split
 from ebmrag.evidence.sentences import split_sentences
 from ebmrag.factory import open_kb
-from ebmrag.index import store
 from ebmrag.index.fusion import Ranked, fuse, top
 from ebmrag.index.kb import KnowledgeBase
 
@@ -68,17 +67,17 @@ def expand_abbreviations(text: str, table: dict[str, str]) -> str:
 class Levers:
     def __init__(self, kb: KnowledgeBase, second: KnowledgeBase | None) -> None:
         self.kb, self.second = kb, second
-        rows = list(store.iter_chunks(kb.reader().db))
+        rows = list(kb.reader().iter_chunks())
         self.unit = [c.section_id or c.doc_id for c in rows]
         self.page = {u: re.sub(r"_Sec\d+$", "", u) for u in self.unit}
         self.sections_of: dict[str, list[str]] = {}
         for u in dict.fromkeys(self.unit):
             self.sections_of.setdefault(self.page[u], []).append(u)
         self.vectors = np.asarray(kb.reader().dense.vectors, dtype=np.float32)
-        titles = [d.title for d in store.documents(kb.reader().db).values()]
+        titles = [d.title for d in kb.reader().documents().values()]
         self.abbreviations = abbreviation_table(titles + [c.text for c in rows])
         if second is not None:
-            if [c.chunk_id for c in store.iter_chunks(second.reader().db)] != [c.chunk_id for c in rows]:
+            if [c.chunk_id for c in second.reader().iter_chunks()] != [c.chunk_id for c in rows]:
                 raise SystemExit("--second-kb must hold the same chunks in the same order")
             self.second_vectors = np.asarray(second.reader().dense.vectors, dtype=np.float32)
 

@@ -32,7 +32,6 @@ from ebmrag.config import load_settings
 from ebmrag.evidence.adapters import save_delta
 from ebmrag.evidence.embeddings import native_bf16
 from ebmrag.evidence.tokens import bundled_model_dir
-from ebmrag.index import store
 from ebmrag.index.search import HybridRetriever
 
 
@@ -67,9 +66,9 @@ def near_copy(a: str, b: str) -> bool:
 def mine(retriever: HybridRetriever, pairs: list[tuple[str, str]], negatives: int, depth: int,
          seed: int) -> list[Group]:
     reader = retriever.kb.reader()
-    titles = {d.doc_id: d.title for d in store.documents(reader.db).values()}
+    titles = {d.doc_id: d.title for d in reader.documents().values()}
     shown: dict[str, str] = {}
-    for c in store.iter_chunks(reader.db):  # a section is shown by its first chunk
+    for c in reader.iter_chunks():  # a section is shown by its first chunk
         shown.setdefault(c.section_id, f"{titles.get(c.doc_id, '')} — {c.section}\n{c.text}")
     rng, groups = random.Random(seed), []
     for start in range(0, len(pairs), 256):

@@ -32,6 +32,10 @@ embedding_precision = "auto" # bf16 on CPUs with native bf16 (2x faster, same nD
 chunker = ""             # empty = by source type; or fixed | recursive | structure | sentence
 contextual_prefix = true # index each chunk headed by its document title and section
 hnsw_min_rows = 20000    # below this, dense search is an exact scan
+                         # -- how it is stored and written (may change at any time) --
+workers = 0              # ingest: processes that chunk and analyse (0 = one per core, at most 8; 1 = none)
+segment_rows = 250000    # a write of more chunks than this is split into segments of about this size
+merge_factor = 10        # tiered merging: this many segments of one size tier are merged (0 = only `kb compact`)
 
 [retrieval]
 mode = "hybrid"          # bm25 | dense | hybrid
@@ -132,6 +136,21 @@ class KnowledgeBaseConfig:
             raise KnowledgeBaseError(f"{where}: manifest has unknown settings {sorted(unknown)}; "
                                      "it was written by a newer ebmrag")
         return cls(**values)
+
+
+@dataclass(frozen=True)
+class StorageSettings:
+    """How a knowledge base is written and stored; unlike `KnowledgeBaseConfig`, not part of what it is."""
+
+    workers: int = 0
+    segment_rows: int = 250_000
+    merge_factor: int = 10
+
+    def __post_init__(self) -> None:
+        if self.workers < 0 or self.segment_rows < 1:
+            raise ValueError("workers must be >= 0 and segment_rows >= 1")
+        if self.merge_factor != 0 and self.merge_factor < 2:
+            raise ValueError(f"merge_factor must be 0 (never merge automatically) or >= 2, got {self.merge_factor}")
 
 
 @dataclass(frozen=True)
@@ -306,6 +325,7 @@ class Settings:
     packing: PackingSettings = field(default_factory=PackingSettings)
     models: ModelSettings = field(default_factory=ModelSettings)
     kb: KnowledgeBaseConfig = field(default_factory=KnowledgeBaseConfig)
+    storage: StorageSettings = field(default_factory=StorageSettings)
     retrieval: RetrievalSettings = field(default_factory=RetrievalSettings)
     llm: LLMSettings = field(default_factory=LLMSettings)
     answer: AnswerSettings = field(default_factory=AnswerSettings)
@@ -337,6 +357,15 @@ def _section(cls: type[Any], raw: Any, name: str) -> Any:
         raise ConfigError(f"[{name}]: {exc}") from exc
 
 
+def _split_kb_table(raw: Any) -> tuple[Any, Any]:
+    """[kb] holds both what a knowledge base is (its manifest) and how it is stored; each class takes its keys."""
+    if not isinstance(raw, dict):
+        return raw, None
+    storage_keys = {f.name for f in fields(StorageSettings)}
+    return ({k: v for k, v in raw.items() if k not in storage_keys},
+            {k: v for k, v in raw.items() if k in storage_keys})
+
+
 def load_settings(path: str | Path | None) -> Settings:
     if path is None:
         return Settings()
@@ -350,10 +379,12 @@ def load_settings(path: str | Path | None) -> Settings:
     unknown = set(data) - {"packing", "models", "kb", "retrieval", "llm", "answer", "serve", "research"}
     if unknown:
         raise ConfigError(f"config file {path}: unknown tables {sorted(unknown)}")
+    build, storage = _split_kb_table(data.get("kb"))
     return Settings(
         _section(PackingSettings, data.get("packing"), "packing"),
         _section(ModelSettings, data.get("models"), "models"),
-        _section(KnowledgeBaseConfig, data.get("kb"), "kb"),
+        _section(KnowledgeBaseConfig, build, "kb"),
+        _section(StorageSettings, storage, "kb"),
         _section(RetrievalSettings, data.get("retrieval"), "retrieval"),
         _section(LLMSettings, data.get("llm"), "llm"),
         _section(AnswerSettings, data.get("answer"), "answer"),

@@ -60,7 +60,10 @@ def test_search_on_a_missing_kb_is_one_clear_line(tmp_path: Path) -> None:
 
 def test_a_missing_kb_extra_is_one_line_naming_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """As on a machine where `pip install ebmrag` ran without [kb]: no traceback, the extra to install."""
-    monkeypatch.setitem(sys.modules, "bm25s", None)  # makes `import bm25s` raise ImportError
+    from ebmrag.index import analyzer
+
+    monkeypatch.setitem(sys.modules, "Stemmer", None)  # makes `import Stemmer` (PyStemmer) raise ImportError
+    analyzer._stemmer.cache_clear()  # an earlier test may have loaded it
     docs = tmp_path / "docs"
     docs.mkdir()
     (docs / "note.md").write_text("# Gout\nColchicine eases an acute gout flare.\n")

@@ -13,9 +13,7 @@ import pytest
 from ebmrag.config import KnowledgeBaseConfig
 from ebmrag.errors import KnowledgeBaseError
 from ebmrag.index import store
-from ebmrag.index.dense import DenseIndex
 from ebmrag.index.kb import KnowledgeBase, index_text, knowledge_base_stats
-from ebmrag.index.lexical import LexicalIndex
 from ebmrag.index.search import HybridRetriever
 from ebmrag.index.sync import ingest_paths
 from ebmrag.index.types import Filters
@@ -38,7 +36,7 @@ def doc(doc_id: str, text: str, **extra: str) -> Document:
 
 
 def chunk_rows(kb: KnowledgeBase) -> list[store.ChunkRow]:
-    return list(store.iter_chunks(kb.reader().db))
+    return list(kb.reader().iter_chunks())
 
 
 def test_ingest_is_idempotent_and_updates_replace_chunks(tmp_path: Path, embedder) -> None:  # type: ignore[no-untyped-def]
@@ -53,10 +51,11 @@ def test_ingest_is_idempotent_and_updates_replace_chunks(tmp_path: Path, embedde
     edited = kb.apply([doc("aki", "Contrast nephropathy: hydrate with isotonic saline before the scan.")])
     assert edited.updated == ["aki"] and edited.generation == 2
     with pytest.raises(sqlite3.ProgrammingError, match="closed"):
-        superseded.db.execute("SELECT 1")  # the old generation's connection was released, not leaked
+        superseded.segments[0].db.execute("SELECT 1")  # the old generation's connections were released
     rows = chunk_rows(kb)
-    assert [r.row for r in rows] == list(range(len(rows)))
+    assert len({r.row for r in rows}) == len(rows) and len({r.chunk_id for r in rows}) == len(rows)
     assert not any("metformin" in r.text for r in rows)
+    assert [s.entry.name for s in kb.reader().segments] == ["seg-000001", "seg-000002"]  # the write added one
     hits = HybridRetriever(kb).run("saline hydration before contrast", k=1)
     assert hits[0].doc_id == "aki" and "isotonic saline" in hits[0].text
     assert sorted(p.name for p in (tmp_path / "kb").glob("gen-*")) == ["gen-000002"]
@@ -70,14 +69,16 @@ def test_delete_leaves_no_chunk_vector_or_posting(tmp_path: Path, embedder) -> N
     assert [e.where for e in report.errors] == ["not-there"]
     reader = kb.reader()
     rows = chunk_rows(kb)
-    assert {r.doc_id for r in rows} == {"sepsis", "aki"}
-    assert DenseIndex.load(reader.path, embedder.dimension).size == len(rows) == reader.size
-    lexical = LexicalIndex.load(reader.path / "bm25", reader.size)
-    assert lexical.search(kb.analyzer.terms("anaphylaxis cephalosporins"), 10)[0].size == 0
-    documents = store.documents(reader.db)
-    expected = kb.embedder.embed([index_text(documents[r.doc_id], r, True) for r in rows])
-    assert np.allclose(np.asarray(reader.dense.vectors), expected, atol=1e-5)  # vectors follow the renumbered rows
+    assert {r.doc_id for r in rows} == {"sepsis", "aki"} and reader.live_chunks == len(rows)
+    assert reader.lexical.search(kb.analyzer.terms("anaphylaxis cephalosporins"), 10)[0].size == 0
+    assert reader.dense.search(kb.embedder.embed(["penicillin anaphylaxis"])[0], 10)[0].size == len(rows)
+    documents = reader.documents()
+    assert set(documents) == {"sepsis", "aki"} and reader.document("penicillin") is None
+    expected = kb.embedder.embed([index_text(documents[r.doc_id].title, r.section, r.text, True) for r in rows])
+    assert np.allclose(reader.dense.vectors_at([r.row for r in rows]), expected, atol=1e-5)
     assert all(h.doc_id != "penicillin" for h in HybridRetriever(kb).run("penicillin anaphylaxis", k=10))
+    compacted = kb.compact()
+    assert compacted.segments_merged == 1 and kb.reader().size == len(rows)  # compaction drops deleted rows
 
 
 def test_filters_restrict_every_route(tmp_path: Path, embedder) -> None:  # type: ignore[no-untyped-def]
@@ -106,7 +107,7 @@ def test_sync_removes_documents_of_vanished_files_only(tmp_path: Path, embedder)
     (folder / "aki.md").write_bytes(b"\xff broken")  # unreadable this time: must not be deleted
     report = ingest_paths(kb, [folder], sync=True)
     assert report.deleted == ["guides/sepsis.md"]
-    assert "guides/aki.md" in {d.doc_id for d in store.documents(kb.reader().db).values()}
+    assert "guides/aki.md" in kb.reader().documents()
     stats = knowledge_base_stats(kb)
     assert (stats.documents, stats.generation, stats.by_source_type) == (2, 2, {"markdown": 2})
 
@@ -155,18 +156,19 @@ CRASHING_INGEST = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize(("stage", "after"), [("embedding", 512), ("indexing", 0)])
+@pytest.mark.parametrize(("stage", "after"), [("documents", 64), ("indexing", 0)])
 def test_kill_9_mid_ingest_keeps_the_last_generation(tmp_path: Path, embedder, stage: str,  # type: ignore[no-untyped-def]
                                                      after: int) -> None:
-    """The writer is killed (SIGKILL, from its own progress callback) after the first embedding batch, or
-    just before the BM25 and vector indexes are written: the previous generation must keep serving."""
+    """The writer is killed (SIGKILL, from its own progress callback) after the first batch of documents was
+    prepared (in worker processes) and embedded, or just before the new segment's indexes are written: the
+    previous generation must keep serving."""
     root = tmp_path / "kb"
     kb = KnowledgeBase(root, embedder=embedder)
     kb.apply([doc(k, v) for k, v in GUIDES.items()])
     process = subprocess.run([sys.executable, "-c", CRASHING_INGEST, str(root), str(tmp_path / "cache"), stage,
                               str(after)], timeout=300, check=False)
     assert process.returncode == -signal.SIGKILL, "the ingest must die at the crash point, not finish"
-    assert (root / "gen-000002.partial").exists(), "the crash happened mid-write"
+    assert (root / "segments" / "seg-000002.partial").exists(), "the crash happened mid-write"
 
     reopened = KnowledgeBase(root, embedder=embedder)
     assert reopened.reader().path.name == "gen-000001"
@@ -175,11 +177,11 @@ def test_kill_9_mid_ingest_keeps_the_last_generation(tmp_path: Path, embedder, s
     extra = doc("extra", "Gout flares respond to colchicine.")
     rerun = reopened.apply([*(doc(k, v) for k, v in GUIDES.items()), extra])
     assert rerun.added == ["extra"] and rerun.generation == 2
-    assert not list(root.glob("*.partial"))
+    assert not list(root.rglob("*.partial"))
     rows = chunk_rows(reopened)
     assert len({r.chunk_id for r in rows}) == len(rows)
     assert {r.doc_id for r in rows} == {*GUIDES, "extra"}
-    assert reopened.reader().dense.size == len(rows)
+    assert reopened.reader().live_chunks == len(rows)
 
 
 def test_ids_are_unique_across_sources_and_stable_across_spellings(tmp_path: Path, embedder,  # type: ignore[no-untyped-def]

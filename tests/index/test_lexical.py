@@ -73,7 +73,7 @@ def test_search_ranks_masks_and_survives_save_and_load(tmp_path: Path) -> None:
     index = LexicalIndex()
     index.build(docs)
     index.save(tmp_path)
-    loaded = LexicalIndex.load(tmp_path, len(docs))
+    loaded = LexicalIndex.load(tmp_path)
     rows, scores = loaded.search(["inr", "warfarin"], k=10)
     assert set(rows.tolist()[:2]) == {0, 1} and 2 not in rows.tolist()  # a row with no query term never appears
     assert np.all(np.diff(scores) <= 0)

@@ -54,8 +54,7 @@ def test_longest_backed_path_becomes_a_question(small_kb: HybridRetriever) -> No
     from_alport = graph.longest_path("alport syndrome", 6, hub_max=150, branch=6)
     assert [h.target for h in from_alport][:4] == ["chronic kidney disease", "renal anemia", "iron deficiency",
                                                    "coeliac disease"]
-    chunk_text = {c.chunk_id: c.text.lower() for c in __import__("ebmrag.index.store", fromlist=["x"]).iter_chunks(
-        small_kb.kb.reader().db)}
+    chunk_text = {c.chunk_id: c.text.lower() for c in small_kb.kb.reader().iter_chunks()}
     for hop in best.hops:  # every hop is stated by its chunk
         named = hop.target if hop.forward else hop.source
         assert named.split()[0] in chunk_text[hop.chunk_id]

@@ -56,7 +56,8 @@ def build_packer(settings: Settings, strategy: str | None = None, k_min: int | N
 
 def open_kb(settings: Settings, kb: Path) -> KnowledgeBase:
     """The configured [kb] settings apply when the knowledge base is created; afterwards its manifest rules."""
-    return KnowledgeBase(kb, settings.kb if not (kb / "CURRENT").exists() else None, cache_dir=cache_dir(settings))
+    return KnowledgeBase(kb, settings.kb if not (kb / "CURRENT").exists() else None, cache_dir=cache_dir(settings),
+                         storage=settings.storage)
 
 
 def make_retriever(settings: Settings, kb: KnowledgeBase, mode: str | None = None,

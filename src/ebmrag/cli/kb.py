@@ -160,9 +160,20 @@ def _print_documents(documents: list[DocumentHit], as_json: bool) -> None:
     console.print(table)
 
 
+@kb_app.command("compact")
+def kb_compact(kb: KbOption, config: ConfigOption = None) -> None:
+    """Merge every segment into one without deleted rows (also converts a knowledge base of an older format)."""
+    with user_errors():
+        knowledge_base = open_kb(load_settings(config), kb)
+        with progress_bar() as bar:
+            report = knowledge_base.compact(progress_callback(bar))
+    console.print(f"generation {report.generation}: {report.chunks_total} chunks in one segment"
+                  + (f" (merged {report.segments_merged})" if report.segments_merged else " (already compact)"))
+
+
 @kb_app.command("stats")
 def kb_stats(kb: KbOption, as_json: JsonOption = False) -> None:
-    """Documents, chunks, generation and size on disk."""
+    """Documents, chunks, segments, deleted chunks awaiting a merge, generation and size on disk."""
     with user_errors():
         stats = knowledge_base_stats(KnowledgeBase(kb))
     if as_json:

@@ -20,7 +20,6 @@ import numpy as np
 
 from ebmrag.errors import EbmragError
 from ebmrag.generate.query_rewrite import Rewrite
-from ebmrag.index import store
 from ebmrag.index.fusion import Ranked, fuse, top, with_focus
 from ebmrag.index.kb import KnowledgeBase
 from ebmrag.index.search import HybridRetriever
@@ -149,8 +148,8 @@ class RouteCache:
     def __init__(self, kb: KnowledgeBase, queries: Sequence[Query], unit: str) -> None:
         self.kb, self.queries = kb, queries
         reader = kb.reader()
-        rows = store.iter_chunks(reader.db)
-        self.unit_of_row = [(c.section_id or c.doc_id) if unit == "section" else c.doc_id for c in rows]
+        self.unit_of_row = {c.row: (c.section_id or c.doc_id) if unit == "section" else c.doc_id
+                            for c in reader.iter_chunks()}
         retriever = HybridRetriever(kb, "hybrid", route_depth=CHUNK_DEPTH)
         focus = [retriever.focus_query(q.text) for q in queries]
         retriever.prepare([q.text for q in queries] + [f for f in focus if f])  # one embedding batch

@@ -43,15 +43,39 @@ class DenseIndex:
             graph.add_items(vectors, np.arange(vectors.shape[0]), num_threads=-1)
             graph.save_index(str(directory / HNSW_FILE))
 
+    @staticmethod
+    def extend(directory: Path, vectors: Vectors, graph: Any) -> None:
+        """Write `vectors` whose first rows `graph` already indexes: only the rest are inserted (compaction of
+        small segments into a large one costs what the small ones hold, not a rebuild)."""
+        np.save(directory / VECTORS_FILE, np.ascontiguousarray(vectors, dtype=np.float32))
+        start = int(graph.get_current_count())
+        if start < vectors.shape[0]:
+            graph.add_items(vectors[start:], np.arange(start, vectors.shape[0]), num_threads=-1)
+        graph.save_index(str(directory / HNSW_FILE))
+
+    @property
+    def has_graph(self) -> bool:
+        return self._hnsw is not None
+
+    @staticmethod
+    def load_graph(directory: Path, dim: int, rows: int, extra: int = 0) -> Any:
+        """The HNSW graph in memory with room for `extra` more items (hnswlib reads the whole file)."""
+        hnswlib = require_extra("hnswlib", "kb", "the HNSW vector index")
+
+        hnsw = hnswlib.Index(space="ip", dim=dim)
+        hnsw.load_index(str(directory / HNSW_FILE), max_elements=rows + extra)
+        return hnsw
+
     @classmethod
-    def load(cls, directory: Path, dim: int, ef_search: int = 64) -> DenseIndex:
+    def load(cls, directory: Path, dim: int, ef_search: int = 64, deleted: Rows | None = None) -> DenseIndex:
+        """`deleted` rows are marked deleted in the in-memory graph (the file is never changed), so approximate
+        search skips them without a per-candidate filter; exact scans are given a mask by the caller."""
         vectors = np.load(directory / VECTORS_FILE, mmap_mode="r")
         hnsw = None
         if (directory / HNSW_FILE).exists():
-            hnswlib = require_extra("hnswlib", "kb", "the HNSW vector index")
-
-            hnsw = hnswlib.Index(space="ip", dim=dim)
-            hnsw.load_index(str(directory / HNSW_FILE), max_elements=int(vectors.shape[0]))
+            hnsw = cls.load_graph(directory, dim, int(vectors.shape[0]))
+            for label in (deleted if deleted is not None else ()):
+                hnsw.mark_deleted(int(label))
             hnsw.set_ef(max(ef_search, 10))
             hnsw.set_num_threads(1)
         return cls(vectors, hnsw, ef_search)

@@ -1,19 +1,19 @@
-"""A knowledge base directory: ingest (upsert / delete) into a new generation, open the live one for search.
+"""A knowledge base directory: writes add segments and deletions, reads open the live generation.
 
-Every write builds a complete new generation from the old one plus the changes: kept chunks are
-copied with their vectors (no re-embedding), changed documents are re-chunked and embedded, deleted
-ones are simply not copied, so no chunk, vector or posting of a removed document survives. Cost of
-a write is O(total chunks) for copying and re-indexing plus O(changed chunks) for embedding.
+A write (upsert / delete) chunks and embeds only the changed documents into one new segment (several
+when it holds more than `segment_rows` chunks), records the replaced or deleted documents in deletion
+bitmaps of the segments holding them, and commits a new generation naming the segments in force. Its
+cost follows the changed documents, not the size of the knowledge base; BM25 statistics are global
+at query time (`lexical.py`), so scores do not depend on how rows are split. A tiered merge policy
+(`merge.py`) keeps the segment count bounded; `compact()` merges everything into one segment.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-import sqlite3
 import time
-from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,20 +21,19 @@ from typing import Any
 
 import numpy as np
 
-from ebmrag.config import KnowledgeBaseConfig
+from ebmrag.config import KnowledgeBaseConfig, StorageSettings
 from ebmrag.errors import IngestError, KnowledgeBaseError
 from ebmrag.evidence.embeddings import SentenceEmbedder
-from ebmrag.evidence.tokens import HuggingFaceTokenCounter
-from ebmrag.index import generations, store
+from ebmrag.index import generations, merge, store
 from ebmrag.index.analyzer import Analyzer
-from ebmrag.index.dense import DenseIndex
-from ebmrag.index.lexical import LexicalIndex
-from ebmrag.ingest.chunking import Chunk, ChunkerBySource
+from ebmrag.index.lexical import TermCounts
+from ebmrag.index.prepare import PreparedBatch, index_text, prepare_batches
+from ebmrag.index.reader import FORMAT_VERSION, MANIFEST, Reader, read_manifest
+from ebmrag.index.segment import SegmentBuilder, SegmentEntry, collect_garbage, next_name, write_deletes
 from ebmrag.ingest.documents import Document
-from ebmrag.protocols import Progress, Vectors
+from ebmrag.protocols import Progress
 
-FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
+__all__ = ["IngestReport", "KnowledgeBase", "Reader", "index_text", "kb_embedder", "knowledge_base_stats"]
 
 
 @dataclass
@@ -49,6 +48,7 @@ class IngestReport:
     generation: int = 0
     seconds_embedding: float = 0.0
     seconds_indexing: float = 0.0
+    segments_merged: int = 0
 
     @property
     def changed(self) -> bool:
@@ -61,37 +61,30 @@ def kb_embedder(config: KnowledgeBaseConfig, cache_dir: str | Path | None = None
                             max_tokens=config.embedding_max_tokens, precision=config.embedding_precision)
 
 
-def index_text(document: Document | store.DocumentRow, chunk: Chunk | store.ChunkRow, prefix: bool) -> str:
-    """What the retrievers see: the chunk, headed by its document title and section (field context)."""
-    if not prefix:
-        return chunk.text
-    head = " — ".join(part for part in (document.title, chunk.section) if part)
-    return f"{head}\n{chunk.text}" if head else chunk.text
-
-
-def read_manifest(generation: Path) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((generation / MANIFEST).read_text(encoding="utf-8"))
-    if data.get("format") != FORMAT_VERSION:
-        raise KnowledgeBaseError(f"{generation}: index format {data.get('format')} is not {FORMAT_VERSION}")
-    return data
+def _stored_config(live: Path) -> KnowledgeBaseConfig:
+    """The build settings of a generation, in either manifest format (an old one can still be compacted)."""
+    data = json.loads((live / MANIFEST).read_text(encoding="utf-8"))
+    return KnowledgeBaseConfig.from_manifest(data["config"], live)
 
 
 class KnowledgeBase:
     """Writer and reader of one knowledge-base directory."""
 
     def __init__(self, root: str | Path, config: KnowledgeBaseConfig | None = None,
-                 cache_dir: str | Path | None = None, embedder: SentenceEmbedder | None = None) -> None:
+                 cache_dir: str | Path | None = None, embedder: SentenceEmbedder | None = None,
+                 storage: StorageSettings | None = None) -> None:
         self.root = Path(root)
         if self.root.exists() and not self.root.is_dir():
             raise KnowledgeBaseError(f"{self.root} exists and is not a directory")
         live = generations.current_generation(self.root) if self.root.exists() else None
-        stored = KnowledgeBaseConfig.from_manifest(read_manifest(live)["config"], live) if live else None
+        stored = _stored_config(live) if live else None
         if stored and config and stored != config:
             raise KnowledgeBaseError(f"{self.root} was built with {stored}; it cannot be opened with {config}")
         self.config = stored or config or KnowledgeBaseConfig()
+        self.storage = storage or StorageSettings()
         self.cache_dir = Path(cache_dir) if cache_dir else None
         self.embedder = embedder or kb_embedder(self.config, cache_dir)
-        self.analyzer = Analyzer()
+        self.analyzer = Analyzer()  # query terms; chunks are analysed by the same rules in `prepare`
         self._reader: Reader | None = None
 
     @property
@@ -104,7 +97,7 @@ class KnowledgeBase:
             raise KnowledgeBaseError(f"{self.root} is not a knowledge base yet; create it with `ebmrag ingest`")
         if self._reader is None or self._reader.path != live:
             if self._reader is not None:
-                self._reader.close()  # the KB moved on to a newer generation: release the old one's SQLite
+                self._reader.close()  # the KB moved on to a newer generation: release the old one's files
             self._reader = Reader(live, self.config)
             self._check_model(self._reader.manifest)
         return self._reader
@@ -127,6 +120,11 @@ class KnowledgeBase:
         spec = {"root": data} if isinstance(data, str) else dict(data)
         return cls(spec["root"], cache_dir=spec.get("cache_dir"), embedder=embedder)
 
+    def _release(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
     def apply(self, documents: Sequence[Document], delete_ids: Sequence[str] = (),
               origins: dict[str, str] | None = None, progress: Progress | None = None) -> IngestReport:
         """Upsert `documents` and delete `delete_ids` in one new generation (none if nothing changed). With no
@@ -135,48 +133,109 @@ class KnowledgeBase:
             raise KnowledgeBaseError(f"{self.root} is not a knowledge base yet; nothing to delete or add there")
         report = IngestReport()
         with generations.writer_lock(self.root):
-            generations.remove_partials(self.root)
-            live = generations.current_generation(self.root)
-            old_docs = _old_documents(live)
-            incoming = _dedupe(documents, report)
-            for doc in incoming:
-                previous = old_docs.get(doc.doc_id)
-                bucket = report.added if previous is None else (
-                    report.unchanged if previous.content_hash == doc.content_hash else report.updated)
-                bucket.append(doc.doc_id)
-            incoming_ids = {d.doc_id for d in incoming}
-            for doc_id in dict.fromkeys(delete_ids):
-                if doc_id in old_docs and doc_id not in incoming_ids:
-                    report.deleted.append(doc_id)
-                elif doc_id not in old_docs:
-                    report.errors.append(IngestError(doc_id, "not in the knowledge base; nothing to delete"))
-            report.generation = generations.generation_number(live)
-            if not report.changed:
-                report.chunks_total = sum(d.n_chunks for d in old_docs.values())
-                return report
-            changed = set(report.added) | set(report.updated)
-            fresh = [d for d in incoming if d.doc_id in changed]
-            partial = generations.new_partial(self.root)
+            live, catalog = self._open_for_writing()
             try:
-                _GenerationWriter(self, partial, live, progress).write(old_docs, fresh, report, origins or {})
-            except BaseException:
-                shutil.rmtree(partial, ignore_errors=True)
-                raise
-            report.generation = generations.generation_number(generations.commit(self.root, partial))
-        if self._reader is not None:
-            self._reader.close()
-            self._reader = None
+                old_docs = catalog.document_segments() if catalog else {}
+                incoming = _classify(documents, delete_ids, old_docs, report)
+                report.generation = generations.generation_number(live)
+                if not report.changed:
+                    report.chunks_total = catalog.live_chunks if catalog else 0
+                    return report
+                number = report.generation + 1
+                fresh = [d for d in incoming if d.doc_id in set(report.added) | set(report.updated)]
+                entries = _tombstone(catalog, old_docs, set(report.updated) | set(report.deleted), number)
+                new_entries = _SegmentWriter(self, progress).write(fresh, origins or {}, report)
+            finally:
+                if catalog is not None:
+                    catalog.close()
+            final = entries + new_entries
+            self._commit(number, final)
+            report.chunks_written = sum(e.rows for e in new_entries)
+            report.chunks_total = sum(e.live for e in final)
+            report.segments_merged, report.generation = self._merge_tiers(final, number)
+        self._release()
         return report
 
+    def compact(self, progress: Progress | None = None) -> IngestReport:
+        """Merge every segment into one without deleted rows (and convert an older on-disk format)."""
+        report = IngestReport()
+        with generations.writer_lock(self.root):
+            live = generations.current_generation(self.root)
+            if live is None:
+                raise KnowledgeBaseError(f"{self.root} is not a knowledge base yet; nothing to compact")
+            generations.remove_partials(self.root)
+            report.generation = generations.generation_number(live)
+            if json.loads((live / MANIFEST).read_text(encoding="utf-8")).get("format") == 1:
+                entries = [merge.convert_format_1(self.root, live)]
+            else:
+                entries = [SegmentEntry.from_json(e) for e in read_manifest(live)["segments"]]
+                if len(entries) < 2 and not any(e.deletes for e in entries):
+                    report.chunks_total = sum(e.live for e in entries)
+                    return report
+                report.segments_merged = len(entries)
+                entries = [merge.merge_segments(self.root, live, entries, self.config, progress)]
+            report.generation += 1
+            self._commit(report.generation, entries)
+            report.chunks_total = sum(e.live for e in entries)
+        self._release()
+        return report
 
-def _old_documents(live: Path | None) -> dict[str, store.DocumentRow]:
-    if live is None:
-        return {}
-    db = store.open_readonly(live)
-    try:
-        return store.documents(db)
-    finally:
-        db.close()
+    def _open_for_writing(self) -> tuple[Path | None, Reader | None]:
+        """Leftovers of a crashed writer go first; then the live generation's catalog (no search index loads)."""
+        generations.remove_partials(self.root)
+        live = generations.current_generation(self.root)
+        if live is None:
+            collect_garbage(self.root, {})
+            return None, None
+        catalog = Reader(live, self.config)
+        collect_garbage(self.root, {s.entry.name: s.entry.deletes for s in catalog.segments})
+        return live, catalog
+
+    def _commit(self, number: int, entries: list[SegmentEntry]) -> None:
+        partial = self.root / f"gen-{number:06d}.partial"
+        partial.mkdir()
+        try:
+            manifest = {"format": FORMAT_VERSION, "config": asdict(self.config), "dim": self.embedder.dimension,
+                        "embedding_model": self.embedder.model_name, "segments": [e.to_json() for e in entries],
+                        "chunks": sum(e.live for e in entries),
+                        "created": datetime.now(UTC).isoformat(timespec="seconds")}
+            (partial / MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+            generations.commit(self.root, partial)
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
+        collect_garbage(self.root, {e.name: e.deletes for e in entries})
+
+    def _merge_tiers(self, entries: list[SegmentEntry], number: int) -> tuple[int, int]:
+        """Apply the merge policy until it is satisfied; each merge is its own committed generation."""
+        merged = 0
+        while self.storage.merge_factor and (group := merge.plan(entries, self.storage.merge_factor)):
+            live = generations.current_generation(self.root)
+            assert live is not None
+            combined = merge.merge_segments(self.root, live, [entries[i] for i in group], self.config)
+            absorbed = set(group[1:])
+            entries = [combined if i == group[0] else e for i, e in enumerate(entries) if i not in absorbed]
+            number += 1
+            self._commit(number, entries)
+            merged += len(group)
+        return merged, number
+
+
+def _classify(documents: Sequence[Document], delete_ids: Sequence[str],
+              old_docs: dict[str, tuple[store.DocumentRow, int]], report: IngestReport) -> list[Document]:
+    incoming = _dedupe(documents, report)
+    for doc in incoming:
+        previous = old_docs.get(doc.doc_id)
+        bucket = report.added if previous is None else (
+            report.unchanged if previous[0].content_hash == doc.content_hash else report.updated)
+        bucket.append(doc.doc_id)
+    incoming_ids = {d.doc_id for d in incoming}
+    for doc_id in dict.fromkeys(delete_ids):
+        if doc_id in old_docs and doc_id not in incoming_ids:
+            report.deleted.append(doc_id)
+        elif doc_id not in old_docs:
+            report.errors.append(IngestError(doc_id, "not in the knowledge base; nothing to delete"))
+    return incoming
 
 
 def _dedupe(documents: Sequence[Document], report: IngestReport) -> list[Document]:
@@ -190,91 +249,88 @@ def _dedupe(documents: Sequence[Document], report: IngestReport) -> list[Documen
     return list(seen.values())
 
 
-class _GenerationWriter:
-    def __init__(self, kb: KnowledgeBase, partial: Path, live: Path | None, progress: Progress | None) -> None:
-        self.kb, self.partial, self.live = kb, partial, live
-        self.progress = progress or (lambda stage, done, total: None)
-
-    def write(self, old_docs: dict[str, store.DocumentRow], fresh: list[Document], report: IngestReport,
-              origins: dict[str, str]) -> None:
-        replaced = {d.doc_id for d in fresh} | set(report.deleted)
-        db = store.create(self.partial)
-        kept_terms, kept_vectors = self._copy_kept(db, old_docs, replaced)
-        started = time.perf_counter()
-        new_rows, new_vectors = self._new_chunks(fresh, start_row=len(kept_terms))
-        report.seconds_embedding = time.perf_counter() - started
-        started = time.perf_counter()
-        per_document = Counter(row.doc_id for row in new_rows)
-        store.insert_documents(db, [_document_row(d, origins.get(d.doc_id, d.source), per_document[d.doc_id])
-                                    for d in fresh])
-        store.insert_chunks(db, new_rows)
-        terms = kept_terms + [row.terms.split(" ") if row.terms else [] for row in new_rows]
-        vectors = np.concatenate([kept_vectors, new_vectors]) if len(new_vectors) else kept_vectors
-        self._write_indexes(terms, vectors)
-        store.seal(db)
-        report.chunks_written = len(new_rows)
-        report.chunks_total = len(terms)
-        self._write_manifest(report.chunks_total, vectors.shape[1])
-        report.seconds_indexing = time.perf_counter() - started
-
-    def _copy_kept(self, db: sqlite3.Connection, old_docs: dict[str, store.DocumentRow],
-                   replaced: set[str]) -> tuple[list[list[str]], Vectors]:
-        dim = self.kb.embedder.dimension
-        if self.live is None:
-            return [], np.zeros((0, dim), np.float32)
-        store.insert_documents(db, [row for doc_id, row in old_docs.items() if doc_id not in replaced])
-        old_db = store.open_readonly(self.live)
-        old_vectors = DenseIndex.load(self.live, dim).vectors
-        kept_old_rows: list[int] = []
-        terms: list[list[str]] = []
-        batch: list[store.ChunkRow] = []
-        for chunk in store.iter_chunks(old_db):
-            if chunk.doc_id in replaced:
+def _tombstone(catalog: Reader | None, old_docs: dict[str, tuple[store.DocumentRow, int]], replaced: set[str],
+               number: int) -> list[SegmentEntry]:
+    """The live segments with `replaced` documents added to their deletions (a new deletion file for each
+    segment touched); a segment left with no live row is dropped."""
+    if catalog is None:
+        return []
+    by_segment: dict[int, list[str]] = {}
+    for doc_id in replaced:
+        by_segment.setdefault(old_docs[doc_id][1], []).append(doc_id)
+    entries = []
+    for i, segment in enumerate(catalog.segments):
+        entry = segment.entry
+        if i in by_segment:
+            deleted = np.zeros(entry.rows, bool) if segment.live is None else ~segment.live
+            deleted[store.rows_of_documents(segment.db, by_segment[i])] = True
+            if deleted.all():
                 continue
-            batch.append(replace(chunk, row=len(terms)))
-            kept_old_rows.append(chunk.row)
-            terms.append(chunk.terms.split(" ") if chunk.terms else [])
-            if len(batch) >= 5000:
-                store.insert_chunks(db, batch)
-                batch.clear()
-        store.insert_chunks(db, batch)
-        old_db.close()
-        return terms, np.asarray(old_vectors[np.asarray(kept_old_rows, dtype=np.int64)], dtype=np.float32)
+            name = write_deletes(segment.path, number, segment.deleted_docs | set(by_segment[i]), deleted)
+            entry = SegmentEntry(entry.name, entry.rows, entry.rows - int(deleted.sum()), name)
+        entries.append(entry)
+    return entries
 
-    def _new_chunks(self, fresh: list[Document], start_row: int) -> tuple[list[store.ChunkRow], Vectors]:
-        kb = self.kb
-        chunker = ChunkerBySource(HuggingFaceTokenCounter(), kb.config.chunker)
-        rows: list[store.ChunkRow] = []
-        texts: list[str] = []
-        for doc in fresh:
-            for chunk in chunker.chunk(doc):
-                text = index_text(doc, chunk, kb.config.contextual_prefix)
-                texts.append(text)
-                rows.append(store.ChunkRow(
-                    start_row + len(rows), chunk.chunk_id, doc.doc_id, chunk.position, chunk.section, chunk.section_id,
-                    chunk.char_start, chunk.char_end, chunk.text, " ".join(kb.analyzer.terms(text)), doc.source,
-                    doc.date, doc.authority))
-        vectors = [np.zeros((0, kb.embedder.dimension), np.float32)]
-        step = 512
-        for start in range(0, len(texts), step):
-            self.progress("embedding", start, len(texts))
-            vectors.append(kb.embedder.embed(texts[start:start + step]))
-        self.progress("embedding", len(texts), len(texts))
-        return rows, np.concatenate(vectors)
 
-    def _write_indexes(self, terms: list[list[str]], vectors: Vectors) -> None:
+class _SegmentWriter:
+    """Fresh documents -> new segments: prepared in worker processes, embedded here, flushed every
+    `segment_rows` chunks so memory stays bounded whatever the batch size."""
+
+    def __init__(self, kb: KnowledgeBase, progress: Progress | None) -> None:
+        self.kb = kb
+        self.progress: Callable[[str, int, int], None] = progress or (lambda stage, done, total: None)
+
+    def write(self, fresh: list[Document], origins: dict[str, str], report: IngestReport) -> list[SegmentEntry]:
+        if not fresh:
+            return []
+        kb, entries = self.kb, []
+        by_id = {d.doc_id: d for d in fresh}
+        builder, parts, vectors = SegmentBuilder(kb.root, next_name(kb.root)), [], []
+        try:
+            done = 0
+            for batch in prepare_batches(fresh, kb.config.chunker, kb.config.contextual_prefix,
+                                         kb.storage.workers):
+                vectors.append(self._embed(batch, report))
+                started = time.perf_counter()
+                self._add(builder, batch, by_id, origins)
+                parts.append(batch.counts)
+                report.seconds_indexing += time.perf_counter() - started
+                done += len(batch.chunks_per_document)
+                self.progress("documents", done, len(fresh))
+                if builder.rows >= kb.storage.segment_rows and done < len(fresh):
+                    entries.append(self._finish(builder, parts, vectors, report))
+                    builder, parts, vectors = SegmentBuilder(kb.root, next_name(kb.root)), [], []
+            entries.append(self._finish(builder, parts, vectors, report))
+        except BaseException:
+            builder.abandon()
+            raise
+        return entries
+
+    def _embed(self, batch: PreparedBatch, report: IngestReport) -> np.ndarray:
+        started = time.perf_counter()
+        dim = self.kb.embedder.dimension
+        vectors = self.kb.embedder.embed(batch.texts) if batch.texts else np.zeros((0, dim), np.float32)
+        report.seconds_embedding += time.perf_counter() - started
+        return np.asarray(vectors, dtype=np.float32)
+
+    @staticmethod
+    def _add(builder: SegmentBuilder, batch: PreparedBatch, by_id: dict[str, Document],
+             origins: dict[str, str]) -> None:
+        builder.add_documents(_document_row(by_id[doc_id], origins.get(doc_id, by_id[doc_id].source), n)
+                              for doc_id, n in batch.chunks_per_document.items())
+        start = builder.rows
+        builder.add_chunks([replace(c, row=start + c.row) for c in batch.chunks])
+
+    def _finish(self, builder: SegmentBuilder, parts: list[TermCounts], vectors: list[np.ndarray],
+                report: IngestReport) -> SegmentEntry:
+        started = time.perf_counter()
         self.progress("indexing", 0, 1)
-        lexical = LexicalIndex(self.kb.config.k1, self.kb.config.b)
-        lexical.build(terms)
-        lexical.save(self.partial / "bm25")
-        DenseIndex.write(self.partial, vectors, self.kb.config.hnsw_min_rows)
+        dim = self.kb.embedder.dimension
+        matrix = np.concatenate(vectors) if vectors else np.zeros((0, dim), np.float32)
+        entry = builder.finish(TermCounts.concat(parts), matrix, self.kb.config.hnsw_min_rows)
         self.progress("indexing", 1, 1)
-
-    def _write_manifest(self, chunks: int, dim: int) -> None:
-        manifest = {"format": FORMAT_VERSION, "config": asdict(self.kb.config), "chunks": chunks, "dim": dim,
-                    "embedding_model": self.kb.embedder.model_name,
-                    "created": datetime.now(UTC).isoformat(timespec="seconds")}
-        (self.partial / MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+        report.seconds_indexing += time.perf_counter() - started
+        return entry
 
 
 def _document_row(doc: Document, origin: str, n_chunks: int) -> store.DocumentRow:
@@ -283,27 +339,14 @@ def _document_row(doc: Document, origin: str, n_chunks: int) -> store.DocumentRo
                              datetime.now(UTC).isoformat(timespec="seconds"))
 
 
-class Reader:
-    """The live generation opened read-only: SQLite, BM25 (memory-mapped) and vectors (memory-mapped)."""
-
-    def __init__(self, path: Path, config: KnowledgeBaseConfig) -> None:
-        self.path = path
-        self.manifest = read_manifest(path)
-        self.db = store.open_readonly(path)
-        self.size = int(self.manifest["chunks"])
-        self.lexical = LexicalIndex.load(path / "bm25", self.size, config.k1, config.b)
-        self.dense = DenseIndex.load(path, int(self.manifest["dim"]))
-
-    def close(self) -> None:
-        self.db.close()
-
-
 @dataclass(frozen=True)
 class KnowledgeBaseStats:
     path: str
     generation: int
     documents: int
     chunks: int
+    segments: int
+    deleted_chunks: int
     bytes_on_disk: int
     embedding_model: str
     created: str
@@ -314,12 +357,15 @@ class KnowledgeBaseStats:
 
 def knowledge_base_stats(kb: KnowledgeBase) -> KnowledgeBaseStats:
     reader = kb.reader()
-    db = reader.db
-    by_type = dict(db.execute("SELECT source_type, COUNT(*) FROM documents GROUP BY source_type").fetchall())
-    by_authority = dict(db.execute("SELECT authority, COUNT(*) FROM documents GROUP BY authority").fetchall())
-    size = sum(f.stat().st_size for f in reader.path.rglob("*") if f.is_file())
+    by_type: dict[str, int] = {}
+    by_authority: dict[str, int] = {}
+    for row in reader.documents().values():
+        by_type[row.source_type] = by_type.get(row.source_type, 0) + 1
+        by_authority[row.authority] = by_authority.get(row.authority, 0) + 1
+    folders = [reader.path, *(s.path for s in reader.segments)]
+    size = sum(f.stat().st_size for folder in folders for f in folder.rglob("*") if f.is_file())
     return KnowledgeBaseStats(
-        str(kb.root), generations.generation_number(reader.path), sum(by_type.values()), reader.size, size,
-        str(reader.manifest["embedding_model"]), str(reader.manifest["created"]), by_type, by_authority,
-        (reader.path / "dense.hnsw").exists(),
+        str(kb.root), generations.generation_number(reader.path), sum(by_type.values()), reader.live_chunks,
+        len(reader.segments), reader.size - reader.live_chunks, size, str(reader.manifest["embedding_model"]),
+        str(reader.manifest["created"]), by_type, by_authority, any(s.dense.has_graph for s in reader.segments),
     )

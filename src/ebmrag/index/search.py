@@ -14,7 +14,6 @@ import numpy as np
 import numpy.typing as npt
 
 from ebmrag.evidence.embeddings import SentenceEmbedder
-from ebmrag.index import store
 from ebmrag.index.focus import FocusExtractor
 from ebmrag.index.fusion import Ranked, fuse, top, with_focus
 from ebmrag.index.kb import KnowledgeBase
@@ -93,9 +92,10 @@ class HybridRetriever:
     def similarities(self, query: str, hits: Sequence[SearchHit]) -> list[float]:
         """Cosine of the query and each hit in the knowledge base's own vector space, from stored vectors:
         no chunk is embedded again (the query vector is cached from the search)."""
-        vectors = self.kb.reader().dense.vectors
+        indexed = [h.row for h in hits if h.row >= 0]
+        vectors = iter(self.kb.reader().dense.vectors_at(indexed) if indexed else ())
         query_vector = self.kb.embedder.embed([query])[0]
-        return [float(vectors[h.row] @ query_vector) if h.row >= 0 else 0.0 for h in hits]
+        return [float(next(vectors) @ query_vector) if h.row >= 0 else 0.0 for h in hits]
 
     def rank(self, query: str, k: int, filters: Filters | None = None,
              query_vector: npt.NDArray[np.float32] | None = None, variants: Sequence[str] = (),
@@ -145,7 +145,7 @@ class HybridRetriever:
         if self._focus is None or self._focus[0] is not reader:
             def rarest_share(title: str) -> float:
                 return min((reader.lexical.share(t) for t in self.kb.analyzer.terms(title)), default=1.0)
-            self._focus = (reader, FocusExtractor(store.titles(reader.db), rarest_share, reader.size))
+            self._focus = (reader, FocusExtractor(reader.titles(), rarest_share, reader.live_chunks))
         return self._focus[1].extract(query).query
 
     def _mask(self, filters: Filters | None) -> npt.NDArray[np.bool_] | None:
@@ -154,15 +154,12 @@ class HybridRetriever:
         where, params = filters.sql()
         if not where:
             return None
-        reader = self.kb.reader()
-        mask = np.zeros(reader.size, dtype=bool)
-        mask[store.rows_matching(reader.db, where, params)] = True
-        return mask
+        return self.kb.reader().rows_matching(where, params)
 
     def hits(self, ranked: Ranked) -> list[SearchHit]:
-        db = self.kb.reader().db
-        rows = store.chunks_by_rows(db, ranked.rows.tolist())
-        titles = store.titles_of(db, [c.doc_id for c in rows.values()])
+        reader = self.kb.reader()
+        rows = reader.chunks_by_rows(ranked.rows.tolist())
+        titles = reader.titles_of([c.doc_id for c in rows.values()])
         return [
             SearchHit(c.chunk_id, c.doc_id, float(score), c.section, c.text, c.source, c.section_id, c.char_start,
                       c.char_end, c.authority, c.date, row, title=titles.get(c.doc_id, ""))

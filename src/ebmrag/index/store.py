@@ -129,6 +129,15 @@ def chunks_of(db: sqlite3.Connection, doc_id: str) -> list[ChunkRow]:
     return [ChunkRow(*row) for row in db.execute(query, (doc_id,))]
 
 
+def rows_of_documents(db: sqlite3.Connection, doc_ids: Sequence[str]) -> list[int]:
+    found: list[int] = []
+    for start in range(0, len(doc_ids), 500):
+        part = list(doc_ids[start:start + 500])
+        marks = ",".join("?" * len(part))
+        found.extend(row for (row,) in db.execute(f"SELECT row FROM chunks WHERE doc_id IN ({marks})", part))
+    return found
+
+
 def rows_matching(db: sqlite3.Connection, where: str, params: Sequence[str]) -> list[int]:
     return [row for (row,) in db.execute(f"SELECT row FROM chunks WHERE {where}", list(params))]
 

@@ -16,7 +16,6 @@ from dataclasses import replace
 from pathlib import Path
 
 from ebmrag.errors import IngestError
-from ebmrag.index import store
 from ebmrag.index.kb import IngestReport, KnowledgeBase
 from ebmrag.ingest.pipeline import FileBatch, collect
 from ebmrag.ingest.readers import DEFAULT_MAX_FILE_BYTES, FieldMap
@@ -32,7 +31,7 @@ def stale_documents(kb: KnowledgeBase, paths: Sequence[Path], batch: FileBatch) 
     roots = [str(p.resolve()) for p in paths if p.exists()]
     seen = {d.doc_id for d in batch.documents}
     stale = []
-    for doc_id, row in store.documents(kb.reader().db).items():
+    for doc_id, row in kb.reader().documents().items():
         under = any(row.origin == r or row.origin.startswith(r.rstrip("/") + "/") for r in roots)
         if under and doc_id not in seen and row.origin not in batch.failed_files:
             stale.append(doc_id)
@@ -46,7 +45,7 @@ def reconcile_ids(kb: KnowledgeBase, batch: FileBatch) -> list[IngestError]:
       new document is refused, named, and not written (never a silent replacement)."""
     if not kb.exists:
         return []
-    stored = store.documents(kb.reader().db)
+    stored = kb.reader().documents()
     by_origin: dict[str, list[str]] = {}
     for doc_id, stored_row in stored.items():
         by_origin.setdefault(stored_row.origin, []).append(doc_id)

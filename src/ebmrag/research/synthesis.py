@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from ebmrag.evidence.entities import EntityExtractor, EntityKind, default_extractor
-from ebmrag.index import store
 from ebmrag.index.search import HybridRetriever
 from ebmrag.protocols import ChatClient, ChatMessage
 
@@ -114,13 +113,13 @@ class EntityGraph:
 
     @classmethod
     def from_kb(cls, retriever: HybridRetriever, extractor: EntityExtractor | None = None) -> EntityGraph:
-        db = retriever.kb.reader().db
-        titles = {d.doc_id: _norm(d.title) for d in store.documents(db).values() if len(_norm(d.title)) >= 4}
+        reader = retriever.kb.reader()
+        titles = {d.doc_id: _norm(d.title) for d in reader.documents().values() if len(_norm(d.title)) >= 4}
         title_set = set(titles.values())
         extractor = extractor or default_extractor()
         edges: list[Edge] = []
         frequency: Counter[str] = Counter()
-        for chunk in store.iter_chunks(db):
+        for chunk in reader.iter_chunks():
             mentioned = _mentions(chunk.text, chunk.section, extractor, title_set)
             frequency.update(mentioned)
             relation = RELATIONS.get(chunk.section.lower())

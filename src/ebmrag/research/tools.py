@@ -27,7 +27,6 @@ from ebmrag.ddx.engine import DifferentialDiagnoser, complete_findings
 from ebmrag.ddx.findings import FindingMapper
 from ebmrag.errors import EbmragError
 from ebmrag.evidence.fragment import PatientRecord
-from ebmrag.index import store
 from ebmrag.index.search import HybridRetriever
 from ebmrag.index.types import Filters
 from ebmrag.packing.packer import ContextPacker
@@ -157,14 +156,14 @@ class ReadDocumentTool(Tool):
 
     def run(self, arguments: Any) -> Observation:
         a: ReadDocumentArguments = arguments
-        db = self.retriever.kb.reader().db
-        doc_id = a.doc_id.split("#", 1)[0] if store.document(db, a.doc_id) is None else a.doc_id
-        document = store.document(db, doc_id)
+        reader = self.retriever.kb.reader()
+        doc_id = a.doc_id.split("#", 1)[0] if reader.document(a.doc_id) is None else a.doc_id
+        document = reader.document(doc_id)
         if document is None:
             return Observation(f"error: no document {a.doc_id!r} in the knowledge base", error=True)
-        chunks = [c for c in store.chunks_of(db, doc_id) if not a.section or c.section.lower() == a.section.lower()]
+        chunks = [c for c in reader.chunks_of(doc_id) if not a.section or c.section.lower() == a.section.lower()]
         if not chunks:
-            sections = sorted({c.section for c in store.chunks_of(db, doc_id)})
+            sections = sorted({c.section for c in reader.chunks_of(doc_id)})
             return Observation(f"error: {doc_id!r} has no section {a.section!r}; sections: {sections}", error=True)
         items: list[Item] = []
         used = 0

@@ -1,0 +1,203 @@
+"""Segments: writes add segments and deletions, scores equal a single build's, merges and crashes keep it whole."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ebmrag.config import KnowledgeBaseConfig, StorageSettings
+from ebmrag.index import merge
+from ebmrag.index.kb import KnowledgeBase
+from ebmrag.index.prepare import prepare_batches
+from ebmrag.index.search import HybridRetriever
+from ebmrag.index.segment import SegmentEntry
+from ebmrag.index.types import Filters, SearchHit
+from ebmrag.ingest.documents import Document
+
+pytestmark = pytest.mark.model
+
+WORDS = ("fever cough creatinine penicillin anaphylaxis sepsis lactate antibiotic kidney contrast warfarin bleeding "
+         "insulin glucose ketoacidosis asthma wheeze steroid fracture opioid nausea stroke thrombolysis").split()
+QUERIES = ("penicillin anaphylaxis antibiotic", "creatinine contrast kidney", "warfarin bleeding",
+           "insulin glucose ketoacidosis", "stroke thrombolysis fever")
+CONFIG = KnowledgeBaseConfig(hnsw_min_rows=40, chunker="fixed")  # small segments get an HNSW graph too
+
+
+def note(i: int, version: int = 0) -> Document:
+    """A short document of varied length and term mix; `version` changes its text (an update)."""
+    rng = np.random.default_rng(i * 31 + version)
+    words = " ".join(rng.choice(WORDS, size=int(rng.integers(8, 40))))
+    return Document(f"d{i:03d}", f"{words} note {i} v{version}.", "notes", "txt", title=f"note {i}",
+                    authority="guideline" if i % 3 == 0 else "other")
+
+
+def lexical_scores(kb: KnowledgeBase, query: str) -> dict[str, float]:
+    """chunk id -> BM25 score of every live chunk (independent of how rows are split)."""
+    reader = kb.reader()
+    scores = reader.lexical.scores(kb.analyzer.terms(query))
+    return {c.chunk_id: float(scores[c.row]) for c in reader.iter_chunks()}
+
+
+def untied(hits: list[SearchHit]) -> list[str]:
+    """The chunk ids of hits whose score no other hit shares (ties break by row, and rows differ by layout)."""
+    scores = [round(h.score, 5) for h in hits]
+    return [h.chunk_id for h, s in zip(hits, scores, strict=True) if scores.count(s) == 1]
+
+
+def history(kb: KnowledgeBase) -> list[Document]:
+    """Five writes (adds, updates, deletions) leaving a segmented KB; returns the final documents."""
+    final = {i: note(i) for i in range(60)}
+    kb.apply([final[i] for i in range(30)])
+    kb.apply([final[i] for i in range(30, 60)])
+    for i in range(0, 60, 7):
+        final[i] = note(i, version=1)
+    kb.apply([final[i] for i in range(0, 60, 7)])
+    kb.apply([], [f"d{i:03d}" for i in range(5, 60, 11)])
+    for i in range(5, 60, 11):
+        del final[i]
+    final[60] = note(60)
+    kb.apply([final[60]])
+    return list(final.values())
+
+
+@pytest.fixture()
+def segmented(tmp_path: Path, embedder) -> tuple[KnowledgeBase, list[Document]]:  # type: ignore[no-untyped-def]
+    kb = KnowledgeBase(tmp_path / "kb", CONFIG, embedder=embedder, storage=StorageSettings(merge_factor=0))
+    return kb, history(kb)
+
+
+def test_scores_equal_a_single_build_of_the_live_documents(segmented, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                           embedder) -> None:
+    kb, final = segmented
+    reader = kb.reader()
+    assert len(reader.segments) == 4 and reader.size > reader.live_chunks  # 4 writes added, 1 only deleted
+    single = KnowledgeBase(tmp_path / "single", CONFIG, embedder=embedder)
+    single.apply(final)
+    assert kb.reader().documents().keys() == single.reader().documents().keys()
+    for query in QUERIES:
+        ours, theirs = lexical_scores(kb, query), lexical_scores(single, query)
+        assert ours.keys() == theirs.keys()
+        assert max(abs(ours[c] - theirs[c]) for c in ours) <= 1e-6 * max(1.0, max(theirs.values()))
+        for mode in ("bm25", "dense", "hybrid"):  # depth 100 > 56 chunks: no route cut falls inside a tie
+            got = HybridRetriever(kb, mode, route_depth=100).run(query, k=8)
+            want = HybridRetriever(single, mode, route_depth=100).run(query, k=8)
+            assert [h.score for h in got] == pytest.approx([h.score for h in want], abs=1e-5), (mode, query)
+            assert untied(got) == untied(want), (mode, query)  # rows differ, so only ties may swap
+
+
+def test_deleted_and_replaced_rows_never_surface(segmented) -> None:  # type: ignore[no-untyped-def]
+    kb, final = segmented
+    live = {d.doc_id: d for d in final}
+    for query in QUERIES:
+        for mode in ("bm25", "dense", "hybrid"):
+            for hit in HybridRetriever(kb, mode).run(query, k=20):
+                assert hit.doc_id in live and hit.text in live[hit.doc_id].text, (mode, hit.chunk_id)
+        guideline = HybridRetriever(kb, "dense").run(query, k=20, filters=Filters(authority="guideline"))
+        assert guideline and all(live[h.doc_id].authority == "guideline" for h in guideline)
+
+
+def test_compaction_keeps_every_score_and_drops_deleted_rows(segmented) -> None:  # type: ignore[no-untyped-def]
+    kb, _ = segmented
+    before = {q: lexical_scores(kb, q) for q in QUERIES}
+    hybrid = {q: [h.chunk_id for h in HybridRetriever(kb).run(q, k=8)] for q in QUERIES}
+    report = kb.compact()
+    reader = kb.reader()
+    assert report.segments_merged == 4 and len(reader.segments) == 1 and reader.size == reader.live_chunks
+    assert len(list((kb.root / "segments").iterdir())) == 1  # merged-away segments were removed
+    for query in QUERIES:
+        assert lexical_scores(kb, query) == pytest.approx(before[query], abs=1e-6)
+        assert [h.chunk_id for h in HybridRetriever(kb).run(query, k=8)] == hybrid[query]
+    assert kb.compact().segments_merged == 0  # already compact: no new generation
+
+
+def test_tiered_policy_merges_a_full_tier_and_bounds_the_count(tmp_path: Path, embedder) -> None:  # type: ignore[no-untyped-def]
+    entries = [SegmentEntry(f"seg-{i:06d}", rows, rows) for i, rows in enumerate((50_000, 400, 300, 900))]
+    assert merge.plan(entries, 4) == []  # three in tier 0, one in a higher tier
+    assert merge.plan([*entries, SegmentEntry("seg-000009", 10, 10)], 4) == [3, 1, 2, 4]  # largest first
+    assert merge.plan([SegmentEntry("seg-000001", 5_000, 2_000)], 10) == [0]  # mostly deleted: rewritten
+    kb = KnowledgeBase(tmp_path / "kb", CONFIG, embedder=embedder, storage=StorageSettings(merge_factor=3))
+    counts, merged = [], 0
+    for start in range(0, 50, 5):
+        report = kb.apply([note(i) for i in range(start, start + 5)])
+        counts.append(len(kb.reader().segments))
+        merged += report.segments_merged
+        assert report.chunks_total == kb.reader().live_chunks == start + 5
+    assert max(counts) < 3 and merged == 3 * 4  # each time a third segment joins tier 0, it merges
+    assert {h.doc_id for h in HybridRetriever(kb, "bm25").run("note 42", k=50)} >= {"d042"}
+
+
+def test_parallel_preparation_equals_in_process_preparation() -> None:
+    documents = [note(i) for i in range(300)]
+    one = list(prepare_batches(documents, "fixed", True, workers=1))
+    two = list(prepare_batches(documents, "fixed", True, workers=2))
+    assert [b.chunks for b in one] == [b.chunks for b in two]
+    assert [b.texts for b in one] == [b.texts for b in two]
+    for a, b in zip(one, two, strict=True):
+        assert a.counts.vocabulary == b.counts.vocabulary and np.array_equal(a.counts.tf, b.counts.tf)
+
+
+def test_a_large_write_is_split_into_segments_of_bounded_size(tmp_path: Path, embedder) -> None:  # type: ignore[no-untyped-def]
+    kb = KnowledgeBase(tmp_path / "kb", CONFIG, embedder=embedder,
+                       storage=StorageSettings(segment_rows=100, merge_factor=0, workers=1))
+    report = kb.apply([note(i) for i in range(300)])
+    sizes = [s.rows for s in kb.reader().segments]
+    assert len(sizes) == 3 and sum(sizes) == report.chunks_written == 300 and max(sizes) <= 100 + 64
+
+
+def test_format_1_knowledge_base_is_refused_then_converted(segmented, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                           embedder) -> None:
+    """A generation of the first on-disk format (kb.sqlite + vectors.npy in the generation folder) must open only
+    through `compact`, which converts it without re-embedding."""
+    kb, _ = segmented
+    kb.compact()
+    segment = kb.reader().segments[0].path
+    old = tmp_path / "old"
+    (old / "gen-000003").mkdir(parents=True)
+    for name in ("kb.sqlite", "vectors.npy", "dense.hnsw"):
+        shutil.copy2(segment / name, old / "gen-000003" / name)
+    manifest = json.loads((kb.reader().path / "manifest.json").read_text())
+    manifest.update(format=1, chunks=kb.reader().size)
+    del manifest["segments"]
+    (old / "gen-000003" / "manifest.json").write_text(json.dumps(manifest))
+    (old / "CURRENT").write_text("gen-000003")
+    with pytest.raises(Exception, match="kb compact"):
+        KnowledgeBase(old, embedder=embedder).reader()
+    converted = KnowledgeBase(old, embedder=embedder)
+    assert converted.compact().generation == 4
+    for query in QUERIES:
+        assert lexical_scores(converted, query) == pytest.approx(lexical_scores(kb, query), abs=1e-6)
+
+
+CRASHING_COMPACTION = textwrap.dedent("""
+    import os, signal, sys
+    from ebmrag.index.kb import KnowledgeBase
+
+    def die(stage, done, total):
+        if stage == "merging" and done >= 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    KnowledgeBase(sys.argv[1], cache_dir=sys.argv[2]).compact(progress=die)
+""")
+
+
+def test_kill_9_mid_compaction_keeps_the_last_generation(segmented, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    kb, final = segmented
+    before = {q: [h.chunk_id for h in HybridRetriever(kb).run(q, k=5)] for q in QUERIES}
+    generation = kb.reader().path.name
+    process = subprocess.run([sys.executable, "-c", CRASHING_COMPACTION, str(kb.root), str(tmp_path / "cache")],
+                             timeout=300, check=False)
+    assert process.returncode == -signal.SIGKILL
+    assert list((kb.root / "segments").glob("*.partial")), "the crash happened mid-merge"
+    assert kb.reader().path.name == generation and len(kb.reader().segments) == 4
+    assert {q: [h.chunk_id for h in HybridRetriever(kb).run(q, k=5)] for q in QUERIES} == before
+    kb.apply([note(70)])  # the next writer clears the leftovers
+    assert not list(kb.root.rglob("*.partial"))
+    assert kb.compact().segments_merged == 5 and kb.reader().live_chunks == len(final) + 1
