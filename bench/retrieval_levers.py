@@ -31,7 +31,7 @@ import numpy.typing as npt
 from ebmrag.config import load_settings
 from ebmrag.eval.retrieval import Query, liveqa_queries, score_ranking, select_split
 from ebmrag.evidence.sentences import split_sentences
-from ebmrag.factory import open_kb
+from ebmrag.factory import cache_dir
 from ebmrag.index.fusion import Ranked, fuse, top
 from ebmrag.index.kb import KnowledgeBase
 
@@ -161,7 +161,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     def opener(config: Path | None, kb: Path) -> KnowledgeBase:
-        return open_kb(load_settings(config), kb)
+        return KnowledgeBase(kb, cache_dir=cache_dir(load_settings(config)))
 
     second = opener(args.second_config, args.second_kb) if args.second_kb else None
     levers = Levers(opener(args.config, args.kb), second)

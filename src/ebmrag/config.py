@@ -33,6 +33,8 @@ chunker = ""             # empty = by source type; or fixed | recursive | struct
 contextual_prefix = true # index each chunk headed by its document title and section
 hnsw_min_rows = 20000    # below this, dense search is an exact scan
                          # -- how it is stored and written (may change at any time) --
+backend = "embedded"     # or "milvus": a collection per knowledge base on a Milvus server (the --kb path's last part
+uri = ""                 # names it), at uri = "http://host:19530"; needs the 'milvus' extra
 workers = 0              # ingest: processes that chunk and analyse (0 = one per core, at most 8; 1 = none)
 segment_rows = 250000    # a write of more chunks than this is split into segments of about this size
 merge_factor = 10        # tiered merging: this many segments of one size tier are merged (0 = only `kb compact`)
@@ -142,11 +144,17 @@ class KnowledgeBaseConfig:
 class StorageSettings:
     """How a knowledge base is written and stored; unlike `KnowledgeBaseConfig`, not part of what it is."""
 
+    backend: str = "embedded"
+    uri: str = ""
     workers: int = 0
     segment_rows: int = 250_000
     merge_factor: int = 10
 
     def __post_init__(self) -> None:
+        if self.backend not in ("embedded", "milvus"):
+            raise ValueError(f"backend must be 'embedded' or 'milvus', got {self.backend!r}")
+        if self.backend == "milvus" and not self.uri:
+            raise ValueError("backend 'milvus' needs uri = \"http://host:19530\"")
         if self.workers < 0 or self.segment_rows < 1:
             raise ValueError("workers must be >= 0 and segment_rows >= 1")
         if self.merge_factor != 0 and self.merge_factor < 2:

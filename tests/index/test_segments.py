@@ -201,3 +201,19 @@ def test_kill_9_mid_compaction_keeps_the_last_generation(segmented, tmp_path: Pa
     kb.apply([note(70)])  # the next writer clears the leftovers
     assert not list(kb.root.rglob("*.partial"))
     assert kb.compact().segments_merged == 5 and kb.reader().live_chunks == len(final) + 1
+
+
+def test_a_write_carries_loaded_indexes_over_to_the_next_reader(tmp_path: Path, embedder) -> None:  # type: ignore[no-untyped-def]
+    """Reloading a large graph after every nightly write would cost seconds: the new generation's reader
+    shares the loaded indexes of segments it still names, with the new deletions marked."""
+    kb = KnowledgeBase(tmp_path / "kb", CONFIG, embedder=embedder, storage=StorageSettings(merge_factor=0))
+    kb.apply([note(i) for i in range(60)])
+    dense = kb.reader().segments[0].dense
+    assert dense.has_graph
+    kb.apply([note(3, version=1)], ["d004"])
+    reader = kb.reader()
+    assert reader.segments[0].dense is dense and len(reader.segments) == 2
+    query = embedder.embed([note(4).text])[0]
+    found = reader.chunks_by_rows(reader.dense.search(query, 60)[0].tolist())
+    texts = {c.doc_id: c.text for c in found.values()}
+    assert "d004" not in texts and texts["d003"].endswith("v1.") and len(texts) == 59

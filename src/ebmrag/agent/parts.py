@@ -20,7 +20,7 @@ from ebmrag.evidence.embeddings import SentenceEmbedder, default_cache_dir
 from ebmrag.generate.llm import OpenAIChatClient
 from ebmrag.generate.local_llm import LlamaCppChatClient
 from ebmrag.generate.query_rewrite import QueryRewriter
-from ebmrag.index.kb import KnowledgeBase
+from ebmrag.index.backend import KnowledgeStore, open_knowledge_base
 from ebmrag.index.rerank import CrossEncoderReranker
 from ebmrag.index.search import HybridRetriever
 from ebmrag.index.vote import DocumentVoter
@@ -54,13 +54,13 @@ def build_packer(settings: Settings, strategy: str | None = None, k_min: int | N
                          embedder, m.tier_model, prefilter)
 
 
-def open_kb(settings: Settings, kb: Path) -> KnowledgeBase:
-    """The configured [kb] settings apply when the knowledge base is created; afterwards its manifest rules."""
-    return KnowledgeBase(kb, settings.kb if not (kb / "CURRENT").exists() else None, cache_dir=cache_dir(settings),
-                         storage=settings.storage)
+def open_kb(settings: Settings, kb: Path) -> KnowledgeStore:
+    """The configured backend; [kb] build settings apply when the knowledge base is created, afterwards its
+    manifest rules."""
+    return open_knowledge_base(settings, kb, cache_dir(settings))
 
 
-def make_retriever(settings: Settings, kb: KnowledgeBase, mode: str | None = None,
+def make_retriever(settings: Settings, kb: KnowledgeStore, mode: str | None = None,
                    rerank_model: str | None = None) -> HybridRetriever:
     r = settings.retrieval
     model = rerank_model if rerank_model is not None else r.rerank_model
@@ -114,7 +114,7 @@ def require_llm_client(settings: Settings, llm: str | None, model: str | None, b
     return client
 
 
-def shared_embedder(settings: Settings, kb: KnowledgeBase | None) -> SentenceEmbedder | None:
+def shared_embedder(settings: Settings, kb: KnowledgeStore | None) -> SentenceEmbedder | None:
     """The knowledge base's embedder when the packer is configured with the same model, else None.
 
     The packer then embeds at the knowledge base's length (128 word pieces by default, against the

@@ -151,12 +151,11 @@ def eval_mirage(
     config: ConfigOption = None,
 ) -> None:
     """MIRAGE multiple-choice accuracy of a model, with and without retrieval from a knowledge base."""
-    from ebmrag.index.kb import KnowledgeBase
 
     with user_errors():
         settings = load_settings(config)
         client = require_llm_client(settings, llm, model, base_url, "eval mirage")
-        retriever = make_retriever(settings, KnowledgeBase(kb, cache_dir=cache_dir(settings))) if kb else None
+        retriever = make_retriever(settings, open_kb(settings, kb)) if kb else None
         names = [s.strip() for s in subsets.split(",") if s.strip()]
         rows = rows_json(mirage_accuracy(client, benchmark, names, limit, retriever, k))
         _write_llm(out, rows, client)

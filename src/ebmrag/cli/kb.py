@@ -26,9 +26,9 @@ from ebmrag.cli.common import (
 )
 from ebmrag.config import load_settings
 from ebmrag.evidence.sentences import split_sentences
-from ebmrag.factory import cache_dir, make_llm_client, make_retriever, make_rewriter, open_kb
+from ebmrag.factory import make_llm_client, make_retriever, make_rewriter, open_kb
 from ebmrag.generate.query_rewrite import Rewrite
-from ebmrag.index.kb import IngestReport, KnowledgeBase, knowledge_base_stats
+from ebmrag.index.kb import IngestReport
 from ebmrag.index.sync import ingest_paths
 from ebmrag.index.types import Filters
 from ebmrag.index.vote import DocumentHit, DocumentVoter
@@ -115,7 +115,7 @@ def search(
     """Search the knowledge base."""
     with user_errors():
         settings = load_settings(config)
-        knowledge_base = KnowledgeBase(kb, cache_dir=cache_dir(settings))
+        knowledge_base = open_kb(settings, kb)
         retriever = make_retriever(settings, knowledge_base, mode, rerank_model)
         filters = Filters(source, section, authority, date_from, date_to)
         rewriter = make_rewriter(settings, make_llm_client(settings, llm, model, base_url), expand, hyde)
@@ -172,10 +172,10 @@ def kb_compact(kb: KbOption, config: ConfigOption = None) -> None:
 
 
 @kb_app.command("stats")
-def kb_stats(kb: KbOption, as_json: JsonOption = False) -> None:
+def kb_stats(kb: KbOption, as_json: JsonOption = False, config: ConfigOption = None) -> None:
     """Documents, chunks, segments, deleted chunks awaiting a merge, generation and size on disk."""
     with user_errors():
-        stats = knowledge_base_stats(KnowledgeBase(kb))
+        stats = open_kb(load_settings(config), kb).stats()
     if as_json:
         typer.echo(json.dumps(asdict(stats), indent=2))
         return

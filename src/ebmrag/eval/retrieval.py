@@ -20,8 +20,8 @@ import numpy as np
 
 from ebmrag.errors import EbmragError
 from ebmrag.generate.query_rewrite import Rewrite
+from ebmrag.index.backend import KnowledgeStore
 from ebmrag.index.fusion import Ranked, fuse, top, with_focus
-from ebmrag.index.kb import KnowledgeBase
 from ebmrag.index.search import HybridRetriever
 from ebmrag.index.types import Reranker
 
@@ -145,7 +145,7 @@ class QueryRoutes:
 class RouteCache:
     """BM25 and dense route results for every query (and its focus), computed once; fusion variants re-use them."""
 
-    def __init__(self, kb: KnowledgeBase, queries: Sequence[Query], unit: str) -> None:
+    def __init__(self, kb: KnowledgeStore, queries: Sequence[Query], unit: str) -> None:
         self.kb, self.queries = kb, queries
         reader = kb.reader()
         self.unit_of_row = {c.row: (c.section_id or c.doc_id) if unit == "section" else c.doc_id
@@ -216,7 +216,7 @@ class RetrievalReport:
                 "modes": {name: s.to_json() for name, s in self.modes.items()}}
 
 
-def rewritten(cache: RouteCache, kb: KnowledgeBase, fusion: str, weights: tuple[float, float],
+def rewritten(cache: RouteCache, kb: KnowledgeStore, fusion: str, weights: tuple[float, float],
               rewrite: Callable[[str], Rewrite]) -> Scores:
     """Hybrid with each question's model rewordings and hypothetical passage, as `search --expand --hyde` runs."""
     retriever = HybridRetriever(kb, "hybrid", fusion, weights)
@@ -228,7 +228,7 @@ def rewritten(cache: RouteCache, kb: KnowledgeBase, fusion: str, weights: tuple[
     return mean(scores)
 
 
-def evaluate_retrieval(kb: KnowledgeBase, dataset: str, queries: Sequence[Query], fusion: str,
+def evaluate_retrieval(kb: KnowledgeStore, dataset: str, queries: Sequence[Query], fusion: str,
                        weights: tuple[float, float], ablation: bool = False,
                        focus_weight: float = 0.0, reranker: Reranker | None = None,
                        rewrite: Callable[[str], Rewrite] | None = None) -> RetrievalReport:

@@ -21,7 +21,7 @@ from ebmrag.evidence.embeddings import SentenceEmbedder
 from ebmrag.index import store
 from ebmrag.index.analyzer import Analyzer
 from ebmrag.index.lexical import Rows, Scores
-from ebmrag.index.types import Filters
+from ebmrag.index.types import Filters, IngestReport, KnowledgeBaseStats
 from ebmrag.ingest.documents import Document
 from ebmrag.protocols import Progress
 
@@ -79,11 +79,24 @@ class KnowledgeStore(Protocol):
     def reader(self) -> KnowledgeReader: ...
 
     def apply(self, documents: Sequence[Document], delete_ids: Sequence[str] = (),
-              origins: dict[str, str] | None = None, progress: Progress | None = None) -> Any: ...
+              origins: dict[str, str] | None = None, progress: Progress | None = None) -> IngestReport: ...
 
-    def compact(self, progress: Progress | None = None) -> Any: ...
+    def compact(self, progress: Progress | None = None) -> IngestReport: ...
 
     def to_dict(self) -> dict[str, Any]: ...
+
+    def stats(self) -> KnowledgeBaseStats: ...
+
+
+def knowledge_base_from_dict(data: dict[str, Any] | str, embedder: SentenceEmbedder | None = None) -> KnowledgeStore:
+    """The inverse of a backend's `to_dict()` (a bare string is an embedded knowledge base's directory)."""
+    if isinstance(data, dict) and data.get("backend") == "milvus":
+        from ebmrag.index.milvus import MilvusKnowledgeBase
+
+        return MilvusKnowledgeBase.from_dict(data, embedder)
+    from ebmrag.index.kb import KnowledgeBase
+
+    return KnowledgeBase.from_dict(data, embedder)
 
 
 def open_knowledge_base(settings: Settings, path: Path | None, cache_dir: Path | None = None,

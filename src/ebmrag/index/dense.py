@@ -25,6 +25,8 @@ class DenseIndex:
     def __init__(self, vectors: Vectors, hnsw: Any = None, ef_search: int = 64) -> None:
         self.vectors = vectors
         self._hnsw = hnsw
+        self._hidden: npt.NDArray[np.bool_] | None = None  # rows marked deleted in the graph
+        self._hidden_count = 0
         self.ef_search = ef_search
 
     @property
@@ -53,6 +55,17 @@ class DenseIndex:
             graph.add_items(vectors[start:], np.arange(start, vectors.shape[0]), num_threads=-1)
         graph.save_index(str(directory / HNSW_FILE))
 
+    def mark_deleted(self, rows: Rows) -> None:
+        """Hide rows from approximate search (in memory; the graph file is never changed)."""
+        if self._hnsw is not None:
+            if self._hidden is None:
+                self._hidden = np.zeros(self.size, bool)
+            for label in rows.tolist():
+                if not self._hidden[label]:
+                    self._hnsw.mark_deleted(int(label))
+            self._hidden[rows] = True
+            self._hidden_count = int(self._hidden.sum())
+
     @property
     def has_graph(self) -> bool:
         return self._hnsw is not None
@@ -74,11 +87,12 @@ class DenseIndex:
         hnsw = None
         if (directory / HNSW_FILE).exists():
             hnsw = cls.load_graph(directory, dim, int(vectors.shape[0]))
-            for label in (deleted if deleted is not None else ()):
-                hnsw.mark_deleted(int(label))
             hnsw.set_ef(max(ef_search, 10))
             hnsw.set_num_threads(1)
-        return cls(vectors, hnsw, ef_search)
+        index = cls(vectors, hnsw, ef_search)
+        if deleted is not None:
+            index.mark_deleted(deleted)
+        return index
 
     def search(self, query: Vectors, k: int, mask: npt.NDArray[np.bool_] | None = None,
                exact_below: int = 50_000) -> tuple[Rows, Scores]:
@@ -101,8 +115,16 @@ class DenseIndex:
         return picked.astype(np.int64), scores[top].astype(np.float32)
 
     def _approximate(self, query: Vectors, k: int, mask: npt.NDArray[np.bool_] | None) -> tuple[Rows, Scores]:
-        k = min(k, self.size)
+        k = min(k, self.size - self._hidden_count)
+        if k == 0:
+            return np.zeros(0, np.int64), np.zeros(0, np.float32)
         self._hnsw.set_ef(max(self.ef_search, k))
         selector = None if mask is None else (lambda label: bool(mask[label]))
-        labels, distances = self._hnsw.knn_query(query[None, :], k=k, filter=selector)
+        try:
+            labels, distances = self._hnsw.knn_query(query[None, :], k=k, filter=selector)
+        except RuntimeError:  # hnswlib found fewer than k (a selective filter): answer exactly instead
+            allowed = np.ones(self.size, bool) if mask is None else mask.copy()
+            if self._hidden is not None:
+                allowed &= ~self._hidden
+            return self._exact(query, k, np.flatnonzero(allowed))
         return labels[0].astype(np.int64), (1.0 - distances[0]).astype(np.float32)

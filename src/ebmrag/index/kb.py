@@ -14,7 +14,7 @@ import json
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -26,33 +26,17 @@ from ebmrag.errors import IngestError, KnowledgeBaseError
 from ebmrag.evidence.embeddings import SentenceEmbedder
 from ebmrag.index import generations, merge, store
 from ebmrag.index.analyzer import Analyzer
+from ebmrag.index.backend import KnowledgeStore
+from ebmrag.index.dense import HNSW_FILE
 from ebmrag.index.lexical import TermCounts
 from ebmrag.index.prepare import PreparedBatch, index_text, prepare_batches
 from ebmrag.index.reader import FORMAT_VERSION, MANIFEST, Reader, read_manifest
 from ebmrag.index.segment import SegmentBuilder, SegmentEntry, collect_garbage, next_name, write_deletes
+from ebmrag.index.types import IngestReport, KnowledgeBaseStats
 from ebmrag.ingest.documents import Document
 from ebmrag.protocols import Progress
 
 __all__ = ["IngestReport", "KnowledgeBase", "Reader", "index_text", "kb_embedder", "knowledge_base_stats"]
-
-
-@dataclass
-class IngestReport:
-    added: list[str] = field(default_factory=list)
-    updated: list[str] = field(default_factory=list)
-    unchanged: list[str] = field(default_factory=list)
-    deleted: list[str] = field(default_factory=list)
-    errors: list[IngestError] = field(default_factory=list)
-    chunks_written: int = 0
-    chunks_total: int = 0
-    generation: int = 0
-    seconds_embedding: float = 0.0
-    seconds_indexing: float = 0.0
-    segments_merged: int = 0
-
-    @property
-    def changed(self) -> bool:
-        return bool(self.added or self.updated or self.deleted)
 
 
 def kb_embedder(config: KnowledgeBaseConfig, cache_dir: str | Path | None = None) -> SentenceEmbedder:
@@ -96,9 +80,10 @@ class KnowledgeBase:
         if live is None:
             raise KnowledgeBaseError(f"{self.root} is not a knowledge base yet; create it with `ebmrag ingest`")
         if self._reader is None or self._reader.path != live:
-            if self._reader is not None:
-                self._reader.close()  # the KB moved on to a newer generation: release the old one's files
-            self._reader = Reader(live, self.config)
+            previous = self._reader
+            self._reader = Reader(live, self.config, previous)
+            if previous is not None:
+                previous.close(keep=self._reader.segments)  # the KB moved on: release what is no longer named
             self._check_model(self._reader.manifest)
         return self._reader
 
@@ -121,9 +106,10 @@ class KnowledgeBase:
         return cls(spec["root"], cache_dir=spec.get("cache_dir"), embedder=embedder)
 
     def _release(self) -> None:
+        """After a write: move the open reader on to the new generation (segments it still names are carried
+        over with their loaded indexes; the rest are closed)."""
         if self._reader is not None:
-            self._reader.close()
-            self._reader = None
+            self.reader()
 
     def apply(self, documents: Sequence[Document], delete_ids: Sequence[str] = (),
               origins: dict[str, str] | None = None, progress: Progress | None = None) -> IngestReport:
@@ -135,8 +121,9 @@ class KnowledgeBase:
         with generations.writer_lock(self.root):
             live, catalog = self._open_for_writing()
             try:
-                old_docs = catalog.document_segments() if catalog else {}
-                incoming = _classify(documents, delete_ids, old_docs, report)
+                wanted = list(dict.fromkeys([*(d.doc_id for d in documents), *delete_ids]))
+                old_docs = catalog.content_hashes(wanted) if catalog else {}
+                incoming = classify(documents, delete_ids, old_docs, report)
                 report.generation = generations.generation_number(live)
                 if not report.changed:
                     report.chunks_total = catalog.live_chunks if catalog else 0
@@ -180,6 +167,17 @@ class KnowledgeBase:
         self._release()
         return report
 
+    def stats(self) -> KnowledgeBaseStats:
+        reader = self.reader()
+        by_type, by_authority = KnowledgeBaseStats.tally(reader.documents().values())
+        folders = [reader.path, *(s.path for s in reader.segments)]
+        size = sum(f.stat().st_size for folder in folders for f in folder.rglob("*") if f.is_file())
+        return KnowledgeBaseStats(
+            str(self.root), generations.generation_number(reader.path), sum(by_type.values()), reader.live_chunks,
+            len(reader.segments), reader.size - reader.live_chunks, size, str(reader.manifest["embedding_model"]),
+            str(reader.manifest["created"]), by_type, by_authority,
+            any((s.path / HNSW_FILE).exists() for s in reader.segments))
+
     def _open_for_writing(self) -> tuple[Path | None, Reader | None]:
         """Leftovers of a crashed writer go first; then the live generation's catalog (no search index loads)."""
         generations.remove_partials(self.root)
@@ -221,13 +219,16 @@ class KnowledgeBase:
         return merged, number
 
 
-def _classify(documents: Sequence[Document], delete_ids: Sequence[str],
-              old_docs: dict[str, tuple[store.DocumentRow, int]], report: IngestReport) -> list[Document]:
+def classify(documents: Sequence[Document], delete_ids: Sequence[str], old_docs: dict[str, tuple[str, Any]],
+             report: IngestReport) -> list[Document]:
+    """Sort a write's documents into added / updated / unchanged (by content hash) and its deletions, into
+    `report`; `old_docs` maps the stored ones it names to (content hash, where they are). Returns the batch
+    without duplicate ids (each reported)."""
     incoming = _dedupe(documents, report)
     for doc in incoming:
         previous = old_docs.get(doc.doc_id)
         bucket = report.added if previous is None else (
-            report.unchanged if previous[0].content_hash == doc.content_hash else report.updated)
+            report.unchanged if previous[0] == doc.content_hash else report.updated)
         bucket.append(doc.doc_id)
     incoming_ids = {d.doc_id for d in incoming}
     for doc_id in dict.fromkeys(delete_ids):
@@ -249,7 +250,7 @@ def _dedupe(documents: Sequence[Document], report: IngestReport) -> list[Documen
     return list(seen.values())
 
 
-def _tombstone(catalog: Reader | None, old_docs: dict[str, tuple[store.DocumentRow, int]], replaced: set[str],
+def _tombstone(catalog: Reader | None, old_docs: dict[str, tuple[str, int]], replaced: set[str],
                number: int) -> list[SegmentEntry]:
     """The live segments with `replaced` documents added to their deletions (a new deletion file for each
     segment touched); a segment left with no live row is dropped."""
@@ -339,33 +340,6 @@ def _document_row(doc: Document, origin: str, n_chunks: int) -> store.DocumentRo
                              datetime.now(UTC).isoformat(timespec="seconds"))
 
 
-@dataclass(frozen=True)
-class KnowledgeBaseStats:
-    path: str
-    generation: int
-    documents: int
-    chunks: int
-    segments: int
-    deleted_chunks: int
-    bytes_on_disk: int
-    embedding_model: str
-    created: str
-    by_source_type: dict[str, int]
-    by_authority: dict[str, int]
-    hnsw: bool
-
-
-def knowledge_base_stats(kb: KnowledgeBase) -> KnowledgeBaseStats:
-    reader = kb.reader()
-    by_type: dict[str, int] = {}
-    by_authority: dict[str, int] = {}
-    for row in reader.documents().values():
-        by_type[row.source_type] = by_type.get(row.source_type, 0) + 1
-        by_authority[row.authority] = by_authority.get(row.authority, 0) + 1
-    folders = [reader.path, *(s.path for s in reader.segments)]
-    size = sum(f.stat().st_size for folder in folders for f in folder.rglob("*") if f.is_file())
-    return KnowledgeBaseStats(
-        str(kb.root), generations.generation_number(reader.path), sum(by_type.values()), reader.live_chunks,
-        len(reader.segments), reader.size - reader.live_chunks, size, str(reader.manifest["embedding_model"]),
-        str(reader.manifest["created"]), by_type, by_authority, any(s.dense.has_graph for s in reader.segments),
-    )
+def knowledge_base_stats(kb: KnowledgeStore) -> KnowledgeBaseStats:
+    """Documents, chunks, segments and size of any backend."""
+    return kb.stats()

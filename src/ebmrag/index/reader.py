@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from ebmrag.config import KnowledgeBaseConfig
 from ebmrag.errors import KnowledgeBaseError
@@ -24,6 +23,7 @@ from ebmrag.index import store
 from ebmrag.index.dense import Vectors
 from ebmrag.index.lexical import LexicalIndex, Mask, Rows, Scores
 from ebmrag.index.segment import Segment, SegmentEntry
+from ebmrag.index.types import Filters
 
 FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
@@ -89,17 +89,23 @@ class SegmentedDense:
 class Reader:
     """Search indexes and catalog of one generation."""
 
-    def __init__(self, path: Path, config: KnowledgeBaseConfig) -> None:
+    def __init__(self, path: Path, config: KnowledgeBaseConfig, previous: Reader | None = None) -> None:
+        """`previous`: the reader of an earlier generation, whose segments (and loaded indexes) are carried over
+        where this generation still names them; the caller closes it with `close(keep=self.segments)`."""
         self.path = path
         self.manifest = read_manifest(path)
         dim = int(self.manifest["dim"])
         entries = [SegmentEntry.from_json(e) for e in self.manifest["segments"]]
+        known = {s.entry.name: s for s in previous.segments} if previous else {}
         self.segments: list[Segment] = []
         try:
             for entry in entries:
-                self.segments.append(Segment(path.parent, entry, dim))
+                earlier = known.get(entry.name)
+                self.segments.append(earlier if earlier is not None and earlier.entry == entry else
+                                     earlier.successor(path.parent, entry) if earlier is not None else
+                                     Segment(path.parent, entry, dim))
         except BaseException:
-            self.close()
+            self.close(keep=previous.segments if previous else ())
             raise
         self.offsets = [int(x) for x in np.cumsum([0] + [e.rows for e in entries])[:-1]]
         self.size = sum(e.rows for e in entries)  # the row space, deleted rows included
@@ -116,9 +122,12 @@ class Reader:
     def dense(self) -> SegmentedDense:
         return SegmentedDense(self.segments, self.offsets)
 
-    def close(self) -> None:
+    def close(self, keep: Sequence[Segment] = ()) -> None:
+        """Release this generation's files, except segments a newer reader carried over."""
+        kept = {id(s) for s in keep}
         for segment in self.segments:
-            segment.close()
+            if id(segment) not in kept:
+                segment.close()
 
     # --- catalog -------------------------------------------------------------------------------------------
 
@@ -129,16 +138,22 @@ class Reader:
         live = self.segments[i].live
         return live is None or bool(live[local_row])
 
-    def documents(self) -> dict[str, store.DocumentRow]:
-        return {doc_id: row for doc_id, (row, _) in self.document_segments().items()}
-
-    def document_segments(self) -> dict[str, tuple[store.DocumentRow, int]]:
-        """Every live document with the index of the segment holding it."""
-        found: dict[str, tuple[store.DocumentRow, int]] = {}
+    def content_hashes(self, doc_ids: Sequence[str]) -> dict[str, tuple[str, int]]:
+        """doc id -> (content hash, segment index) for those of `doc_ids` that are live: a write looks up only
+        the documents it touches, never the whole catalog."""
+        found: dict[str, tuple[str, int]] = {}
         for i, segment in enumerate(self.segments):
-            for doc_id, row in store.documents(segment.db).items():
+            for doc_id, content_hash in store.hashes_of(segment.db, doc_ids).items():
                 if doc_id not in segment.deleted_docs:
-                    found[doc_id] = (row, i)
+                    found[doc_id] = (content_hash, i)
+        return found
+
+    def documents(self) -> dict[str, store.DocumentRow]:
+        """Every live document (the whole catalog: for listings and sync, not for a write's lookups)."""
+        found: dict[str, store.DocumentRow] = {}
+        for segment in self.segments:
+            found.update((doc_id, row) for doc_id, row in store.documents(segment.db).items()
+                         if doc_id not in segment.deleted_docs)
         return found
 
     def document(self, doc_id: str) -> store.DocumentRow | None:
@@ -176,8 +191,11 @@ class Reader:
                 found[self.offsets[i] + row] = self._global(i, chunk)
         return found
 
-    def rows_matching(self, where: str, params: Sequence[str]) -> npt.NDArray[np.bool_]:
-        """A mask over the row space: live rows whose chunk matches the SQL condition."""
+    def scope(self, filters: Filters) -> Mask | None:
+        """What searches take for `filters`: a mask over the row space of the live rows that match (None: all)."""
+        where, params = filters.sql()
+        if not where:
+            return None
         mask = np.zeros(self.size, dtype=bool)
         for i, segment in enumerate(self.segments):
             local = np.asarray(store.rows_matching(segment.db, where, params), dtype=np.int64)

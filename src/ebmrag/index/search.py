@@ -1,7 +1,8 @@
 """Search a knowledge base: BM25, dense or hybrid (each route top 50, then fusion), with metadata filters.
 
 Results are `SearchHit`s carrying everything a citation needs (chunk id, document, section and
-character offsets). Filters are applied inside each route (a mask), not after it, so a filtered
+character offsets). Filters are applied inside each route (a scope: a row mask, or a
+server-side expression on Milvus), not after it, so a filtered
 search still returns k hits when k matching chunks exist.
 """
 
@@ -14,9 +15,9 @@ import numpy as np
 import numpy.typing as npt
 
 from ebmrag.evidence.embeddings import SentenceEmbedder
+from ebmrag.index.backend import KnowledgeStore, knowledge_base_from_dict
 from ebmrag.index.focus import FocusExtractor
 from ebmrag.index.fusion import Ranked, fuse, top, with_focus
-from ebmrag.index.kb import KnowledgeBase
 from ebmrag.index.rerank import reranker_from_dict
 from ebmrag.index.types import Filters, Reranker, SearchHit
 
@@ -33,7 +34,7 @@ class HybridRetriever:
     names and its question type) and the focus routes take that share of the fusion weight.
     """
 
-    def __init__(self, kb: KnowledgeBase, mode: str = "hybrid", fusion: str = "rrf",
+    def __init__(self, kb: KnowledgeStore, mode: str = "hybrid", fusion: str = "rrf",
                  weights: Sequence[float] = (1.0, 1.0), route_depth: int = 50, rrf_k: int = 60,
                  reranker: Reranker | None = None, focus_weight: float = 0.0) -> None:
         if mode not in MODES:
@@ -100,21 +101,21 @@ class HybridRetriever:
     def rank(self, query: str, k: int, filters: Filters | None = None,
              query_vector: npt.NDArray[np.float32] | None = None, variants: Sequence[str] = (),
              hypothesis: str = "") -> Ranked:
-        mask = self._mask(filters)
+        scope = self._scope(filters)
         variants = [v for v in dict.fromkeys(v.strip() for v in variants) if v and v != query.strip()]
         fused = self.mode == "hybrid" or bool(self.focus_weight or variants)
         depth = max(self.route_depth, k) if fused else k
         if hypothesis.strip() and self.mode != "bm25":
             query_vector = self._hypothesis_vector(query, hypothesis, query_vector)
-        routes = self.routes(query, depth, mask, query_vector)
+        routes = self.routes(query, depth, scope, query_vector)
         base: list[float] = list(self.weights) if self.mode == "hybrid" else [1.0]
         weights = list(base)
         focus = self.focus_query(query) if self.focus_weight else ""
         if focus:
-            routes += self.routes(focus, depth, mask)
+            routes += self.routes(focus, depth, scope)
             weights = with_focus(weights, self.focus_weight)
         for variant in variants:
-            routes += self.routes(variant, depth, mask)
+            routes += self.routes(variant, depth, scope)
             weights += [w * VARIANT_WEIGHT for w in base]
         if len(routes) == 1:
             return Ranked(routes[0].rows[:k], routes[0].scores[:k])
@@ -127,16 +128,16 @@ class HybridRetriever:
         mean = question + self.kb.embedder.embed([hypothesis])[0]
         return np.asarray(mean / max(float(np.linalg.norm(mean)), 1e-12), dtype=np.float32)
 
-    def routes(self, query: str, depth: int, mask: npt.NDArray[np.bool_] | None = None,
+    def routes(self, query: str, depth: int, scope: Any = None,
                query_vector: npt.NDArray[np.float32] | None = None) -> list[Ranked]:
         """This mode's routes for one query text, each its top `depth` rows."""
         reader = self.kb.reader()
         routes: list[Ranked] = []
         if self.mode in ("bm25", "hybrid"):
-            routes.append(Ranked(*reader.lexical.search(self.kb.analyzer.terms(query), depth, mask)))
+            routes.append(Ranked(*reader.lexical.search(self.kb.analyzer.terms(query), depth, scope)))
         if self.mode in ("dense", "hybrid"):
             vector = query_vector if query_vector is not None else self.kb.embedder.embed([query])[0]
-            routes.append(Ranked(*reader.dense.search(vector, depth, mask)))
+            routes.append(Ranked(*reader.dense.search(vector, depth, scope)))
         return routes
 
     def focus_query(self, query: str) -> str:
@@ -148,13 +149,9 @@ class HybridRetriever:
             self._focus = (reader, FocusExtractor(reader.titles(), rarest_share, reader.live_chunks))
         return self._focus[1].extract(query).query
 
-    def _mask(self, filters: Filters | None) -> npt.NDArray[np.bool_] | None:
-        if filters is None:
-            return None
-        where, params = filters.sql()
-        if not where:
-            return None
-        return self.kb.reader().rows_matching(where, params)
+    def _scope(self, filters: Filters | None) -> Any:
+        """What the knowledge base makes of the filters (its routes take it as they are)."""
+        return None if filters is None else self.kb.reader().scope(filters)
 
     def hits(self, ranked: Ranked) -> list[SearchHit]:
         reader = self.kb.reader()
@@ -174,8 +171,8 @@ class HybridRetriever:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], embedder: SentenceEmbedder | None = None) -> HybridRetriever:
-        """`embedder` shares a model instance the caller already holds (see `KnowledgeBase.from_dict`)."""
+        """`embedder` shares a model instance the caller already holds (see `backend.knowledge_base_from_dict`)."""
         data = dict(data)
         reranker = data.pop("reranker", None)
-        kb = KnowledgeBase.from_dict(data.pop("kb"), embedder)
+        kb = knowledge_base_from_dict(data.pop("kb"), embedder)
         return cls(kb, reranker=reranker_from_dict(reranker) if reranker else None, **data)

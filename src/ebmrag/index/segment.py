@@ -145,6 +145,19 @@ class Segment:
     def rows(self) -> int:
         return self.entry.rows
 
+    def successor(self, root: Path, entry: SegmentEntry) -> Segment:
+        """This segment as a later generation names it. Only deletions can differ, and they only grow, so the
+        loaded indexes are shared and the new deletions are marked in the graph: a write that deletes from a
+        large segment does not make readers load its graph again."""
+        follower = Segment(root, entry, self.dim)
+        for name in ("lexical", "dense"):
+            if name in self.__dict__:
+                follower.__dict__[name] = self.__dict__[name]
+        if "dense" in follower.__dict__ and follower.live is not None:
+            before = self.live if self.live is not None else np.ones(entry.rows, bool)
+            follower.dense.mark_deleted(np.flatnonzero(before & ~follower.live))
+        return follower
+
     def close(self) -> None:
         self.db.close()
 

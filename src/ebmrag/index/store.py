@@ -129,6 +129,16 @@ def chunks_of(db: sqlite3.Connection, doc_id: str) -> list[ChunkRow]:
     return [ChunkRow(*row) for row in db.execute(query, (doc_id,))]
 
 
+def hashes_of(db: sqlite3.Connection, doc_ids: Sequence[str]) -> dict[str, str]:
+    """doc id -> content hash for those of `doc_ids` this table holds."""
+    found: dict[str, str] = {}
+    for start in range(0, len(doc_ids), 500):
+        part = list(doc_ids[start:start + 500])
+        marks = ",".join("?" * len(part))
+        found.update(db.execute(f"SELECT doc_id, content_hash FROM documents WHERE doc_id IN ({marks})", part))
+    return found
+
+
 def rows_of_documents(db: sqlite3.Connection, doc_ids: Sequence[str]) -> list[int]:
     found: list[int] = []
     for start in range(0, len(doc_ids), 500):

@@ -16,7 +16,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from ebmrag.errors import IngestError
-from ebmrag.index.kb import IngestReport, KnowledgeBase
+from ebmrag.index.backend import KnowledgeStore
+from ebmrag.index.kb import IngestReport
 from ebmrag.ingest.pipeline import FileBatch, collect
 from ebmrag.ingest.readers import DEFAULT_MAX_FILE_BYTES, FieldMap
 from ebmrag.protocols import Progress
@@ -24,7 +25,7 @@ from ebmrag.protocols import Progress
 log = logging.getLogger(__name__)
 
 
-def stale_documents(kb: KnowledgeBase, paths: Sequence[Path], batch: FileBatch) -> list[str]:
+def stale_documents(kb: KnowledgeStore, paths: Sequence[Path], batch: FileBatch) -> list[str]:
     """Documents whose origin lies under one of `paths` but that this batch did not read again."""
     if not kb.exists:
         return []
@@ -38,7 +39,7 @@ def stale_documents(kb: KnowledgeBase, paths: Sequence[Path], batch: FileBatch) 
     return stale
 
 
-def reconcile_ids(kb: KnowledgeBase, batch: FileBatch) -> list[IngestError]:
+def reconcile_ids(kb: KnowledgeStore, batch: FileBatch) -> list[IngestError]:
     """Keep ids stable and unique across sources, in place:
     - a file the KB already holds under another id (the same file spelled another way) keeps its stored id;
     - an id the KB already gives to a document from another file that still exists is a collision: the
@@ -71,7 +72,7 @@ def reconcile_ids(kb: KnowledgeBase, batch: FileBatch) -> list[IngestError]:
     return errors
 
 
-def ingest_paths(kb: KnowledgeBase, paths: Sequence[Path], sync: bool = False, field_map: FieldMap | None = None,
+def ingest_paths(kb: KnowledgeStore, paths: Sequence[Path], sync: bool = False, field_map: FieldMap | None = None,
                  max_bytes: int = DEFAULT_MAX_FILE_BYTES, progress: Progress | None = None,
                  source: str = "") -> IngestReport:
     batch = collect(paths, field_map, max_bytes, progress, source)

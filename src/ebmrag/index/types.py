@@ -3,9 +3,11 @@ the `Reranker` contract. Kept apart from `search` so a reranker or a consumer of
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from ebmrag.errors import IngestError
 
 
 @dataclass(frozen=True)
@@ -62,3 +64,48 @@ class Reranker(Protocol):
     def rerank(self, query: str, hits: Sequence[SearchHit]) -> list[SearchHit]: ...
 
     def to_dict(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class KnowledgeBaseStats:
+    path: str
+    generation: int
+    documents: int
+    chunks: int
+    segments: int
+    deleted_chunks: int
+    bytes_on_disk: int
+    embedding_model: str
+    created: str
+    by_source_type: dict[str, int]
+    by_authority: dict[str, int]
+    hnsw: bool
+
+    @staticmethod
+    def tally(documents: Iterable[Any]) -> tuple[dict[str, int], dict[str, int]]:
+        """Documents counted by source type and by authority."""
+        by_type: dict[str, int] = {}
+        by_authority: dict[str, int] = {}
+        for row in documents:
+            by_type[row.source_type] = by_type.get(row.source_type, 0) + 1
+            by_authority[row.authority] = by_authority.get(row.authority, 0) + 1
+        return by_type, by_authority
+
+
+@dataclass
+class IngestReport:
+    added: list[str] = field(default_factory=list)
+    updated: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    errors: list[IngestError] = field(default_factory=list)
+    chunks_written: int = 0
+    chunks_total: int = 0
+    generation: int = 0
+    seconds_embedding: float = 0.0
+    seconds_indexing: float = 0.0
+    segments_merged: int = 0
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.added or self.updated or self.deleted)

@@ -8,7 +8,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 
-from ebmrag.index.kb import KnowledgeBase, knowledge_base_stats
+from ebmrag.index.backend import KnowledgeStore
 from ebmrag.ingest.documents import Document, normalize_text
 from ebmrag.serve.access import KB_ADMIN, AccessError, require
 from ebmrag.serve.models import UploadBody
@@ -21,7 +21,7 @@ def install_kb(app: FastAPI, service: Service) -> None:
     """The shared knowledge base: stats for any admin, changes only for the admins of [serve] kb_admin_tenant
     (one tenant's administrator must not rewrite every tenant's guidelines)."""
 
-    def knowledge_base() -> KnowledgeBase:
+    def knowledge_base() -> KnowledgeStore:
         voter = service.engine().voter
         if voter is None:
             raise ProblemError(409, "no-knowledge-base", "this server has no knowledge base")
@@ -38,7 +38,7 @@ def install_kb(app: FastAPI, service: Service) -> None:
     @app.get("/v1/kb/stats", tags=["knowledge base"])
     async def kb_stats(request: Request) -> dict[str, Any]:
         await kb_admin(request, change=False)
-        return dict(asdict(await service.run(lambda: knowledge_base_stats(knowledge_base()))))
+        return dict(asdict(await service.run(lambda: knowledge_base().stats())))
 
     @app.post("/v1/kb/documents", tags=["knowledge base"])
     async def kb_upload(body: UploadBody, request: Request) -> dict[str, Any]:
