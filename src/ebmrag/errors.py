@@ -16,6 +16,10 @@ class _LocatedError(EbmragError, ValueError):
         self.problem = problem
         super().__init__(f"{where}: {problem}")
 
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+        """Rebuilt from (where, problem) when it crosses a process boundary (a worker's read error)."""
+        return type(self), (self.where, self.problem)
+
 
 class RecordError(_LocatedError):
     """A patient record is malformed; the message names the file and the field."""

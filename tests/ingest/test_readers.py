@@ -142,3 +142,13 @@ def test_shared_corpus_shapes_are_recognised(shared_data: Path, tmp_path: Path) 
     assert all(qa["question"] not in medquad.text for qa in record["qa"])  # questions are the MedQuAD eval queries
     judged = read_file(tmp_path / "judged_answer.jsonl", "j").documents[0]
     assert not judged.text.startswith("Question:") and judged.title
+
+
+def test_a_read_error_survives_pickling_to_another_process() -> None:
+    """Worker processes and Ray tasks hand read errors back as values."""
+    import pickle
+
+    from ebmrag.errors import IngestError
+
+    error = pickle.loads(pickle.dumps(IngestError("notes/a.pdf", "not a PDF")))
+    assert (error.where, error.problem, str(error)) == ("notes/a.pdf", "not a PDF", "notes/a.pdf: not a PDF")

@@ -26,7 +26,7 @@ from ebmrag.cli.common import (
 )
 from ebmrag.config import load_settings
 from ebmrag.evidence.sentences import split_sentences
-from ebmrag.factory import make_llm_client, make_retriever, make_rewriter, open_kb
+from ebmrag.factory import cache_dir, make_llm_client, make_retriever, make_rewriter, open_kb
 from ebmrag.generate.query_rewrite import Rewrite
 from ebmrag.index.kb import IngestReport
 from ebmrag.index.sync import ingest_paths
@@ -57,6 +57,9 @@ def ingest(
     max_file_mb: Annotated[int, typer.Option(help="Refuse files larger than this.")] = 50,
     source: Annotated[str, typer.Option(help="Name this source: ids become NAME/<path>, so two folders of "
                                         "one name stay apart.")] = "",
+    ray: Annotated[str | None, typer.Option(help="Read, chunk and embed on a Ray cluster: 'auto' or its "
+                                            "address (the 'ray' extra; paths must be visible to every node).")] = None,
+    ray_actors: Annotated[int, typer.Option(help="Embedding actors on the cluster (0: one per CPU).")] = 0,
     config: ConfigOption = None,
 ) -> None:
     """Add or update documents; unchanged ones are skipped by content hash. Bad files are reported, not fatal."""
@@ -64,9 +67,14 @@ def ingest(
         settings = load_settings(config)
         knowledge_base = open_kb(settings, kb)
         field_map = FieldMap.parse(field or [])
+        cluster = None
+        if ray:
+            from ebmrag.index.distributed import RayPipeline
+
+            cluster = RayPipeline(ray, knowledge_base.config, cache_dir(settings), ray_actors)
         with progress_bar() as bar:
             report = ingest_paths(knowledge_base, paths, sync, field_map, max_file_mb * 2**20, progress_callback(bar),
-                                  source)
+                                  source, cluster)
     console.print(report_table(report))
     for error in report.errors:
         stderr.print(f"[red]error[/] {escape(str(error))}", highlight=False, soft_wrap=True)

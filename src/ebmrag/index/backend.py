@@ -21,6 +21,7 @@ from ebmrag.evidence.embeddings import SentenceEmbedder
 from ebmrag.index import store
 from ebmrag.index.analyzer import Analyzer
 from ebmrag.index.lexical import Rows, Scores
+from ebmrag.index.prepare import EmbeddingPipeline
 from ebmrag.index.types import Filters, IngestReport, KnowledgeBaseStats
 from ebmrag.ingest.documents import Document
 from ebmrag.protocols import Progress
@@ -79,7 +80,8 @@ class KnowledgeStore(Protocol):
     def reader(self) -> KnowledgeReader: ...
 
     def apply(self, documents: Sequence[Document], delete_ids: Sequence[str] = (),
-              origins: dict[str, str] | None = None, progress: Progress | None = None) -> IngestReport: ...
+              origins: dict[str, str] | None = None, progress: Progress | None = None,
+              pipeline: EmbeddingPipeline | None = None) -> IngestReport: ...
 
     def compact(self, progress: Progress | None = None) -> IngestReport: ...
 

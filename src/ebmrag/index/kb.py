@@ -29,7 +29,7 @@ from ebmrag.index.analyzer import Analyzer
 from ebmrag.index.backend import KnowledgeStore
 from ebmrag.index.dense import HNSW_FILE
 from ebmrag.index.lexical import TermCounts
-from ebmrag.index.prepare import PreparedBatch, index_text, prepare_batches
+from ebmrag.index.prepare import EmbeddingPipeline, LocalPipeline, PreparedBatch, index_text
 from ebmrag.index.reader import FORMAT_VERSION, MANIFEST, Reader, read_manifest
 from ebmrag.index.segment import SegmentBuilder, SegmentEntry, collect_garbage, next_name, write_deletes
 from ebmrag.index.types import IngestReport, KnowledgeBaseStats
@@ -112,9 +112,11 @@ class KnowledgeBase:
             self.reader()
 
     def apply(self, documents: Sequence[Document], delete_ids: Sequence[str] = (),
-              origins: dict[str, str] | None = None, progress: Progress | None = None) -> IngestReport:
+              origins: dict[str, str] | None = None, progress: Progress | None = None,
+              pipeline: EmbeddingPipeline | None = None) -> IngestReport:
         """Upsert `documents` and delete `delete_ids` in one new generation (none if nothing changed). With no
-        document to add, a path that is not a knowledge base yet is an error, not a new empty directory."""
+        document to add, a path that is not a knowledge base yet is an error, not a new empty directory.
+        `pipeline` chunks and embeds the changed documents (default: on this machine)."""
         if not documents and not self.exists:
             raise KnowledgeBaseError(f"{self.root} is not a knowledge base yet; nothing to delete or add there")
         report = IngestReport()
@@ -131,7 +133,9 @@ class KnowledgeBase:
                 number = report.generation + 1
                 fresh = [d for d in incoming if d.doc_id in set(report.added) | set(report.updated)]
                 entries = _tombstone(catalog, old_docs, set(report.updated) | set(report.deleted), number)
-                new_entries = _SegmentWriter(self, progress).write(fresh, origins or {}, report)
+                pipeline = pipeline or LocalPipeline(self.embedder, self.storage.workers)
+                new_entries = _SegmentWriter(self, progress).write(fresh, pipeline, origins or {}, report)
+                report.seconds_embedding = pipeline.seconds_embedding
             finally:
                 if catalog is not None:
                     catalog.close()
@@ -281,7 +285,8 @@ class _SegmentWriter:
         self.kb = kb
         self.progress: Callable[[str, int, int], None] = progress or (lambda stage, done, total: None)
 
-    def write(self, fresh: list[Document], origins: dict[str, str], report: IngestReport) -> list[SegmentEntry]:
+    def write(self, fresh: list[Document], pipeline: EmbeddingPipeline, origins: dict[str, str],
+              report: IngestReport) -> list[SegmentEntry]:
         if not fresh:
             return []
         kb, entries = self.kb, []
@@ -289,9 +294,8 @@ class _SegmentWriter:
         builder, parts, vectors = SegmentBuilder(kb.root, next_name(kb.root)), [], []
         try:
             done = 0
-            for batch in prepare_batches(fresh, kb.config.chunker, kb.config.contextual_prefix,
-                                         kb.storage.workers):
-                vectors.append(self._embed(batch, report))
+            for batch, batch_vectors in pipeline.run(fresh, kb.config.chunker, kb.config.contextual_prefix):
+                vectors.append(batch_vectors)
                 started = time.perf_counter()
                 self._add(builder, batch, by_id, origins)
                 parts.append(batch.counts)
@@ -306,13 +310,6 @@ class _SegmentWriter:
             builder.abandon()
             raise
         return entries
-
-    def _embed(self, batch: PreparedBatch, report: IngestReport) -> np.ndarray:
-        started = time.perf_counter()
-        dim = self.kb.embedder.dimension
-        vectors = self.kb.embedder.embed(batch.texts) if batch.texts else np.zeros((0, dim), np.float32)
-        report.seconds_embedding += time.perf_counter() - started
-        return np.asarray(vectors, dtype=np.float32)
 
     @staticmethod
     def _add(builder: SegmentBuilder, batch: PreparedBatch, by_id: dict[str, Document],

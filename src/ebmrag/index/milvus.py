@@ -40,7 +40,7 @@ from ebmrag.index import store
 from ebmrag.index.analyzer import Analyzer
 from ebmrag.index.kb import classify, kb_embedder
 from ebmrag.index.lexical import Rows, Scores
-from ebmrag.index.prepare import PreparedBatch, prepare_batches
+from ebmrag.index.prepare import EmbeddingPipeline, LocalPipeline, PreparedBatch
 from ebmrag.index.types import Filters, IngestReport, KnowledgeBaseStats
 from ebmrag.ingest.documents import Document
 from ebmrag.protocols import Progress
@@ -130,7 +130,8 @@ class MilvusKnowledgeBase:
     # --- writing -------------------------------------------------------------------------------------------
 
     def apply(self, documents: Sequence[Document], delete_ids: Sequence[str] = (),
-              origins: dict[str, str] | None = None, progress: Progress | None = None) -> IngestReport:
+              origins: dict[str, str] | None = None, progress: Progress | None = None,
+              pipeline: EmbeddingPipeline | None = None) -> IngestReport:
         if not documents and not self.exists:
             raise KnowledgeBaseError(f"{self.root} is not a knowledge base yet; nothing to delete or add there")
         self._create()
@@ -140,7 +141,9 @@ class MilvusKnowledgeBase:
         changed = set(report.added) | set(report.updated)
         fresh = [d for d in incoming if d.doc_id in changed and self._fits(d, origins or {}, report)]
         writer = _MilvusWriter(self, time.time_ns(), origins or {}, report, progress)
-        writer.write(fresh)
+        pipeline = pipeline or LocalPipeline(self.embedder, self.workers)
+        writer.write(fresh, pipeline)
+        report.seconds_embedding = pipeline.seconds_embedding
         for start in range(0, len(report.deleted), _BATCH):
             ids = report.deleted[start:start + _BATCH]
             self.client.delete(self.chunks, filter=_in("doc_id", ids))
@@ -214,16 +217,12 @@ class _MilvusWriter:
         self.kb, self.write_id, self.origins, self.report = kb, write_id, origins, report
         self.progress = progress or (lambda stage, done, total: None)
 
-    def write(self, fresh: list[Document]) -> None:
+    def write(self, fresh: list[Document], pipeline: EmbeddingPipeline) -> None:
         by_id = {d.doc_id: d for d in fresh}
         done = 0
-        for batch in prepare_batches(fresh, self.kb.config.chunker, self.kb.config.contextual_prefix,
-                                     self.kb.workers):
+        for batch, vectors in pipeline.run(fresh, self.kb.config.chunker, self.kb.config.contextual_prefix):
             started = time.perf_counter()
-            vectors = self.kb.embedder.embed(batch.texts) if batch.texts else np.zeros((0, 1), np.float32)
-            self.report.seconds_embedding += time.perf_counter() - started
-            started = time.perf_counter()
-            self._store(batch, np.asarray(vectors, np.float32), by_id)
+            self._store(batch, vectors, by_id)
             self.report.seconds_indexing += time.perf_counter() - started
             done += len(batch.chunks_per_document)
             self.progress("documents", done, len(fresh))

@@ -11,11 +11,17 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
+from typing import Protocol
 
+import numpy as np
+import numpy.typing as npt
+
+from ebmrag.evidence.embeddings import SentenceEmbedder
 from ebmrag.evidence.tokens import HuggingFaceTokenCounter
 from ebmrag.index import store
 from ebmrag.index.analyzer import Analyzer
@@ -45,7 +51,7 @@ def index_text(title: str, section: str, text: str, prefix: bool) -> str:
     return f"{head}\n{text}" if head else text
 
 
-class _Preparer:
+class Preparer:
     def __init__(self, chunker: str, prefix: bool) -> None:
         self.chunker = ChunkerBySource(HuggingFaceTokenCounter(), chunker)
         self.analyzer, self.prefix = Analyzer(), prefix
@@ -70,18 +76,46 @@ class _Preparer:
         return PreparedBatch(chunks, texts, TermCounts.count(terms), per_document)
 
 
-_worker: _Preparer | None = None
+_worker: Preparer | None = None
 
 
 def _start_worker(chunker: str, prefix: bool) -> None:
     global _worker
-    _worker = _Preparer(chunker, prefix)
+    _worker = Preparer(chunker, prefix)
 
 
 def _prepare_in_worker(documents: Sequence[Document]) -> PreparedBatch:
     if _worker is None:
         raise RuntimeError("worker not initialised")
     return _worker.prepare(documents)
+
+
+Embedded = tuple[PreparedBatch, npt.NDArray[np.float32]]
+
+
+class EmbeddingPipeline(Protocol):
+    """Fresh documents -> (prepared batch, its chunk vectors), in document order: the costly part of a write.
+    `LocalPipeline` runs it on this machine; `distributed.RayPipeline` on a Ray cluster."""
+
+    seconds_embedding: float
+
+    def run(self, documents: Sequence[Document], chunker: str, prefix: bool) -> Iterator[Embedded]: ...
+
+
+class LocalPipeline:
+    """Preparation in worker processes, embedding in this process (one loaded model, batched)."""
+
+    def __init__(self, embedder: SentenceEmbedder, workers: int = 0) -> None:
+        self.embedder, self.workers = embedder, workers
+        self.seconds_embedding = 0.0
+
+    def run(self, documents: Sequence[Document], chunker: str, prefix: bool) -> Iterator[Embedded]:
+        for batch in prepare_batches(documents, chunker, prefix, self.workers):
+            started = time.perf_counter()
+            vectors = self.embedder.embed(batch.texts) if batch.texts else \
+                np.zeros((0, self.embedder.dimension), np.float32)
+            self.seconds_embedding += time.perf_counter() - started
+            yield batch, np.asarray(vectors, dtype=np.float32)
 
 
 def default_workers() -> int:
@@ -94,7 +128,7 @@ def prepare_batches(documents: Sequence[Document], chunker: str, prefix: bool,
     workers = workers or default_workers()
     batches = [documents[i:i + BATCH_DOCUMENTS] for i in range(0, len(documents), BATCH_DOCUMENTS)]
     if workers == 1 or len(documents) < MIN_DOCUMENTS_FOR_WORKERS:
-        local = _Preparer(chunker, prefix)
+        local = Preparer(chunker, prefix)
         yield from (local.prepare(batch) for batch in batches)
         return
     context = multiprocessing.get_context("spawn")

@@ -11,18 +11,27 @@ chunked, because the chunker is part of its manifest.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Protocol
 
 from ebmrag.errors import IngestError
 from ebmrag.index.backend import KnowledgeStore
-from ebmrag.index.kb import IngestReport
-from ebmrag.ingest.pipeline import FileBatch, collect
-from ebmrag.ingest.readers import DEFAULT_MAX_FILE_BYTES, FieldMap
+from ebmrag.index.prepare import EmbeddingPipeline
+from ebmrag.index.types import IngestReport
+from ebmrag.ingest.pipeline import FileBatch, collect, read_here
+from ebmrag.ingest.readers import DEFAULT_MAX_FILE_BYTES, FieldMap, ReadResult
 from ebmrag.protocols import Progress
 
 log = logging.getLogger(__name__)
+
+
+class Cluster(EmbeddingPipeline, Protocol):
+    """Somewhere else to read files and to chunk and embed documents (see `distributed.RayPipeline`)."""
+
+    def read_many(self, files: Sequence[tuple[Path, str]], field_map: FieldMap | None,
+                  max_bytes: int) -> Iterator[ReadResult | IngestError]: ...
 
 
 def stale_documents(kb: KnowledgeStore, paths: Sequence[Path], batch: FileBatch) -> list[str]:
@@ -74,11 +83,13 @@ def reconcile_ids(kb: KnowledgeStore, batch: FileBatch) -> list[IngestError]:
 
 def ingest_paths(kb: KnowledgeStore, paths: Sequence[Path], sync: bool = False, field_map: FieldMap | None = None,
                  max_bytes: int = DEFAULT_MAX_FILE_BYTES, progress: Progress | None = None,
-                 source: str = "") -> IngestReport:
-    batch = collect(paths, field_map, max_bytes, progress, source)
+                 source: str = "", cluster: Cluster | None = None) -> IngestReport:
+    """`cluster` (e.g. `distributed.RayPipeline`) reads the files and chunks and embeds the documents elsewhere."""
+    read_many = cluster.read_many if cluster is not None else read_here
+    batch = collect(paths, field_map, max_bytes, progress, source, read_many)
     batch.errors.extend(reconcile_ids(kb, batch))
     deletions = stale_documents(kb, paths, batch) if sync else []
-    report = kb.apply(batch.documents, deletions, batch.origins, progress)
+    report = kb.apply(batch.documents, deletions, batch.origins, progress, cluster)
     report.errors[:0] = batch.errors
     for error in report.errors:
         log.info("%s", error)

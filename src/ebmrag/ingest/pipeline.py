@@ -9,13 +9,13 @@ read this time (a transient error must never delete knowledge).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ebmrag.errors import IngestError
 from ebmrag.ingest.documents import Document
-from ebmrag.ingest.readers import DEFAULT_MAX_FILE_BYTES, SUFFIXES, FieldMap, read_file
+from ebmrag.ingest.readers import DEFAULT_MAX_FILE_BYTES, SUFFIXES, FieldMap, ReadResult, read_file
 from ebmrag.protocols import Progress
 
 log = logging.getLogger(__name__)
@@ -44,8 +44,26 @@ def _files(path: Path, source: str = "") -> list[tuple[Path, str]]:
     return found
 
 
+def read_one(file: Path, doc_id: str, field_map: FieldMap | None, max_bytes: int) -> ReadResult | IngestError:
+    """One file's documents, or the error that stopped it (a value, so it can cross a process boundary)."""
+    try:
+        return read_file(file, doc_id, field_map, max_bytes)
+    except IngestError as exc:
+        return exc
+
+
+ReadMany = Callable[[Sequence[tuple[Path, str]], FieldMap | None, int], Iterator[ReadResult | IngestError]]
+
+
+def read_here(files: Sequence[tuple[Path, str]], field_map: FieldMap | None,
+              max_bytes: int) -> Iterator[ReadResult | IngestError]:
+    yield from (read_one(file, doc_id, field_map, max_bytes) for file, doc_id in files)
+
+
 def collect(paths: Sequence[Path], field_map: FieldMap | None = None,
-            max_bytes: int = DEFAULT_MAX_FILE_BYTES, progress: Progress | None = None, source: str = "") -> FileBatch:
+            max_bytes: int = DEFAULT_MAX_FILE_BYTES, progress: Progress | None = None, source: str = "",
+            read_many: ReadMany = read_here) -> FileBatch:
+    """Every document under `paths`; `read_many` reads the files (in order), here or on other machines."""
     batch = FileBatch()
     files: list[tuple[Path, str]] = []
     for path in paths:
@@ -53,14 +71,12 @@ def collect(paths: Sequence[Path], field_map: FieldMap | None = None,
             batch.errors.append(IngestError(str(path), "no such file or folder"))
             continue
         files.extend(_files(path, source))
-    for done, (file, doc_id) in enumerate(files):
+    for done, ((file, _), result) in enumerate(zip(files, read_many(files, field_map, max_bytes), strict=True)):
         if progress:
             progress("reading", done, len(files))
         origin = str(file.resolve())
-        try:
-            result = read_file(file, doc_id, field_map, max_bytes)
-        except IngestError as exc:
-            batch.errors.append(exc)
+        if isinstance(result, IngestError):
+            batch.errors.append(result)
             batch.failed_files.add(origin)
             continue
         batch.errors.extend(result.errors)
