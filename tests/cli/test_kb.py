@@ -48,6 +48,12 @@ def test_ingest_search_stats_delete(tmp_path: Path) -> None:
     assert removed.exit_code == 0, removed.output
     after = json.loads(runner.invoke(app, ["search", "penicillin", "--kb", kb, "--json", "--mode", "bm25"]).output)
     assert all(h["doc_id"] != "docs/allergy.md" for h in after)
+    stats = json.loads(runner.invoke(app, ["kb", "stats", "--kb", kb, "--json"]).output)
+    assert (stats["documents"], stats["chunks"], stats["segments"], stats["deleted_chunks"]) == (1, 1, 1, 1)
+    compacted = runner.invoke(app, ["kb", "compact", "--kb", kb, "--config", str(config)])
+    assert compacted.exit_code == 0 and "1 chunks in one segment" in compacted.output, compacted.output
+    stats = json.loads(runner.invoke(app, ["kb", "stats", "--kb", kb, "--json"]).output)
+    assert (stats["chunks"], stats["segments"], stats["deleted_chunks"], stats["generation"]) == (1, 1, 0, 3)
 
 
 def test_search_on_a_missing_kb_is_one_clear_line(tmp_path: Path) -> None:

@@ -52,9 +52,12 @@ def demo_query(path: Path) -> str:
 
 
 def demo_kb_path(cache_dir: Path) -> Path:
-    """Where the demo knowledge base lives: keyed by the corpus hash, so an upgraded corpus gets a fresh build."""
+    """Where the demo knowledge base lives: keyed by the corpus hash and the on-disk format, so an upgraded
+    corpus or ebmrag gets a fresh build."""
+    from ebmrag.index.reader import FORMAT_VERSION
+
     digest = hashlib.sha256(DEMO_CORPUS.read_bytes()).hexdigest()[:12]
-    return cache_dir / f"demo-kb-{digest}"
+    return cache_dir / f"demo-kb-{digest}-f{FORMAT_VERSION}"
 
 
 def ensure_demo_kb(cache_dir: Path) -> Path:

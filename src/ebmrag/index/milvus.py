@@ -27,6 +27,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +96,7 @@ class MilvusKnowledgeBase:
         self.embedder = embedder or kb_embedder(self.config, cache_dir)
         self.analyzer = Analyzer()
         self.workers, self.cache_dir = workers, cache_dir
+        self._reader: MilvusReader | None = None
         if stored and str(stored["embedding_model"]).split("|")[0] != self.embedder.model_name.split("|")[0]:
             raise KnowledgeBaseError(f"{self.root} was embedded with {stored['embedding_model']}; this embedder is "
                                      f"{self.embedder.model_name}")
@@ -115,9 +117,12 @@ class MilvusKnowledgeBase:
         return json.loads(found[0]["metadata"]) if found else None
 
     def reader(self) -> MilvusReader:
-        if not self.exists:
-            raise KnowledgeBaseError(f"{self.root} is not a knowledge base yet; create it with `ebmrag ingest`")
-        return MilvusReader(self)
+        """One reader per write: callers key caches on it (the focus extractor), as on a generation's."""
+        if self._reader is None:
+            if not self.exists:
+                raise KnowledgeBaseError(f"{self.root} is not a knowledge base yet; create it with `ebmrag ingest`")
+            self._reader = MilvusReader(self)
+        return self._reader
 
     def to_dict(self) -> dict[str, Any]:
         return {"backend": "milvus", "uri": self.uri, "name": self.name,
@@ -135,6 +140,7 @@ class MilvusKnowledgeBase:
         if not documents and not self.exists:
             raise KnowledgeBaseError(f"{self.root} is not a knowledge base yet; nothing to delete or add there")
         self._create()
+        self._reader = None
         report = IngestReport()
         wanted = list(dict.fromkeys([*(d.doc_id for d in documents), *delete_ids]))
         incoming = classify(documents, delete_ids, self._hashes(wanted), report)
@@ -255,9 +261,12 @@ class MilvusReader:
 
     def __init__(self, kb: MilvusKnowledgeBase) -> None:
         self.kb, self.client = kb, kb.client
-        self.live_chunks = kb._count(kb.chunks)
         self.lexical = MilvusLexical(self)
         self.dense = MilvusDense(self)
+
+    @cached_property
+    def live_chunks(self) -> int:
+        return self.kb._count(self.kb.chunks)
 
     def scope(self, filters: Filters) -> str | None:
         """Filters as a Milvus expression over the chunk fields (the embedded backend's SQL, term for term)."""
@@ -338,6 +347,7 @@ def _ranked(results: Any, bm25: bool = False) -> tuple[Rows, Scores]:
 class MilvusLexical:
     def __init__(self, reader: MilvusReader) -> None:
         self.reader = reader
+        self._shares: dict[str, float] = {}
 
     def search(self, terms: Sequence[str], k: int, scope: str | None = None) -> tuple[Rows, Scores]:
         if not terms or k <= 0:
@@ -349,10 +359,13 @@ class MilvusLexical:
         return _ranked(results, bm25=True)
 
     def share(self, term: str) -> float:
-        kb = self.reader.kb
-        found = kb.client.query(kb.chunks, filter=f'TEXT_MATCH(terms, "{term_token(term)}")',
-                                output_fields=["count(*)"])
-        return int(found[0]["count(*)"]) / max(self.reader.live_chunks, 1)
+        """A count query per new term (the focus extractor asks for every title word once per reader)."""
+        if term not in self._shares:
+            kb = self.reader.kb
+            found = kb.client.query(kb.chunks, filter=f'TEXT_MATCH(terms, "{term_token(term)}")',
+                                    output_fields=["count(*)"])
+            self._shares[term] = int(found[0]["count(*)"]) / max(self.reader.live_chunks, 1)
+        return self._shares[term]
 
 
 class MilvusDense:
