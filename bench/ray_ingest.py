@@ -86,7 +86,7 @@ def main() -> None:
                 rows.append(run_ray(docs, workdir, str(cluster.address), actors))
         finally:
             ray.shutdown()
-            cluster.shutdown()
+            cluster.shutdown()  # type: ignore[no-untyped-call]
     print(json.dumps(rows))
     lines = [f"## Ray ingestion ({date.today().isoformat()})", "", machine(), "",
              f"Command: `python bench/ray_ingest.py --corpus ../shared/data/medquad/medquad_docs.jsonl --documents "

@@ -42,7 +42,8 @@ class DenseRoute(Protocol):
 class KnowledgeReader(Protocol):
     """One consistent view of a knowledge base (a generation, or a server collection as of now)."""
 
-    live_chunks: int
+    @property
+    def live_chunks(self) -> int: ...
 
     @property
     def lexical(self) -> LexicalRoute: ...
