@@ -55,29 +55,36 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def start_milvus(data_dir: Path, port: int) -> subprocess.Popen[bytes]:
+    """A Milvus Lite server bound to 127.0.0.1 (its default is every interface), answering when returned."""
+    server = Path(sys.executable).with_name("milvus-lite")
+    process = subprocess.Popen([str(server), "server", "--data-dir", str(data_dir), "--host", "127.0.0.1",
+                                "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return process
+        except OSError:
+            assert process.poll() is None, process.stderr.read().decode() if process.stderr else "exited"
+            time.sleep(0.2)
+    process.kill()
+    pytest.fail("Milvus Lite did not start within 60 s")
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    process.wait(timeout=30)
+
+
 @pytest.fixture(scope="module")
 def milvus_uri(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A Milvus Lite server bound to 127.0.0.1 (its default is every interface) on a free port."""
     port = free_port()
-    server = Path(sys.executable).with_name("milvus-lite")
-    process = subprocess.Popen([str(server), "server", "--data-dir", str(tmp_path_factory.mktemp("milvus")),
-                                "--host", "127.0.0.1", "--port", str(port)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    process = start_milvus(tmp_path_factory.mktemp("milvus"), port)
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert process.poll() is None, process.stderr.read().decode() if process.stderr else "exited"
-                time.sleep(0.2)
-        else:
-            pytest.fail("Milvus Lite did not start within 60 s")
         yield f"http://127.0.0.1:{port}"
     finally:
-        process.terminate()
-        process.wait(timeout=30)
+        stop(process)
 
 
 @pytest.fixture()
@@ -157,3 +164,21 @@ def test_ingest_search_and_ask_run_unchanged_on_milvus(milvus_uri: str, tmp_path
                                 "--config", str(config)])
     assert asked.exit_code == 0, asked.output
     assert json.loads(asked.output)["trace"]["retrieved"], "the answer drew on the Milvus knowledge base"
+
+
+def test_a_knowledge_base_survives_a_server_restart(tmp_path: Path, embedder) -> None:  # type: ignore[no-untyped-def]
+    """After a restart Milvus holds its collections released; opening the knowledge base loads them."""
+    from ebmrag.index.milvus import MilvusKnowledgeBase
+
+    port = free_port()
+    process = start_milvus(tmp_path / "data", port)
+    try:
+        MilvusKnowledgeBase(f"http://127.0.0.1:{port}", "restart", embedder=embedder).apply(documents())
+    finally:
+        stop(process)
+    process = start_milvus(tmp_path / "data", port)
+    try:
+        reopened = MilvusKnowledgeBase(f"http://127.0.0.1:{port}", "restart", embedder=embedder)
+        assert HybridRetriever(reopened).run("penicillin anaphylaxis", k=1)[0].doc_id == "penicillin"
+    finally:
+        stop(process)

@@ -131,7 +131,8 @@ class KnowledgeBase:
                     report.chunks_total = catalog.live_chunks if catalog else 0
                     return report
                 number = report.generation + 1
-                fresh = [d for d in incoming if d.doc_id in set(report.added) | set(report.updated)]
+                changed = set(report.added) | set(report.updated)
+                fresh = [d for d in incoming if d.doc_id in changed]
                 entries = _tombstone(catalog, old_docs, set(report.updated) | set(report.deleted), number)
                 pipeline = pipeline or LocalPipeline(self.embedder, self.storage.workers)
                 new_entries = _SegmentWriter(self, progress).write(fresh, pipeline, origins or {}, report)

@@ -110,8 +110,13 @@ class MilvusKnowledgeBase:
         return bool(self.client.has_collection(self.chunks))
 
     def _manifest(self) -> dict[str, Any] | None:
+        """The stored manifest, or None for a new knowledge base. Loads both collections into the server's
+        memory first: after a server restart they are released, and Milvus refuses queries until loaded."""
         if not self.client.has_collection(self.documents):
             return None
+        for collection in (self.documents, self.chunks):
+            if self.client.has_collection(collection):
+                self.client.load_collection(collection)
         found = self.client.query(self.documents, filter=f"doc_id == {_quoted(MANIFEST_ID)}",
                                   output_fields=["metadata"])
         return json.loads(found[0]["metadata"]) if found else None
