@@ -74,3 +74,29 @@ def test_ray_ingest_equals_local_ingest(cluster: str, tmp_path: Path, embedder) 
     assert np.allclose(vectors, theirs.dense.vectors_at([reference[i].row for i in ids]), atol=2e-2)
     terms = distributed.analyzer.terms("penicillin allergy creatinine")
     assert np.allclose(np.sort(ours.lexical.scores(terms)), np.sort(theirs.lexical.scores(terms)), atol=1e-6)
+
+
+def test_ray_ingest_writes_batched_upserts_to_milvus(cluster: str, tmp_path: Path, embedder) -> None:  # type: ignore[no-untyped-def]
+    """The same pipeline feeding the Milvus backend: every document arrives once, searchable."""
+    pytest.importorskip("pymilvus")
+    from ebmrag.index.distributed import RayPipeline
+    from ebmrag.index.milvus import MilvusKnowledgeBase
+    from ebmrag.index.search import HybridRetriever
+    from tests.index.test_milvus import free_port, start_milvus, stop
+
+    folder = corpus(tmp_path)
+    port = free_port()
+    server = start_milvus(tmp_path / "milvus", port)
+    try:
+        milvus = MilvusKnowledgeBase(f"http://127.0.0.1:{port}", "ray", embedder=embedder)
+        pipeline = RayPipeline(cluster, milvus.config, tmp_path / "cache", actors=2)
+        try:
+            report = ingest_paths(milvus, [folder], cluster=pipeline)
+        finally:
+            pipeline.close()
+        assert len(report.added) >= 155 and report.chunks_total == report.chunks_written
+        documents = milvus.reader().documents()
+        assert len(documents) == len(report.added)
+        assert HybridRetriever(milvus).run("penicillin allergy", k=1)[0].doc_id in documents
+    finally:
+        stop(server)

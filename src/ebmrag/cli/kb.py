@@ -29,6 +29,7 @@ from ebmrag.evidence.sentences import split_sentences
 from ebmrag.factory import cache_dir, make_llm_client, make_retriever, make_rewriter, open_kb
 from ebmrag.generate.query_rewrite import Rewrite
 from ebmrag.index.kb import IngestReport
+from ebmrag.index.prepare import default_workers
 from ebmrag.index.sync import ingest_paths
 from ebmrag.index.types import Filters
 from ebmrag.index.vote import DocumentHit, DocumentVoter
@@ -74,7 +75,7 @@ def ingest(
             cluster = RayPipeline(ray, knowledge_base.config, cache_dir(settings), ray_actors)
         with progress_bar() as bar:
             report = ingest_paths(knowledge_base, paths, sync, field_map, max_file_mb * 2**20, progress_callback(bar),
-                                  source, cluster)
+                                  source, cluster, settings.storage.workers or default_workers())
     console.print(report_table(report))
     for error in report.errors:
         stderr.print(f"[red]error[/] {escape(str(error))}", highlight=False, soft_wrap=True)

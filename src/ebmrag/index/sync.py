@@ -20,7 +20,7 @@ from ebmrag.errors import IngestError
 from ebmrag.index.backend import KnowledgeStore
 from ebmrag.index.prepare import EmbeddingPipeline
 from ebmrag.index.types import IngestReport
-from ebmrag.ingest.pipeline import FileBatch, collect, read_here
+from ebmrag.ingest.pipeline import FileBatch, collect, read_in_processes
 from ebmrag.ingest.readers import DEFAULT_MAX_FILE_BYTES, FieldMap, ReadResult
 from ebmrag.protocols import Progress
 
@@ -83,9 +83,10 @@ def reconcile_ids(kb: KnowledgeStore, batch: FileBatch) -> list[IngestError]:
 
 def ingest_paths(kb: KnowledgeStore, paths: Sequence[Path], sync: bool = False, field_map: FieldMap | None = None,
                  max_bytes: int = DEFAULT_MAX_FILE_BYTES, progress: Progress | None = None,
-                 source: str = "", cluster: Cluster | None = None) -> IngestReport:
-    """`cluster` (e.g. `distributed.RayPipeline`) reads the files and chunks and embeds the documents elsewhere."""
-    read_many = cluster.read_many if cluster is not None else read_here
+                 source: str = "", cluster: Cluster | None = None, workers: int = 1) -> IngestReport:
+    """`cluster` (e.g. `distributed.RayPipeline`) reads the files and chunks and embeds the documents elsewhere;
+    without one, `workers` processes read the files (1: this one)."""
+    read_many = cluster.read_many if cluster is not None else read_in_processes(workers)
     batch = collect(paths, field_map, max_bytes, progress, source, read_many)
     batch.errors.extend(reconcile_ids(kb, batch))
     deletions = stale_documents(kb, paths, batch) if sync else []

@@ -9,7 +9,9 @@ read this time (a transient error must never delete knowledge).
 from __future__ import annotations
 
 import logging
+import multiprocessing
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,6 +60,30 @@ ReadMany = Callable[[Sequence[tuple[Path, str]], FieldMap | None, int], Iterator
 def read_here(files: Sequence[tuple[Path, str]], field_map: FieldMap | None,
               max_bytes: int) -> Iterator[ReadResult | IngestError]:
     yield from (read_one(file, doc_id, field_map, max_bytes) for file, doc_id in files)
+
+
+MIN_FILES_FOR_PROCESSES = 64
+
+
+def _read_group(group: Sequence[tuple[Path, str]], field_map: FieldMap | None,
+                max_bytes: int) -> list[ReadResult | IngestError]:
+    return list(read_here(group, field_map, max_bytes))
+
+
+def read_in_processes(workers: int) -> ReadMany:
+    """A `ReadMany` that reads (decodes, extracts PDF and HTML text, normalises) in `workers` spawned
+    processes, a group of files per task, in order; few files are read here (a process costs ~1 s to start)."""
+    def read_many(files: Sequence[tuple[Path, str]], field_map: FieldMap | None,
+                  max_bytes: int) -> Iterator[ReadResult | IngestError]:
+        if workers <= 1 or len(files) < MIN_FILES_FOR_PROCESSES:
+            yield from read_here(files, field_map, max_bytes)
+            return
+        size = max(1, min(32, len(files) // (4 * workers)))
+        groups = [files[i:i + size] for i in range(0, len(files), size)]
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            for results in pool.map(_read_group, groups, [field_map] * len(groups), [max_bytes] * len(groups)):
+                yield from results
+    return read_many
 
 
 def collect(paths: Sequence[Path], field_map: FieldMap | None = None,
