@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint browser package-check gateway-demo bench bench-ask tiers clean retrieval bench-retrieval packing-suite
+.PHONY: setup demo test lint browser package-check gateway-demo bench bench-ask tiers clean retrieval bench-retrieval packing-suite bench-kb-scale bench-ray
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -60,6 +60,14 @@ retrieval: $(STAMP)
 
 bench-retrieval: $(STAMP)
 	$(PY) bench/retrieval.py --base-kb $(KB) --sizes 10000,100000,1000000 --out docs/benchmarks.md
+
+# Segments at scale: 10-document writes, segmented vs compacted queries, 1M build with parallel ingest (~15 min).
+bench-kb-scale: $(STAMP)
+	$(PY) bench/kb_scale.py --base-kb $(KB) --sizes 30000,1000000 --out docs/benchmarks.md
+
+# Ingestion throughput here and on a local two-node Ray cluster with 1 and 2 embedding actors (~8 min).
+bench-ray: $(STAMP)
+	$(PY) bench/ray_ingest.py --corpus $(DATA)/medquad/medquad_docs.jsonl --documents 2000 --out docs/benchmarks.md
 
 # Every EBM-Pack experiment (docs/results/README.md); a few minutes, most of it embedding on a cold cache.
 packing-suite: $(STAMP)
