@@ -145,13 +145,15 @@ class QueryRoutes:
 class RouteCache:
     """BM25 and dense route results for every query (and its focus), computed once; fusion variants re-use them."""
 
-    def __init__(self, kb: KnowledgeStore, queries: Sequence[Query], unit: str) -> None:
+    def __init__(self, kb: KnowledgeStore, queries: Sequence[Query], unit: str, with_focus: bool = True) -> None:
+        """`with_focus` False skips the focus routes (building the focus extractor asks the knowledge base how
+        common every title word is: free on the embedded backend, a count query per word on Milvus)."""
         self.kb, self.queries = kb, queries
         reader = kb.reader()
         self.unit_of_row = {c.row: (c.section_id or c.doc_id) if unit == "section" else c.doc_id
                             for c in reader.iter_chunks()}
         retriever = HybridRetriever(kb, "hybrid", route_depth=CHUNK_DEPTH)
-        focus = [retriever.focus_query(q.text) for q in queries]
+        focus = [retriever.focus_query(q.text) if with_focus else "" for q in queries]
         retriever.prepare([q.text for q in queries] + [f for f in focus if f])  # one embedding batch
         self.routes = [self._routes(retriever, q.text, f) for q, f in zip(queries, focus, strict=True)]
 
@@ -235,7 +237,8 @@ def evaluate_retrieval(kb: KnowledgeStore, dataset: str, queries: Sequence[Query
     """BM25, dense and hybrid (the configured fusion); with a reranker also "hybrid+rerank", the configured
     pipeline as `search` runs it; with `rewrite` (query -> model rewordings, hypothetical passage) also
     "hybrid+rewrite"."""
-    cache = RouteCache(kb, queries, "doc" if dataset == "pubmedqa" else "section")
+    needs_focus = bool(focus_weight) or (ablation and any(fw for _, _, fw in ABLATION))
+    cache = RouteCache(kb, queries, "doc" if dataset == "pubmedqa" else "section", needs_focus)
     hybrid = fuser(fusion, weights, focus_weight=focus_weight)
     modes = {"bm25": cache.evaluate(fuser(fusion, (1.0, 0.0))), "dense": cache.evaluate(fuser(fusion, (0.0, 1.0))),
              "hybrid": cache.evaluate(hybrid)}
