@@ -13,7 +13,7 @@ import pytest
 from ebmrag.config import KnowledgeBaseConfig
 from ebmrag.errors import KnowledgeBaseError
 from ebmrag.index import store
-from ebmrag.index.kb import KnowledgeBase, index_text, knowledge_base_stats
+from ebmrag.index.kb import KnowledgeBase, index_text
 from ebmrag.index.search import HybridRetriever
 from ebmrag.index.sync import ingest_paths
 from ebmrag.index.types import Filters
@@ -108,7 +108,7 @@ def test_sync_removes_documents_of_vanished_files_only(tmp_path: Path, embedder)
     report = ingest_paths(kb, [folder], sync=True)
     assert report.deleted == ["guides/sepsis.md"]
     assert "guides/aki.md" in kb.reader().documents()
-    stats = knowledge_base_stats(kb)
+    stats = kb.stats()
     assert (stats.documents, stats.generation, stats.by_source_type) == (2, 2, {"markdown": 2})
 
 

@@ -26,7 +26,6 @@ from ebmrag.errors import IngestError, KnowledgeBaseError
 from ebmrag.evidence.embeddings import SentenceEmbedder
 from ebmrag.index import generations, merge, store
 from ebmrag.index.analyzer import Analyzer
-from ebmrag.index.backend import KnowledgeStore
 from ebmrag.index.dense import HNSW_FILE
 from ebmrag.index.lexical import TermCounts
 from ebmrag.index.prepare import EmbeddingPipeline, LocalPipeline, PreparedBatch, index_text
@@ -36,7 +35,7 @@ from ebmrag.index.types import IngestReport, KnowledgeBaseStats
 from ebmrag.ingest.documents import Document
 from ebmrag.protocols import Progress
 
-__all__ = ["IngestReport", "KnowledgeBase", "Reader", "index_text", "kb_embedder", "knowledge_base_stats"]
+__all__ = ["IngestReport", "KnowledgeBase", "Reader", "index_text", "kb_embedder"]
 
 
 def kb_embedder(config: KnowledgeBaseConfig, cache_dir: str | Path | None = None) -> SentenceEmbedder:
@@ -336,8 +335,3 @@ def _document_row(doc: Document, origin: str, n_chunks: int) -> store.DocumentRo
     return store.DocumentRow(doc.doc_id, doc.content_hash, doc.source, doc.source_type, doc.title, doc.date,
                              doc.authority, origin, json.dumps(dict(doc.metadata), ensure_ascii=False), n_chunks,
                              datetime.now(UTC).isoformat(timespec="seconds"))
-
-
-def knowledge_base_stats(kb: KnowledgeStore) -> KnowledgeBaseStats:
-    """Documents, chunks, segments and size of any backend."""
-    return kb.stats()

@@ -41,6 +41,7 @@ from ebmrag.index import store
 from ebmrag.index.analyzer import Analyzer
 from ebmrag.index.kb import classify, kb_embedder
 from ebmrag.index.lexical import Rows, Scores
+from ebmrag.index.milvus_schema import LIMITS, create_collections
 from ebmrag.index.prepare import EmbeddingPipeline, LocalPipeline, PreparedBatch
 from ebmrag.index.types import Filters, IngestReport, KnowledgeBaseStats
 from ebmrag.ingest.documents import Document
@@ -48,9 +49,6 @@ from ebmrag.protocols import Progress
 
 MANIFEST_ID = "__ebmrag_manifest__"
 FORMAT = "ebmrag-milvus/1"
-LIMITS = {"doc_id": 1024, "chunk_id": 1100, "section": 4096, "section_id": 1024, "text": 65_535, "terms": 65_535,
-          "source": 1024, "date": 64, "authority": 64, "title": 4096, "origin": 4096, "metadata": 65_535,
-          "content_hash": 128, "source_type": 64, "ingested_at": 64}
 _BATCH = 500
 
 
@@ -204,8 +202,6 @@ class MilvusKnowledgeBase:
     def _create(self) -> None:
         if self.exists:
             return
-        from ebmrag.index.milvus_schema import create_collections
-
         create_collections(self.client, self.chunks, self.documents, self.embedder.dimension, self.config)
         manifest = {"format": FORMAT, "config": asdict(self.config), "dim": self.embedder.dimension,
                     "embedding_model": self.embedder.model_name,

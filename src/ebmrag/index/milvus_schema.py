@@ -8,12 +8,14 @@ from ebmrag.config import KnowledgeBaseConfig
 from ebmrag.errors import require_extra
 
 HNSW_M, HNSW_EF_CONSTRUCTION = 16, 200  # as the embedded backend's graphs
+# Milvus strings have a fixed maximum length: a document whose value exceeds one is refused, named.
+LIMITS = {"doc_id": 1024, "chunk_id": 1100, "section": 4096, "section_id": 1024, "text": 65_535, "terms": 65_535,
+          "source": 1024, "date": 64, "authority": 64, "title": 4096, "origin": 4096, "metadata": 65_535,
+          "content_hash": 128, "source_type": 64, "ingested_at": 64}
 
 
 def create_collections(client: Any, chunks: str, documents: str, dim: int, config: KnowledgeBaseConfig) -> None:
     """Create both collections, strongly consistent (a search right after a write sees it)."""
-    from ebmrag.index.milvus import LIMITS
-
     pymilvus = require_extra("pymilvus", "milvus", "the Milvus knowledge-base backend")
     DataType, Function, FunctionType = pymilvus.DataType, pymilvus.Function, pymilvus.FunctionType  # noqa: N806
 
