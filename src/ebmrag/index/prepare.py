@@ -52,6 +52,8 @@ def index_text(title: str, section: str, text: str, prefix: bool) -> str:
 
 
 class Preparer:
+    """The knowledge base's chunker and analyzer, built once per process (a worker's, or this one)."""
+
     def __init__(self, chunker: str, prefix: bool) -> None:
         self.chunker = ChunkerBySource(HuggingFaceTokenCounter(), chunker)
         self.analyzer, self.prefix = Analyzer(), prefix

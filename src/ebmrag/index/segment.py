@@ -178,6 +178,7 @@ def write_deletes(segment: Path, generation: int, docs: Iterable[str], deleted: 
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(temporary, segment / name)
+    fsync_tree(segment)  # the rename itself must be durable before a generation names the file
     return name
 
 
