@@ -150,6 +150,10 @@ def test_a_large_write_is_split_into_segments_of_bounded_size(tmp_path: Path, em
     report = kb.apply([note(i) for i in range(300)])
     sizes = [s.rows for s in kb.reader().segments]
     assert len(sizes) == 3 and sum(sizes) == report.chunks_written == 300 and max(sizes) <= 100 + 64
+    tail = KnowledgeBase(tmp_path / "tail", CONFIG, embedder=embedder,
+                         storage=StorageSettings(segment_rows=100, merge_factor=0, workers=1))
+    tail.apply([note(i) for i in range(150)])
+    assert [s.rows for s in tail.reader().segments] == [150]  # 22 left after 128: no tail segment of its own
 
 
 def test_format_1_knowledge_base_is_refused_then_converted(segmented, tmp_path: Path,  # type: ignore[no-untyped-def]

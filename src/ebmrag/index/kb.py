@@ -289,7 +289,7 @@ class _SegmentWriter:
               report: IngestReport) -> list[SegmentEntry]:
         if not fresh:
             return []
-        kb, entries = self.kb, []
+        kb, entries = self.kb, list[SegmentEntry]()
         by_id = {d.doc_id: d for d in fresh}
         builder, parts, vectors = SegmentBuilder(kb.root, next_name(kb.root)), [], []
         try:
@@ -302,7 +302,7 @@ class _SegmentWriter:
                 report.seconds_indexing += time.perf_counter() - started
                 done += len(batch.chunks_per_document)
                 self.progress("documents", done, len(fresh))
-                if builder.rows >= kb.storage.segment_rows and done < len(fresh):
+                if self._full(builder.rows, sum(e.rows for e in entries) + builder.rows, done, len(fresh)):
                     entries.append(self._finish(builder, parts, vectors, report))
                     builder, parts, vectors = SegmentBuilder(kb.root, next_name(kb.root)), [], []
             entries.append(self._finish(builder, parts, vectors, report))
@@ -310,6 +310,13 @@ class _SegmentWriter:
             builder.abandon()
             raise
         return entries
+
+    def _full(self, rows: int, written: int, done: int, total: int) -> bool:
+        """Flush at `segment_rows`, unless what is left would make a tail of under a quarter of that (it joins
+        this segment instead: a tiny segment costs a search per query until a merge removes it)."""
+        limit = self.kb.storage.segment_rows
+        left = (total - done) * written / max(done, 1)  # chunks still to come, at this write's rate so far
+        return rows >= limit and left >= limit / 4
 
     @staticmethod
     def _add(builder: SegmentBuilder, batch: PreparedBatch, by_id: dict[str, Document],
