@@ -37,7 +37,8 @@ def generation_number(path: Path | None) -> int:
     return int(match.group(1)) if match else 0
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make the renames and creations inside `path` durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -79,14 +80,14 @@ def commit(root: Path, partial: Path) -> Path:
                 os.fsync(handle.fileno())
     final = partial.with_name(partial.name.removesuffix(".partial"))
     partial.rename(final)
-    _fsync_dir(root)
+    fsync_dir(root)
     temporary = root / f"{CURRENT}.tmp"
     with open(temporary, "w", encoding="utf-8") as handle:
         handle.write(final.name)
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(temporary, root / CURRENT)
-    _fsync_dir(root)
+    fsync_dir(root)
     for old in root.glob("gen-*"):
         if old != final and _NAME.match(old.name):
             shutil.rmtree(old, ignore_errors=True)

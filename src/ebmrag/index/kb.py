@@ -164,7 +164,7 @@ class KnowledgeBase:
                     report.chunks_total = sum(e.live for e in entries)
                     return report
                 report.segments_merged = len(entries)
-                entries = [merge.merge_segments(self.root, live, entries, self.config, progress)]
+                entries = [merge.merge_segments(self.root, entries, self.config, progress)]
             report.generation += 1
             self._commit(report.generation, entries)
             report.chunks_total = sum(e.live for e in entries)
@@ -212,9 +212,7 @@ class KnowledgeBase:
         """Apply the merge policy until it is satisfied; each merge is its own committed generation."""
         merged = 0
         while self.storage.merge_factor and (group := merge.plan(entries, self.storage.merge_factor)):
-            live = generations.current_generation(self.root)
-            assert live is not None
-            combined = merge.merge_segments(self.root, live, [entries[i] for i in group], self.config)
+            combined = merge.merge_segments(self.root, [entries[i] for i in group], self.config)
             absorbed = set(group[1:])
             entries = [combined if i == group[0] else e for i, e in enumerate(entries) if i not in absorbed]
             number += 1

@@ -23,6 +23,7 @@ import numpy as np
 from ebmrag.config import KnowledgeBaseConfig
 from ebmrag.index import store
 from ebmrag.index.dense import HNSW_FILE, VECTORS_FILE, DenseIndex
+from ebmrag.index.generations import fsync_dir
 from ebmrag.index.lexical import LexicalSegment, TermCounts
 from ebmrag.index.segment import (
     SEGMENT_FILE,
@@ -57,7 +58,7 @@ def plan(entries: Sequence[SegmentEntry], factor: int) -> list[int]:
     return []
 
 
-def merge_segments(root: Path, live: Path, entries: Sequence[SegmentEntry], config: KnowledgeBaseConfig,
+def merge_segments(root: Path, entries: Sequence[SegmentEntry], config: KnowledgeBaseConfig,
                    progress: Progress | None = None) -> SegmentEntry:
     """One new segment holding the live rows of `entries`, in their order."""
     dim = _dimension(root, entries)
@@ -103,8 +104,9 @@ def _copy_chunks(builder: SegmentBuilder, segment: Segment) -> None:
 
 
 def _live_vectors(segment: Segment) -> np.ndarray:
-    vectors = np.asarray(segment.dense.vectors, dtype=np.float32)
-    return vectors if segment.live is None else vectors[segment.live]
+    """From the vector file itself: loading the segment's dense index would read its whole graph too."""
+    vectors = np.load(segment.path / VECTORS_FILE, mmap_mode="r")
+    return np.asarray(vectors if segment.live is None else vectors[segment.live], dtype=np.float32)
 
 
 def _reusable_graph(first: Segment, total: int) -> Any:
@@ -134,7 +136,7 @@ def convert_format_1(root: Path, generation: Path) -> SegmentEntry:
                                             encoding="utf-8")
         fsync_tree(partial)
         partial.rename(partial.with_name(name))
-        fsync_tree(segments_dir(root))
+        fsync_dir(segments_dir(root))
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise

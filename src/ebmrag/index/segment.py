@@ -28,6 +28,7 @@ import numpy.typing as npt
 
 from ebmrag.index import store
 from ebmrag.index.dense import DenseIndex, Vectors
+from ebmrag.index.generations import fsync_dir
 from ebmrag.index.lexical import LexicalSegment, Mask, TermCounts
 
 SEGMENTS = "segments"
@@ -64,6 +65,7 @@ def next_name(root: Path) -> str:
 
 
 def fsync_tree(directory: Path) -> None:
+    """Every file a new segment wrote, and its folder, to disk (before the rename that makes it final)."""
     for path in [*directory.rglob("*"), directory]:
         fd = os.open(path, os.O_RDONLY)
         try:
@@ -108,7 +110,7 @@ class SegmentBuilder:
         (self.partial / SEGMENT_FILE).write_text(json.dumps(info), encoding="utf-8")
         fsync_tree(self.partial)
         self.partial.rename(self.final)
-        fsync_tree(self.final.parent)
+        fsync_dir(self.final.parent)
         return SegmentEntry(self.final.name, self.rows, self.rows)
 
     def abandon(self) -> None:
@@ -178,7 +180,7 @@ def write_deletes(segment: Path, generation: int, docs: Iterable[str], deleted: 
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(temporary, segment / name)
-    fsync_tree(segment)  # the rename itself must be durable before a generation names the file
+    fsync_dir(segment)  # the rename itself must be durable before a generation names the file
     return name
 
 
