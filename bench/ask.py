@@ -27,12 +27,12 @@ from typing import Any
 
 import numpy as np
 
-from ebmrag.agent.engine import Engine
+from ebmrag.answer.engine import Engine
 from ebmrag.config import ModelSettings, Settings
 from ebmrag.demo import demo_record_paths
-from ebmrag.evidence.fragment import PatientRecord
-from ebmrag.evidence.loaders import load_record, load_records
-from ebmrag.factory import build_engine
+from ebmrag.records.fragment import PatientRecord
+from ebmrag.records.loaders import load_record, load_records
+from ebmrag.compose import build_engine
 from report import write_section  # bench/ is on sys.path when a script here runs
 from retrieval import build_scaled_kb  # bench/ is on sys.path when this script runs
 

@@ -5,11 +5,11 @@ CPU, a plain PyTorch loop (no `datasets`/`accelerate`), bf16 autocast where the 
 
     python bench/finetune_minilm.py --data-root ../shared/data --out /tmp/minilm-medquad             # full model
     python bench/finetune_minilm.py --data-root ../shared/data --lora-rank 16 --hard-negatives --scale 0.3 \\
-        --out src/ebmrag/evidence/models/minilm_medquad.npz                                          # shipped delta
+        --out src/ebmrag/models/deltas/minilm_medquad.npz                                          # shipped delta
 
 A full fine-tune writes a sentence-transformers folder usable as `[kb] embedding_model`; `--lora-rank` trains
 low-rank adapters on every encoder Linear and writes them as the small delta file behind the named profile
-`minilm-medquad` (`ebmrag.evidence.adapters`). Positives are written the way the knowledge base indexes a chunk
+`minilm-medquad` (`ebmrag.models.adapters`). Positives are written the way the knowledge base indexes a chunk
 ("focus — question type" above the text). LiveQA questions are never read.
 """
 
@@ -25,9 +25,9 @@ from typing import Any
 import torch
 from sentence_transformers import SentenceTransformer
 
-from ebmrag.evidence.adapters import LORA_TARGETS, save_delta
-from ebmrag.evidence.embeddings import native_bf16
-from ebmrag.evidence.tokens import bundled_model_dir
+from ebmrag.models.adapters import LORA_TARGETS, save_delta
+from ebmrag.models.embeddings import native_bf16
+from ebmrag.models.tokens import bundled_model_dir
 
 Example = tuple[str, str, str]  # question, positive section, hard negative (another section of the page)
 

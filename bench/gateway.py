@@ -24,12 +24,12 @@ from typing import Any
 
 import redis
 
-from ebmrag.evidence.fragment import PatientRecord
+from ebmrag.records.fragment import PatientRecord
 from ebmrag.gateway.consumer import ResultConsumer
 from ebmrag.gateway.publish import publish
-from ebmrag.serve.access import create_key
-from ebmrag.serve.results import ResultMessage
-from ebmrag.serve.store import SQLiteStore
+from ebmrag.store.access import create_key
+from ebmrag.store.results import ResultMessage
+from ebmrag.store.patients import SQLiteStore
 from report import emit, machine  # bench/ is on sys.path when a script here runs
 
 BROKER = "redis://127.0.0.1:6379/0"

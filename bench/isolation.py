@@ -24,9 +24,9 @@ import httpx
 import uvicorn
 
 from ebmrag.config import ServeSettings, Settings
-from ebmrag.serve.access import create_key
+from ebmrag.store.access import create_key
 from ebmrag.serve.app import create_app
-from ebmrag.serve.store import SQLiteStore
+from ebmrag.store.patients import SQLiteStore
 from report import emit, machine  # bench/ is on sys.path when a script here runs
 
 TENANTS, PATIENTS = ("ta", "tb", "tc"), ("p1", "p2", "p3", "p4")

@@ -27,7 +27,7 @@ import numpy as np
 
 from ebmrag.config import KnowledgeBaseConfig, StorageSettings
 from ebmrag.index.kb import KnowledgeBase
-from ebmrag.index.search import HybridRetriever
+from ebmrag.retrieve.search import HybridRetriever
 from ebmrag.ingest.documents import Document
 from report import machine, write_section  # bench/ is on sys.path when a script here runs
 from retrieval import QUERIES, ScaledEmbedder, base_corpus, base_titles, percentile_ms

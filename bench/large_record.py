@@ -19,7 +19,7 @@ import tracemalloc
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
-from ebmrag.evidence.fragment import Fragment, PatientRecord
+from ebmrag.records.fragment import Fragment, PatientRecord
 from ebmrag.packing.packer import DEFAULT_PREFILTER, ContextPacker
 from report import emit, machine  # bench/ is on sys.path when a script here runs
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from datetime import date
 from pathlib import Path
 
-from ebmrag.evidence.fragment import Fragment, PatientRecord, Tier, TierDecision
+from ebmrag.records.fragment import Fragment, PatientRecord, Tier, TierDecision
 from ebmrag.packing.exact import ExactPacker
 from ebmrag.packing.greedy import GreedyPacker
 from ebmrag.packing.types import Candidate, PackOption, State

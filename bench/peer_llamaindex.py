@@ -35,9 +35,9 @@ from llama_index.retrievers.bm25 import BM25Retriever
 
 from ebmrag.config import load_settings
 from ebmrag.eval.retrieval import RouteCache, fuser, liveqa_queries, reranked, score_ranking, select_split
-from ebmrag.evidence.embeddings import SentenceEmbedder
-from ebmrag.factory import make_retriever, open_kb
-from ebmrag.index.search import HybridRetriever
+from ebmrag.models.embeddings import SentenceEmbedder
+from ebmrag.compose import make_retriever, open_kb
+from ebmrag.retrieve.search import HybridRetriever
 from ebmrag.ingest.readers import read_file
 from ebmrag.integrations.llamaindex import EbmragEmbedding
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ebmrag.eval.cases import ENCOUNTER, EvalCase, load_cases
 from ebmrag.eval.packing_report import dataset_dir
-from ebmrag.evidence.fragment import Fragment, PatientRecord
+from ebmrag.records.fragment import Fragment, PatientRecord
 from ebmrag.packing.packer import ContextPacker
 from ebmrag.packing.prefilter import Prefilter
 from ebmrag.packing.types import DropReason

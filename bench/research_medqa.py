@@ -20,8 +20,8 @@ from typing import Any
 
 from ebmrag.config import Settings
 from ebmrag.eval.llm_eval import parse_choice
-from ebmrag.evidence.fragment import Fragment, PatientRecord
-from ebmrag.factory import build_engine, build_research_agent, require_llm_client
+from ebmrag.records.fragment import Fragment, PatientRecord
+from ebmrag.compose import build_engine, build_research_agent, require_llm_client
 from ebmrag.research.agent import ResearchAgent
 from ebmrag.research.memory import ObservationMemory
 from ebmrag.research.tools import PatientRecordTool

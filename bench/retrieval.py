@@ -31,7 +31,7 @@ import numpy.typing as npt
 
 from ebmrag.config import KnowledgeBaseConfig
 from ebmrag.index.kb import IngestReport, KnowledgeBase
-from ebmrag.index.search import HybridRetriever
+from ebmrag.retrieve.search import HybridRetriever
 from ebmrag.ingest.documents import Document
 from report import write_section  # bench/ is on sys.path when a script here runs
 
@@ -151,7 +151,7 @@ def rank_bm25_comparison(base_kb: Path, size: int) -> dict[str, float]:
 
 
 def embedding_throughput(base_kb: Path, n: int = 256) -> list[dict[str, Any]]:
-    from ebmrag.evidence.embeddings import SentenceEmbedder
+    from ebmrag.models.embeddings import SentenceEmbedder
 
     texts, _ = base_corpus(base_kb)
     long_texts = [t for t in texts if len(t.split()) >= 150][:n]

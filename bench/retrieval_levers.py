@@ -30,9 +30,9 @@ import numpy.typing as npt
 
 from ebmrag.config import load_settings
 from ebmrag.eval.retrieval import Query, liveqa_queries, score_ranking, select_split
-from ebmrag.evidence.sentences import split_sentences
-from ebmrag.factory import cache_dir
-from ebmrag.index.fusion import Ranked, fuse, top
+from ebmrag.text.sentences import split_sentences
+from ebmrag.compose import cache_dir
+from ebmrag.retrieve.fusion import Ranked, fuse, top
 from ebmrag.index.kb import KnowledgeBase
 
 Scores = npt.NDArray[np.float32]

@@ -28,9 +28,9 @@ import uvicorn
 
 from ebmrag.config import Settings
 from ebmrag.demo import demo_query, demo_record_paths
-from ebmrag.serve.access import create_key
+from ebmrag.store.access import create_key
 from ebmrag.serve.app import create_app
-from ebmrag.serve.store import SQLiteStore
+from ebmrag.store.patients import SQLiteStore
 from report import emit, machine  # bench/ is on sys.path when a script here runs
 
 

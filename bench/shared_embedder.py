@@ -22,8 +22,8 @@ from ebmrag.eval.noise import NoiseConfig
 from ebmrag.eval.packing_eval import evaluate
 from ebmrag.eval.packing_report import dataset_dir
 from ebmrag.eval.packing_suite import NEUTRAL, Suite
-from ebmrag.evidence.embeddings import SentenceEmbedder
-from ebmrag.evidence.tokens import make_token_counter
+from ebmrag.models.embeddings import SentenceEmbedder
+from ebmrag.models.tokens import make_token_counter
 from ebmrag.packing.packer import make_packer
 from ebmrag.packing.utility import CandidateBuilder, UtilityParams
 from report import write_section  # bench/ is on sys.path when a script here runs

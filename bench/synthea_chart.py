@@ -19,10 +19,10 @@ from dataclasses import replace
 from datetime import date
 from pathlib import Path
 
-from ebmrag.agent.engine import Engine
+from ebmrag.answer.engine import Engine
 from ebmrag.config import Settings
-from ebmrag.evidence.loaders import load_record
-from ebmrag.evidence.tokens import make_token_counter
+from ebmrag.records.loaders import load_record
+from ebmrag.models.tokens import make_token_counter
 from ebmrag.packing.packer import ContextPacker
 from ebmrag.packing.utility import fragment_header
 from report import emit, machine  # bench/ is on sys.path when a script here runs

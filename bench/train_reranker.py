@@ -27,12 +27,12 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from ebmrag.agent.parts import make_retriever, open_kb
+from ebmrag.compose.parts import make_retriever, open_kb
 from ebmrag.config import load_settings
-from ebmrag.evidence.adapters import save_delta
-from ebmrag.evidence.embeddings import native_bf16
-from ebmrag.evidence.tokens import bundled_model_dir
-from ebmrag.index.search import HybridRetriever
+from ebmrag.models.adapters import save_delta
+from ebmrag.models.embeddings import native_bf16
+from ebmrag.models.tokens import bundled_model_dir
+from ebmrag.retrieve.search import HybridRetriever
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,7 @@ def train(groups: list[Group], out: Path, batch: int, lr: float, max_length: int
 
 
 def compress(folder: Path, rank: int, out: Path) -> None:
-    """A trained cross-encoder folder -> a delta over the bundled MiniLM (`ebmrag.evidence.adapters`)."""
+    """A trained cross-encoder folder -> a delta over the bundled MiniLM (`ebmrag.models.adapters`)."""
     base = AutoModelForSequenceClassification.from_pretrained(str(bundled_model_dir()), num_labels=1,
                                                               local_files_only=True).state_dict()
     tuned = AutoModelForSequenceClassification.from_pretrained(str(folder), local_files_only=True).state_dict()

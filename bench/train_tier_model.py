@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 
 from ebmrag.eval.tier_agreement import labelled_texts
-from ebmrag.evidence.embeddings import SentenceEmbedder
-from ebmrag.evidence.fragment import Tier
-from ebmrag.evidence.text_classifier import LinearTextClassifier, fit_linear_classifier
+from ebmrag.models.embeddings import SentenceEmbedder
+from ebmrag.records.fragment import Tier
+from ebmrag.models.text_classifier import LinearTextClassifier, fit_linear_classifier
 from ebmrag.evidence.tiers import BUNDLED_TIER_MODEL, TierClassifier
 
 WRITTEN_T1 = [

@@ -23,9 +23,9 @@ import httpx
 import uvicorn
 
 from ebmrag.demo import demo_record_paths
-from ebmrag.serve.access import create_key
+from ebmrag.store.access import create_key
 from ebmrag.serve.app import create_app
-from ebmrag.serve.store import SQLiteStore
+from ebmrag.store.patients import SQLiteStore
 
 PRODUCERS = (("pathology", "slide-model 2.1", 1.0, "Frozen section of the pericolic node: metastatic adenocarcinoma."),
              ("imaging", "ct-recon 4.0", 2.0, "CT abdomen: 4 cm rim-enhancing collection beside the anastomosis."),
@@ -81,7 +81,7 @@ def _sender(broker: str, store: SQLiteStore, http: httpx.Client) -> Any:
         return lambda message: http.post("/v1/results", json=message)
     from ebmrag.gateway.consumer import ResultConsumer
     from ebmrag.gateway.publish import publish
-    from ebmrag.serve.results import parse_message
+    from ebmrag.store.results import parse_message
 
     stream = f"demo:{time.time_ns()}"
     consumer = ResultConsumer(store, broker, stream, block_ms=50)

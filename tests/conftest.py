@@ -64,9 +64,9 @@ def demo_voter(tmp_path_factory: pytest.TempPathFactory, embedder):  # type: ign
     """The bundled demo corpus in a real knowledge base on disk, searched hybrid as `ask` does by default."""
     from ebmrag.demo import DEMO_CORPUS
     from ebmrag.index.kb import KnowledgeBase
-    from ebmrag.index.search import HybridRetriever
+    from ebmrag.retrieve.search import HybridRetriever
     from ebmrag.index.sync import ingest_paths
-    from ebmrag.index.vote import DocumentVoter
+    from ebmrag.retrieve.vote import DocumentVoter
 
     kb = KnowledgeBase(tmp_path_factory.mktemp("demo-kb") / "kb", embedder=embedder)
     report = ingest_paths(kb, [Path(DEMO_CORPUS)])

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ebmrag.errors import EbmragError
-from ebmrag.evidence.loaders import load_records
+from ebmrag.records.loaders import load_records
 from ebmrag.ingest.readers import read_file
 
 FUZZ = settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])

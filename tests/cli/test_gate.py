@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from ebmrag.cli import app
 from ebmrag.eval.cases import load_cases
-from ebmrag.evidence.sentences import split_sentences
+from ebmrag.text.sentences import split_sentences
 from tests.fake_openai import FakeOpenAI, serve
 
 

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from ebmrag.eval.cases import EvalCase
 from ebmrag.eval.packing_eval import PreparedCase, entity_keys
-from ebmrag.evidence.fragment import Fragment, PatientRecord, Tier, TierDecision
+from ebmrag.records.fragment import Fragment, PatientRecord, Tier, TierDecision
 from ebmrag.packing.utility import MeasuredFragment
 
 

@@ -11,7 +11,7 @@ import pytest
 from ebmrag.errors import RecordError
 from ebmrag.eval.cases import ENCOUNTER, agentclinic_cases, cmb_cases, load_cases, medqa_case, medqa_cases
 from ebmrag.eval.noise import NoiseConfig, filler_line, inject_noise, noisy_cases
-from ebmrag.evidence.fragment import Tier
+from ebmrag.records.fragment import Tier
 from ebmrag.evidence.tiers import TierClassifier
 
 

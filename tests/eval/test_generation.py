@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from ebmrag.agent.engine import Engine
+from ebmrag.answer.engine import Engine
 from ebmrag.demo import load_patient
 from ebmrag.errors import EbmragError
 from ebmrag.eval.generation import GenerationJudge, evaluate_generation, load_questions, markdown, summary
-from ebmrag.generate.llm import OpenAIChatClient
+from ebmrag.llm.openai import OpenAIChatClient
 from tests.fake_openai import FakeOpenAI, serve
 
 pytestmark = pytest.mark.model

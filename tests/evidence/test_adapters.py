@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from ebmrag.errors import ModelUnavailableError
-from ebmrag.evidence.adapters import NAMED_DELTAS, load_delta, resolve_delta, save_delta
-from ebmrag.evidence.embeddings import SentenceEmbedder
+from ebmrag.models.adapters import NAMED_DELTAS, load_delta, resolve_delta, save_delta
+from ebmrag.models.embeddings import SentenceEmbedder
 
 
 class Tiny(torch.nn.Module):

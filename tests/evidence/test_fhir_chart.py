@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from ebmrag.evidence.fhir_notes import html_to_text, note_sections
-from ebmrag.evidence.loaders import load_record
+from ebmrag.records.fhir_notes import html_to_text, note_sections
+from ebmrag.records.loaders import load_record
 from ebmrag.evidence.questions import QuestionClassifier
 from ebmrag.evidence.tiers import TierClassifier
 from ebmrag.packing.packer import ContextPacker

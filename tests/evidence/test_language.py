@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from ebmrag.evidence.language import UnsupportedLanguageError, detect_language
+from ebmrag.text.language import UnsupportedLanguageError, detect_language
 
 
 @pytest.mark.parametrize(("text", "language"), [

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from ebmrag.errors import RecordError
-from ebmrag.evidence.loaders import load_record, load_records
+from ebmrag.records.loaders import load_record, load_records
 from ebmrag.evidence.tiers import TierClassifier
 
 

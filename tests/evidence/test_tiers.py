@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from ebmrag.errors import ConfigError
-from ebmrag.evidence.fragment import Tier
+from ebmrag.records.fragment import Tier
 from ebmrag.evidence.tiers import DEFAULT_RULES_PATH, TierClassifier
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ebmrag.evidence.fragment import Tier
+from ebmrag.records.fragment import Tier
 from ebmrag.evidence.lexicon import drug_mentions
 from ebmrag.evidence.tiers import TierClassifier
 

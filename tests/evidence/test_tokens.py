@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from ebmrag.errors import ConfigError, ModelUnavailableError
-from ebmrag.evidence.tokens import HuggingFaceTokenCounter, make_token_counter, truncate_words
+from ebmrag.models.tokens import HuggingFaceTokenCounter, make_token_counter, truncate_words
 
 
 def test_bundled_counter_counts_without_special_tokens_or_truncation() -> None:
@@ -22,7 +22,7 @@ def test_counts_add_up_across_newlines() -> None:
 
 
 def test_user_tokenizer_path(tmp_path: object) -> None:
-    from ebmrag.evidence.tokens import bundled_model_dir
+    from ebmrag.models.tokens import bundled_model_dir
 
     counter = make_token_counter(f"hf:{bundled_model_dir() / 'tokenizer.json'}")
     assert counter.count("hello world") == 2

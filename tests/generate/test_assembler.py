@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from ebmrag.evidence.tokens import make_token_counter
+from ebmrag.models.tokens import make_token_counter
 from ebmrag.generate.assembler import ContextAssembler, edges_first, jaccard, word_set
 from ebmrag.index.types import SearchHit
 

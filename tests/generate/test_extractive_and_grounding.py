@@ -5,7 +5,7 @@ from typing import Any
 
 import pytest
 
-from ebmrag.evidence.fragment import Tier
+from ebmrag.records.fragment import Tier
 from ebmrag.generate.context import EVIDENCE, PATIENT, ContextItem, evidence_tier
 from ebmrag.generate.extractive import extractive_brief
 from ebmrag.generate.grounding import GroundingChecker

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from ebmrag.errors import LLMError
-from ebmrag.generate.llm import OpenAIChatClient
+from ebmrag.llm.openai import OpenAIChatClient
 from ebmrag.protocols import ChatMessage
 from tests.fake_openai import FakeOpenAI, serve
 

@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from ebmrag.agent.engine import Engine
+from ebmrag.answer.engine import Engine
 from ebmrag.cli import app
 from ebmrag.config import AnswerSettings
 from ebmrag.demo import load_patient
 from ebmrag.errors import ModelUnavailableError
 from ebmrag.eval.generation import GenerationJudge
-from ebmrag.generate.local_llm import LlamaCppChatClient
+from ebmrag.llm.local import LlamaCppChatClient
 from ebmrag.generate.staged import STAGE_ORDER, STAGE_SCHEMAS, check_citations, stage_schema
 from ebmrag.protocols import ChatMessage, SchemaChatClient
 

@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 
 from ebmrag.errors import ConfigError
-from ebmrag.evidence.tokens import make_token_counter
+from ebmrag.models.tokens import make_token_counter
 from ebmrag.generate.budget import BudgetError, extractive_budget, staged_budget
-from ebmrag.generate.prompts import STAGE_ORDER, PromptStage, load_prompts
+from ebmrag.llm.prompts import STAGE_ORDER, PromptStage, load_prompts
 from ebmrag.generate.staged import AnswerText, EvidenceEvaluation, Review, cited_numbers, parse_reply
 
 

@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from ebmrag.agent.engine import Engine
+from ebmrag.answer.engine import Engine
 from ebmrag.cli import app
 from ebmrag.config import AnswerSettings
 from ebmrag.demo import load_patient
-from ebmrag.generate.llm import OpenAIChatClient
-from ebmrag.generate.query_rewrite import QueryExpander, QueryRewriter
-from ebmrag.index.search import HybridRetriever
+from ebmrag.llm.openai import OpenAIChatClient
+from ebmrag.retrieve.query_rewrite import QueryExpander, QueryRewriter
+from ebmrag.retrieve.search import HybridRetriever
 from tests.fake_openai import FakeOpenAI, serve
 
 pytestmark = pytest.mark.model

@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 
 from ebmrag.index.dense import HNSW_FILE, DenseIndex
-from ebmrag.index.fusion import Ranked, rrf, score_fusion, top
+from ebmrag.retrieve.fusion import Ranked, rrf, score_fusion, top
 
 
 def unit_vectors(n: int, dim: int = 32, seed: int = 0) -> np.ndarray:

@@ -81,7 +81,7 @@ def test_ray_ingest_writes_batched_upserts_to_milvus(cluster: str, tmp_path: Pat
     pytest.importorskip("pymilvus")
     from ebmrag.index.distributed import RayPipeline
     from ebmrag.index.milvus import MilvusKnowledgeBase
-    from ebmrag.index.search import HybridRetriever
+    from ebmrag.retrieve.search import HybridRetriever
     from tests.index.test_milvus import free_port, start_milvus, stop
 
     folder = corpus(tmp_path)

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from ebmrag.index.focus import FocusExtractor
+from ebmrag.retrieve.focus import FocusExtractor
 from ebmrag.index.kb import KnowledgeBase
-from ebmrag.index.search import HybridRetriever
+from ebmrag.retrieve.search import HybridRetriever
 from ebmrag.ingest.documents import Document
 
 TITLES = ["Sciatica", "Low back pain", "Back pain", "Gout", "Celiac disease", "Pain", "Zolmitriptan"]

@@ -14,7 +14,7 @@ from ebmrag.config import KnowledgeBaseConfig
 from ebmrag.errors import KnowledgeBaseError
 from ebmrag.index import store
 from ebmrag.index.kb import KnowledgeBase, index_text
-from ebmrag.index.search import HybridRetriever
+from ebmrag.retrieve.search import HybridRetriever
 from ebmrag.index.sync import ingest_paths
 from ebmrag.index.types import Filters
 from ebmrag.ingest.documents import Document
@@ -127,8 +127,8 @@ def test_a_second_writer_is_refused_and_configs_must_match(tmp_path: Path, embed
 
 def test_queries_cannot_be_embedded_by_another_model_than_the_chunks(tmp_path: Path,  # type: ignore[no-untyped-def]
                                                                     embedder) -> None:
-    from ebmrag.evidence.adapters import save_delta
-    from ebmrag.evidence.embeddings import SentenceEmbedder
+    from ebmrag.models.adapters import save_delta
+    from ebmrag.models.embeddings import SentenceEmbedder
 
     kb = KnowledgeBase(tmp_path / "kb", embedder=embedder)
     kb.apply([doc("sepsis", GUIDES["sepsis"])])

@@ -15,7 +15,7 @@ import pytest
 from ebmrag.config import KnowledgeBaseConfig
 from ebmrag.errors import KnowledgeBaseError
 from ebmrag.index.kb import KnowledgeBase
-from ebmrag.index.search import HybridRetriever
+from ebmrag.retrieve.search import HybridRetriever
 from ebmrag.index.types import Filters
 from ebmrag.ingest.documents import Document
 

@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 
 from ebmrag.errors import ModelUnavailableError
-from ebmrag.evidence.adapters import NAMED_DELTAS, save_delta
-from ebmrag.evidence.tokens import bundled_model_dir
+from ebmrag.models.adapters import NAMED_DELTAS, save_delta
+from ebmrag.models.tokens import bundled_model_dir
 from ebmrag.index.kb import KnowledgeBase
-from ebmrag.index.rerank import CrossEncoderReranker, reranker_from_dict, shown_text
-from ebmrag.index.search import HybridRetriever
+from ebmrag.retrieve.rerank import CrossEncoderReranker, reranker_from_dict, shown_text
+from ebmrag.retrieve.search import HybridRetriever
 from ebmrag.index.types import SearchHit
-from ebmrag.index.vote import DocumentVoter
+from ebmrag.retrieve.vote import DocumentVoter
 from ebmrag.ingest.documents import Document, DocumentBuilder
 
 pytestmark = pytest.mark.model

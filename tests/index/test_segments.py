@@ -17,7 +17,7 @@ from ebmrag.config import KnowledgeBaseConfig, StorageSettings
 from ebmrag.index import merge
 from ebmrag.index.kb import KnowledgeBase
 from ebmrag.index.prepare import prepare_batches
-from ebmrag.index.search import HybridRetriever
+from ebmrag.retrieve.search import HybridRetriever
 from ebmrag.index.segment import SegmentEntry
 from ebmrag.index.types import Filters, SearchHit
 from ebmrag.ingest.documents import Document

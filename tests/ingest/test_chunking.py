@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from ebmrag.evidence.tokens import HuggingFaceTokenCounter
+from ebmrag.models.tokens import HuggingFaceTokenCounter
 from ebmrag.ingest.chunking import (
     ChunkerBySource,
     FixedChunker,

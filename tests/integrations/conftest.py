@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import pytest
 
 from ebmrag.demo import demo_guidelines
-from ebmrag.evidence.fragment import PatientRecord
+from ebmrag.records.fragment import PatientRecord
 from ebmrag.integrations.core import EvidencePacker, resolve_record
 from ebmrag.packing.packer import ContextPacker
 

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from ebmrag.errors import EbmragError
-from ebmrag.evidence.fragment import PatientRecord
+from ebmrag.records.fragment import PatientRecord
 from ebmrag.packing.packer import ContextPacker
 from tests.integrations.conftest import ALLERGY, BUDGET, QUESTION, first_that_fit
 

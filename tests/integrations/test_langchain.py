@@ -4,7 +4,7 @@ from typing import Any
 
 import pytest
 
-from ebmrag.evidence.fragment import PatientRecord
+from ebmrag.records.fragment import PatientRecord
 from ebmrag.packing.packer import ContextPacker
 from tests.integrations.conftest import ALLERGY, BUDGET, QUESTION, first_that_fit
 

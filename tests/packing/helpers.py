@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from ebmrag.evidence.fragment import Fragment, Tier, TierDecision
+from ebmrag.records.fragment import Fragment, Tier, TierDecision
 from ebmrag.packing.types import Candidate, PackOption, State
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from ebmrag.evidence.fragment import Fragment, Tier, TierDecision
+from ebmrag.records.fragment import Fragment, Tier, TierDecision
 from ebmrag.packing.types import Candidate, PackOption, State
 
 

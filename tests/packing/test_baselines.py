@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from ebmrag.evidence.tokens import HuggingFaceTokenCounter
+from ebmrag.models.tokens import HuggingFaceTokenCounter
 from ebmrag.packing.baselines import FifoPacker, SemanticPacker, UniformPacker
 from ebmrag.packing.types import DropReason, State
 from tests.packing.helpers import make_candidate

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from ebmrag.demo import demo_query, demo_record_paths
-from ebmrag.evidence.embeddings import SentenceEmbedder
-from ebmrag.evidence.fragment import Tier
-from ebmrag.evidence.loaders import load_record
+from ebmrag.models.embeddings import SentenceEmbedder
+from ebmrag.records.fragment import Tier
+from ebmrag.records.loaders import load_record
 from ebmrag.packing.packer import STRATEGIES, ContextPacker, make_packer
 from ebmrag.packing.types import State
 
@@ -82,7 +82,7 @@ def test_embedding_cache_persists(tmp_path: Path) -> None:
 
 
 def test_local_model_path_loads(tmp_path: Path) -> None:
-    from ebmrag.evidence.tokens import bundled_model_dir
+    from ebmrag.models.tokens import bundled_model_dir
 
     embedder = SentenceEmbedder(model_path=bundled_model_dir())
     assert embedder.embed(["hello"]).shape == (1, 384)

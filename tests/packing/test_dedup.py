@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ebmrag.evidence.fragment import Fragment, Tier, TierDecision
+from ebmrag.records.fragment import Fragment, Tier, TierDecision
 from ebmrag.packing.dedup import collapse_duplicates, numbers, pack_collapsed, shingles
 from ebmrag.packing.exact import ExactPacker
 from ebmrag.packing.types import Candidate, DropReason, PackOption, State

@@ -10,8 +10,8 @@ from ebmrag.ddx.engine import DifferentialDiagnoser
 from ebmrag.ddx.findings import FindingMapper
 from ebmrag.ddx.knowledge import load_kb
 from ebmrag.demo import demo_record_path
-from ebmrag.evidence.loaders import load_record
-from ebmrag.generate.llm import OpenAIChatClient
+from ebmrag.records.loaders import load_record
+from ebmrag.llm.openai import OpenAIChatClient
 from ebmrag.research.agent import ResearchAgent
 from ebmrag.research.memory import ObservationMemory
 from ebmrag.research.tools import (

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from ebmrag.cli import app
 from ebmrag.index.kb import KnowledgeBase
-from ebmrag.index.search import HybridRetriever
+from ebmrag.retrieve.search import HybridRetriever
 from ebmrag.index.sync import ingest_paths
 from ebmrag.research.synthesis import EntityGraph, chain_coverage, synthesize
 

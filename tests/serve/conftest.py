@@ -22,11 +22,11 @@ import httpx
 import pytest
 import uvicorn
 
-from ebmrag.agent.engine import Engine
+from ebmrag.answer.engine import Engine
 from ebmrag.config import Settings
-from ebmrag.serve.access import create_key
+from ebmrag.store.access import create_key
 from ebmrag.serve.app import create_app
-from ebmrag.serve.store import PatientStore, PostgresStore, SQLiteStore
+from ebmrag.store.patients import PatientStore, PostgresStore, SQLiteStore
 
 POSTGRES_URL = os.environ.get("EBMRAG_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 

@@ -12,8 +12,8 @@ import pytest
 from typer.testing import CliRunner
 
 from ebmrag.cli import app
-from ebmrag.serve import audit
-from ebmrag.serve.store import SQLiteStore
+from ebmrag.store import audit
+from ebmrag.store.patients import SQLiteStore
 from tests.serve.conftest import Live
 from tests.serve.test_service import RECORD
 

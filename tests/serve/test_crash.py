@@ -16,8 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ebmrag.serve.access import create_key
-from ebmrag.serve.store import SQLiteStore
+from ebmrag.store.access import create_key
+from ebmrag.store.patients import SQLiteStore
 from tests.serve.conftest import free_port
 
 OBSERVATIONS = 6000
@@ -81,7 +81,7 @@ def test_worker_processes_share_the_store_and_one_unbroken_audit_chain(tmp_path:
     """`serve --workers 2`: concurrent writes through both processes, then `audit verify` on the chain."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from ebmrag.serve.audit import verify
+    from ebmrag.store.audit import verify
 
     store = SQLiteStore(tmp_path / "store.sqlite")
     key = create_key(store, "t", "service")[0]

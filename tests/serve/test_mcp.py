@@ -19,14 +19,14 @@ import httpx
 import pytest
 import uvicorn
 
-from ebmrag.agent.engine import Engine
+from ebmrag.answer.engine import Engine
 from ebmrag.config import Settings
 from ebmrag.demo import load_patient
-from ebmrag.evidence.fragment import PatientRecord
-from ebmrag.serve import audit
-from ebmrag.serve.access import create_key
+from ebmrag.records.fragment import PatientRecord
+from ebmrag.store import audit
+from ebmrag.store.access import create_key
 from ebmrag.serve.service import Service
-from ebmrag.serve.store import SQLiteStore
+from ebmrag.store.patients import SQLiteStore
 from tests.serve.conftest import free_port
 
 pytest.importorskip("mcp", reason="the [mcp] extra is not installed")

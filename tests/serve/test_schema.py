@@ -9,8 +9,8 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 
-from ebmrag.agent.engine import Engine
-from ebmrag.serve.store import SQLiteStore
+from ebmrag.answer.engine import Engine
+from ebmrag.store.patients import SQLiteStore
 from tests.serve.conftest import Live, running
 from tests.serve.test_service import RECORD
 

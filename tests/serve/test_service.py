@@ -155,8 +155,8 @@ def test_limits_body_size_and_rate(serve: Callable[..., Live]) -> None:
 
 def test_postgresql_row_security_hides_other_tenants_rows_even_without_a_where_clause(tmp_path: Any) -> None:
     """Isolation where data is read: a tenant-scoped transaction that forgets its WHERE still sees one tenant."""
-    from ebmrag.evidence.loaders import record_from_json
-    from ebmrag.serve.store import PostgresStore
+    from ebmrag.records.loaders import record_from_json
+    from ebmrag.store.patients import PostgresStore
     from tests.serve.conftest import POSTGRES_URL
 
     store = PostgresStore(POSTGRES_URL, schema=f"rls_{uuid.uuid4().hex[:10]}")
@@ -179,10 +179,10 @@ def test_postgresql_row_security_hides_other_tenants_rows_even_without_a_where_c
 
 def test_the_shared_knowledge_base_changes_only_through_its_admin_tenant(tmp_path: Any, store: Any,
                                                                        context_packer: Any, embedder: Any) -> None:
-    from ebmrag.agent.engine import Engine
+    from ebmrag.answer.engine import Engine
     from ebmrag.index.kb import KnowledgeBase
-    from ebmrag.index.search import HybridRetriever
-    from ebmrag.index.vote import DocumentVoter
+    from ebmrag.retrieve.search import HybridRetriever
+    from ebmrag.retrieve.vote import DocumentVoter
     from tests.serve.conftest import running
 
     voter = DocumentVoter(HybridRetriever(KnowledgeBase(tmp_path / "kb", embedder=embedder)))
@@ -208,8 +208,8 @@ def test_the_shared_knowledge_base_changes_only_through_its_admin_tenant(tmp_pat
 def test_ask_streams_stage_events_then_the_answer(store: Any, context_packer: Any, demo_voter: Any) -> None:
     """Accept: text/event-stream on the model path: one event per stage as it ends, then the answer text,
     then the ask JSON (a real fake model server on 127.0.0.1)."""
-    from ebmrag.agent.engine import Engine
-    from ebmrag.generate.llm import OpenAIChatClient
+    from ebmrag.answer.engine import Engine
+    from ebmrag.llm.openai import OpenAIChatClient
     from tests.agent.test_engine_llm import clinician
     from tests.fake_openai import FakeOpenAI
     from tests.fake_openai import serve as serve_model

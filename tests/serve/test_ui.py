@@ -13,8 +13,8 @@ from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 
-from ebmrag.agent.engine import Engine
-from ebmrag.serve.store import SQLiteStore
+from ebmrag.answer.engine import Engine
+from ebmrag.store.patients import SQLiteStore
 from tests.serve.conftest import Live, running
 from tests.serve.test_service import RECORD
 

@@ -11,7 +11,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ebmrag.agent.result import AskResult
+from ebmrag.answer.result import AskResult
 from ebmrag.cli.common import (
     BaseUrlOption,
     ConfigOption,
@@ -25,7 +25,7 @@ from ebmrag.cli.common import (
 )
 from ebmrag.config import load_settings
 from ebmrag.demo import load_patient
-from ebmrag.factory import build_engine
+from ebmrag.compose import build_engine
 
 
 def ask(

@@ -36,7 +36,7 @@ def ddx(
         stderr.print(ctx.get_help())
         raise typer.Exit(code=2)
     from ebmrag.ddx.engine import complete_findings
-    from ebmrag.research.parts import build_diagnoser, build_finding_mapper
+    from ebmrag.compose.research import build_diagnoser, build_finding_mapper
 
     with user_errors():
         settings = load_settings(config)
@@ -78,7 +78,7 @@ def evaluate_patients(
     from ebmrag.ddx.engine import complete_findings
     from ebmrag.eval.ddx_eval import evaluate, read_patients, structured_findings
     from ebmrag.eval.ddx_render import render
-    from ebmrag.research.parts import build_diagnoser, build_finding_mapper
+    from ebmrag.compose.research import build_diagnoser, build_finding_mapper
 
     with user_errors():
         settings = load_settings(config)

@@ -33,9 +33,9 @@ from ebmrag.eval.llm_eval import diagnosis_f1, mirage_accuracy, packing_accuracy
 from ebmrag.eval.noise import NoiseConfig
 from ebmrag.eval.packing_report import dataset_dir
 from ebmrag.eval.packing_suite import NEUTRAL, Suite, rows_table
-from ebmrag.evidence.embeddings import SentenceEmbedder
-from ebmrag.evidence.tokens import make_token_counter
-from ebmrag.factory import (
+from ebmrag.models.embeddings import SentenceEmbedder
+from ebmrag.models.tokens import make_token_counter
+from ebmrag.compose import (
     build_packer,
     cache_dir,
     make_chat_client,
@@ -46,7 +46,7 @@ from ebmrag.factory import (
     require_llm_client,
     utility_params,
 )
-from ebmrag.generate.llm import OpenAIChatClient
+from ebmrag.llm.openai import OpenAIChatClient
 from ebmrag.index.sync import ingest_paths
 from ebmrag.packing.packer import STRATEGIES, make_packer
 from ebmrag.packing.utility import CandidateBuilder
@@ -189,7 +189,7 @@ def eval_gate(
     out: Annotated[Path | None, typer.Option(help="Write the markdown report here.")] = None,
 ) -> None:
     """Retrieval-gate decisions and sentence labels on full records and history-only cuts."""
-    from ebmrag.agent.gate import RetrievalGate
+    from ebmrag.answer.gate import RetrievalGate
     from ebmrag.eval.gate_report import HISTORY_SECTIONS, gate_report
 
     with user_errors():
@@ -265,7 +265,7 @@ def eval_generation(
     """Faithfulness, answer relevancy, context relevancy and context recall of `ask` answers (model-judged when a
     model is configured, else offline approximations; each score names its method)."""
     from ebmrag.eval.generation import GenerationJudge, evaluate_generation, load_questions, markdown, summary
-    from ebmrag.factory import build_engine
+    from ebmrag.compose import build_engine
 
     with user_errors():
         items = load_questions(questions)

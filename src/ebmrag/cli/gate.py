@@ -10,8 +10,8 @@ import typer
 
 from ebmrag.cli.common import BaseUrlOption, ConfigOption, LlmOption, ModelOption, console, progress_bar, user_errors
 from ebmrag.config import load_settings
-from ebmrag.evidence.sentences import split_sentences
-from ebmrag.factory import cache_dir, make_retriever, open_kb, require_llm_client
+from ebmrag.text.sentences import split_sentences
+from ebmrag.compose import cache_dir, make_retriever, open_kb, require_llm_client
 
 gate_app = typer.Typer(help="Train the retrieval gate's sentence classifier.", no_args_is_help=True)
 
@@ -29,7 +29,7 @@ def annotate(
     config: ConfigOption = None,
 ) -> None:
     """Label every sentence A/B/C by masking it and asking the model whether the diagnosis survives."""
-    from ebmrag.agent.gate_model import MaskingAnnotator
+    from ebmrag.answer.gate_model import MaskingAnnotator
     from ebmrag.eval.cases import load_cases
 
     with user_errors():
@@ -58,8 +58,8 @@ def train(
     config: ConfigOption = None,
 ) -> None:
     """Fit the A/B/C classifier on sentence embeddings; prints held-out accuracy. Use it with [answer] gate_model."""
-    from ebmrag.agent.gate_model import read_annotations, train_classifier
-    from ebmrag.evidence.embeddings import SentenceEmbedder
+    from ebmrag.answer.gate_model import read_annotations, train_classifier
+    from ebmrag.models.embeddings import SentenceEmbedder
 
     with user_errors():
         settings = load_settings(config)

@@ -25,14 +25,14 @@ from ebmrag.cli.common import (
     user_errors,
 )
 from ebmrag.config import load_settings
-from ebmrag.evidence.sentences import split_sentences
-from ebmrag.factory import cache_dir, make_llm_client, make_retriever, make_rewriter, open_kb
-from ebmrag.generate.query_rewrite import Rewrite
+from ebmrag.text.sentences import split_sentences
+from ebmrag.compose import cache_dir, make_llm_client, make_retriever, make_rewriter, open_kb
+from ebmrag.retrieve.query_rewrite import Rewrite
 from ebmrag.index.kb import IngestReport
 from ebmrag.index.prepare import default_workers
 from ebmrag.index.sync import ingest_paths
 from ebmrag.index.types import Filters
-from ebmrag.index.vote import DocumentHit, DocumentVoter
+from ebmrag.retrieve.vote import DocumentHit, DocumentVoter
 from ebmrag.ingest.readers import FieldMap
 
 kb_app = typer.Typer(help="Inspect a knowledge base.", no_args_is_help=True)

@@ -12,9 +12,9 @@ from rich.table import Table
 from ebmrag.cli.common import ConfigOption, JsonOption, console, stderr, user_errors
 from ebmrag.config import load_settings
 from ebmrag.demo import demo_query, demo_record_paths, load_patient
-from ebmrag.evidence.fragment import Tier, parse_timestamp
-from ebmrag.evidence.loaders import load_record
-from ebmrag.factory import build_packer
+from ebmrag.records.fragment import Tier, parse_timestamp
+from ebmrag.records.loaders import load_record
+from ebmrag.compose import build_packer
 from ebmrag.packing.packer import STRATEGIES
 from ebmrag.packing.types import PackResult
 

@@ -54,8 +54,8 @@ def run(
 ) -> None:
     """Research a question with the tools, then answer citing only what the tools showed. The run is logged."""
     from ebmrag.demo import load_patient
-    from ebmrag.factory import require_llm_client
-    from ebmrag.research.parts import build_research_agent, trajectory_folder
+    from ebmrag.compose import require_llm_client
+    from ebmrag.compose.research import build_research_agent, trajectory_folder
     from ebmrag.research.trajectory import TrajectoryLog
 
     with user_errors():
@@ -93,7 +93,7 @@ def export(
     config: ConfigOption = None,
 ) -> None:
     """Write fine-tuning data from logged research runs."""
-    from ebmrag.research.parts import trajectory_folder
+    from ebmrag.compose.research import trajectory_folder
     from ebmrag.research.trajectory import FORMATS, export_run, read_runs
 
     with user_errors():
@@ -127,7 +127,7 @@ def score(
     config: ConfigOption = None,
 ) -> None:
     """Seed 004's reward parts per run: answer correctness, wasted tool calls, the total."""
-    from ebmrag.research.parts import trajectory_folder
+    from ebmrag.compose.research import trajectory_folder
     from ebmrag.research.trajectory import read_runs, score_run
 
     with user_errors():

@@ -14,7 +14,7 @@ from ebmrag.config import load_settings
 from ebmrag.errors import require_extra
 
 if TYPE_CHECKING:
-    from ebmrag.serve.store import PatientStore
+    from ebmrag.store.patients import PatientStore
 
 DataDirOption = Annotated[Path, typer.Option("--data-dir", help="Where the service keeps its store and audit log.")]
 StoreOption = Annotated[str, typer.Option("--store-url", help="postgresql://… (default: [serve] store_url, "
@@ -75,7 +75,7 @@ def mcp(
     """Expose pack, ask, search, ddx and a patient's fragments as MCP tools, with the service's keys and scopes."""
     with user_errors():
         require_extra("mcp", "mcp", "ebmrag mcp")
-        from ebmrag.serve.access import authenticate
+        from ebmrag.store.access import authenticate
         from ebmrag.serve.mcp import build_mcp_server, http_app
         from ebmrag.serve.service import Service
 
@@ -97,7 +97,7 @@ def mcp(
 
 
 def open_store_for(data_dir: Path, store_url: str, config: Path | None) -> PatientStore:
-    from ebmrag.serve.store import open_store
+    from ebmrag.store.patients import open_store
 
     settings = load_settings(config)
     return open_store(data_dir, _store_url(settings.serve.store_url, store_url))
@@ -115,7 +115,7 @@ def keys_create(
 ) -> None:
     """Create a key; the key itself is the only line on stdout (it is shown once, stored hashed)."""
     with user_errors():
-        from ebmrag.serve.access import create_key
+        from ebmrag.store.access import create_key
 
         secret, key = create_key(open_store_for(data_dir, store_url, config), tenant, role, tuple(patient or ()))
     stderr.print(f"key {key.key_id}: tenant {key.tenant}, role {key.role}"
@@ -153,7 +153,7 @@ def keys_revoke(data_dir: DataDirOption, key_id: Annotated[str, typer.Argument(h
 def audit_verify(data_dir: DataDirOption, store_url: StoreOption = "", config: ConfigOption = None) -> None:
     """Check the hash chain of the access log: exit 0 when intact, 1 with the problems when not."""
     with user_errors():
-        from ebmrag.serve.audit import verify
+        from ebmrag.store.audit import verify
 
         rows = open_store_for(data_dir, store_url, config).audit_rows()
         problems = verify(rows)

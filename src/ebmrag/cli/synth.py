@@ -43,7 +43,7 @@ def questions(
     config: ConfigOption = None,
 ) -> None:
     """Rare entities -> the longest valid chunk-backed path -> a question, its gold answer and chunk chain."""
-    from ebmrag.factory import make_llm_client, make_retriever, open_kb
+    from ebmrag.compose import make_llm_client, make_retriever, open_kb
     from ebmrag.research.synthesis import EntityGraph, chain_coverage, synthesize
 
     with user_errors():

@@ -20,7 +20,7 @@ import numpy as np
 
 from ebmrag.ddx.knowledge import ConditionKB
 from ebmrag.evidence.entities import default_extractor
-from ebmrag.evidence.sentences import split_sentences
+from ebmrag.text.sentences import split_sentences
 from ebmrag.protocols import Embedder, Vectors
 
 FIRST_PERSON_NEGATION = re.compile(

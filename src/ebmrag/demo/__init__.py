@@ -9,8 +9,8 @@ import logging
 from pathlib import Path
 
 from ebmrag.errors import RecordError
-from ebmrag.evidence.fragment import PatientRecord
-from ebmrag.evidence.loaders import load_record
+from ebmrag.records.fragment import PatientRecord
+from ebmrag.records.loaders import load_record
 
 RECORDS_DIR = Path(__file__).parent / "records"
 DEMO_CORPUS = Path(__file__).parent / "kb" / "guidelines.jsonl"

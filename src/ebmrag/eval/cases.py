@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from ebmrag.errors import RecordError
-from ebmrag.evidence.fragment import Fragment, PatientRecord, Tier
-from ebmrag.evidence.loaders import record_from_agentclinic
-from ebmrag.evidence.sentences import split_sentences
+from ebmrag.records.fragment import Fragment, PatientRecord, Tier
+from ebmrag.records.loaders import record_from_agentclinic
+from ebmrag.text.sentences import split_sentences
 from ebmrag.evidence.tiers import TierClassifier
 
 DATASETS = ("medqa", "agentclinic", "cmb")

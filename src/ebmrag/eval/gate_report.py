@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ebmrag.agent.gate import Action, GateDecision, Label, RetrievalGate
+from ebmrag.answer.gate import Action, GateDecision, Label, RetrievalGate
 from ebmrag.eval.cases import EvalCase, load_cases
-from ebmrag.evidence.fragment import PatientRecord
+from ebmrag.records.fragment import PatientRecord
 
 HISTORY_SECTIONS = {"agentclinic": "Patient_Actor", "cmb": "现病史"}
 

@@ -26,12 +26,12 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, Field
 
-from ebmrag.agent.engine import Engine
-from ebmrag.agent.result import AskResult
+from ebmrag.answer.engine import Engine
+from ebmrag.answer.result import AskResult
 from ebmrag.demo import load_patient
 from ebmrag.errors import EbmragError
-from ebmrag.evidence.sentences import split_sentences
-from ebmrag.generate.completion import complete_json
+from ebmrag.text.sentences import split_sentences
+from ebmrag.llm.completion import complete_json
 from ebmrag.protocols import ChatClient, ChatMessage
 
 METRICS = ("faithfulness", "answer_relevancy", "context_relevancy", "context_recall")

@@ -21,8 +21,8 @@ from typing import Any
 from ebmrag.errors import LLMError, RecordError
 from ebmrag.eval.diagnosis import IcdIndex, diagnosis_lines, set_scores
 from ebmrag.eval.packing_eval import PreparedCase
-from ebmrag.generate.llm import OpenAIChatClient
-from ebmrag.index.search import HybridRetriever
+from ebmrag.llm.openai import OpenAIChatClient
+from ebmrag.retrieve.search import HybridRetriever
 from ebmrag.packing.packer import Packer
 from ebmrag.packing.utility import UtilityParams
 from ebmrag.protocols import ChatMessage

@@ -23,8 +23,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from ebmrag.eval.cases import ENCOUNTER, EvalCase
-from ebmrag.evidence.fragment import Fragment, PatientRecord
-from ebmrag.evidence.sentences import split_sentences
+from ebmrag.records.fragment import Fragment, PatientRecord
+from ebmrag.text.sentences import split_sentences
 
 _FILLER_EN = (
     "Patient took {drug_class} as prescribed; no missed doses reported at the {n}-week review.",

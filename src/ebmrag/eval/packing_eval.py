@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass, replace
 
 from ebmrag.eval.cases import EvalCase
 from ebmrag.evidence.entities import EntityExtractor, EntityKind, default_extractor
-from ebmrag.evidence.fragment import Tier
-from ebmrag.evidence.text_classifier import LinearTextClassifier
+from ebmrag.records.fragment import Tier
+from ebmrag.models.text_classifier import LinearTextClassifier
 from ebmrag.evidence.tiers import BUNDLED_TIER_MODEL, TierClassifier
 from ebmrag.packing.dedup import collapse_duplicates
 from ebmrag.packing.exact import ExactPacker

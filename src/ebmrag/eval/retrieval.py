@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 
 from ebmrag.errors import EbmragError
-from ebmrag.generate.query_rewrite import Rewrite
+from ebmrag.retrieve.query_rewrite import Rewrite
 from ebmrag.index.backend import KnowledgeStore
-from ebmrag.index.fusion import Ranked, fuse, top, with_focus
-from ebmrag.index.search import HybridRetriever
+from ebmrag.retrieve.fusion import Ranked, fuse, top, with_focus
+from ebmrag.retrieve.search import HybridRetriever
 from ebmrag.index.types import Reranker
 
 DATASETS = ("liveqa", "pubmedqa", "medquad")

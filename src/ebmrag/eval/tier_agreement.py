@@ -19,8 +19,8 @@ from typing import Any
 
 from ebmrag.errors import RecordError
 from ebmrag.eval.cases import cmb_case, field_label
-from ebmrag.evidence.fragment import Tier
-from ebmrag.evidence.loaders import load_records
+from ebmrag.records.fragment import Tier
+from ebmrag.records.loaders import load_records
 from ebmrag.evidence.tiers import TierClassifier
 
 

@@ -1,5 +1,5 @@
 """Evidence model: patient fragments, their tiers, entity-preserving compression, tokens and embeddings."""
 
-from ebmrag.evidence.fragment import Fragment, PatientRecord, Tier, TierDecision
+from ebmrag.records.fragment import Fragment, PatientRecord, Tier, TierDecision
 
 __all__ = ["Fragment", "PatientRecord", "Tier", "TierDecision"]

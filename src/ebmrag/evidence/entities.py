@@ -19,7 +19,7 @@ from functools import cache
 from pathlib import Path
 
 from ebmrag.errors import ConfigError
-from ebmrag.evidence.sentences import split_sentences
+from ebmrag.text.sentences import split_sentences
 from ebmrag.kvcache import KeyValueCache, digest
 
 DEFAULT_LEXICON_PATH = Path(__file__).parent / "rules" / "entities.toml"

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ebmrag.errors import ConfigError
-from ebmrag.evidence.fragment import PatientRecord
+from ebmrag.records.fragment import PatientRecord
 from ebmrag.evidence.tiers import normalize_section
 
 DEFAULT_QUESTION_RULES = Path(__file__).parent / "rules" / "questions.toml"

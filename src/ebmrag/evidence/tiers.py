@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from ebmrag.errors import ConfigError
-from ebmrag.evidence.fragment import PatientRecord, Tier, TierDecision
+from ebmrag.records.fragment import PatientRecord, Tier, TierDecision
 from ebmrag.evidence.lexicon import drug_mentions
-from ebmrag.evidence.text_classifier import LinearTextClassifier
+from ebmrag.models.text_classifier import LinearTextClassifier
 from ebmrag.kvcache import KeyValueCache, digest
 
 DEFAULT_RULES_PATH = Path(__file__).parent / "rules" / "tiers.toml"

@@ -9,7 +9,7 @@ from typing import Any
 
 from ebmrag.errors import require_extra
 from ebmrag.gateway.consumer import STREAM
-from ebmrag.serve.results import MessageError, ResultMessage, messages_from_hl7, parse_message
+from ebmrag.store.results import MessageError, ResultMessage, messages_from_hl7, parse_message
 
 
 def publish(broker: str, messages: Sequence[ResultMessage], stream: str = STREAM) -> list[str]:

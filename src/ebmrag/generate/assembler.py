@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ebmrag.evidence.sentences import split_sentences
+from ebmrag.text.sentences import split_sentences
 from ebmrag.index.types import SearchHit
 from ebmrag.protocols import TokenCounter
 

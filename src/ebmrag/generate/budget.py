@@ -16,7 +16,7 @@ from typing import Any
 
 from ebmrag.generate.context import EVIDENCE_HEADING, PATIENT_HEADING
 from ebmrag.generate.extractive import EVIDENCE_HEADINGS, TIER_HEADINGS
-from ebmrag.generate.prompts import STAGE_OUTPUT_PLACEHOLDER, PromptStage, warning_block
+from ebmrag.llm.prompts import STAGE_OUTPUT_PLACEHOLDER, PromptStage, warning_block
 from ebmrag.protocols import TokenCounter
 
 MIN_CONTEXT_TOKENS = 32

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
-from ebmrag.evidence.fragment import Fragment, PatientRecord, Tier, TierDecision
+from ebmrag.records.fragment import Fragment, PatientRecord, Tier, TierDecision
 from ebmrag.generate.assembler import SelectedChunk, edges_first
 from ebmrag.packing.types import PackReason, PackResult
 from ebmrag.packing.utility import fragment_header

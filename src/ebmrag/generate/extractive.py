@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from ebmrag.evidence.fragment import Tier
-from ebmrag.evidence.sentences import split_sentences
+from ebmrag.records.fragment import Tier
+from ebmrag.text.sentences import split_sentences
 from ebmrag.evidence.tiers import TierClassifier
 from ebmrag.generate.context import EVIDENCE, PATIENT, ContextItem
 from ebmrag.generate.injection import is_instruction
-from ebmrag.generate.prompts import with_warning
+from ebmrag.llm.prompts import with_warning
 
 TIER_HEADINGS = {Tier.T1: "Decisive findings (pathology, genetics, high-risk allergies)",
                  Tier.T2: "Objective results (laboratory, imaging)", Tier.T3: "Examination",

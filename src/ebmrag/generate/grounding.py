@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ebmrag.evidence.entities import EntityExtractor, EntityKind, default_extractor
-from ebmrag.evidence.sentences import split_sentences
+from ebmrag.text.sentences import split_sentences
 from ebmrag.protocols import Embedder
 
 _CITATION = re.compile(r"\s*\[\d+(?:\s*,\s*\d+)*\]")

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ebmrag.evidence.sentences import split_sentences
+from ebmrag.text.sentences import split_sentences
 from ebmrag.generate.context import ContextItem
 
 INSTRUCTION = re.compile(

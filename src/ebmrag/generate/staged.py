@@ -21,8 +21,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
-from ebmrag.generate.completion import complete_json, parse_json
-from ebmrag.generate.prompts import STAGE_ORDER, PromptStage, warning_block
+from ebmrag.llm.completion import complete_json, parse_json
+from ebmrag.llm.prompts import STAGE_ORDER, PromptStage, warning_block
 from ebmrag.protocols import ChatClient
 
 CITATION_MARK = re.compile(r"\[(\d+(?:\s*[,;，]\s*\d+)*)\]")

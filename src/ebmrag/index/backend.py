@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ebmrag.config import KnowledgeBaseConfig, Settings
-from ebmrag.evidence.embeddings import SentenceEmbedder
+from ebmrag.models.embeddings import SentenceEmbedder
 from ebmrag.index import store
 from ebmrag.index.analyzer import Analyzer
 from ebmrag.index.lexical import Rows, Scores

@@ -23,7 +23,7 @@ import numpy as np
 
 from ebmrag.config import KnowledgeBaseConfig, StorageSettings
 from ebmrag.errors import IngestError, KnowledgeBaseError
-from ebmrag.evidence.embeddings import SentenceEmbedder
+from ebmrag.models.embeddings import SentenceEmbedder
 from ebmrag.index import generations, merge, store
 from ebmrag.index.analyzer import Analyzer
 from ebmrag.index.dense import HNSW_FILE

@@ -36,7 +36,7 @@ import numpy.typing as npt
 
 from ebmrag.config import KnowledgeBaseConfig
 from ebmrag.errors import IngestError, KnowledgeBaseError, require_extra
-from ebmrag.evidence.embeddings import SentenceEmbedder
+from ebmrag.models.embeddings import SentenceEmbedder
 from ebmrag.index import store
 from ebmrag.index.analyzer import Analyzer
 from ebmrag.index.kb import classify, kb_embedder

@@ -21,8 +21,8 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from ebmrag.evidence.embeddings import SentenceEmbedder
-from ebmrag.evidence.tokens import HuggingFaceTokenCounter
+from ebmrag.models.embeddings import SentenceEmbedder
+from ebmrag.models.tokens import HuggingFaceTokenCounter
 from ebmrag.index import store
 from ebmrag.index.analyzer import Analyzer
 from ebmrag.index.lexical import TermCounts

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ebmrag.evidence.sentences import split_sentences
+from ebmrag.text.sentences import split_sentences
 from ebmrag.ingest.documents import Document, Section
 
 Span = tuple[int, int]

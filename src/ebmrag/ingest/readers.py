@@ -16,7 +16,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 from ebmrag.errors import IngestError, require_extra
-from ebmrag.evidence.fragment import lone_surrogate
+from ebmrag.records.fragment import lone_surrogate
 from ebmrag.ingest.corpora import recognise_record
 from ebmrag.ingest.documents import AUTHORITIES, Document, DocumentBuilder, Section, normalize_text
 

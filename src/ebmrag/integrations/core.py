@@ -18,8 +18,8 @@ from typing import Any
 
 from ebmrag.config import Settings, load_settings
 from ebmrag.demo import load_patient
-from ebmrag.evidence.fragment import Fragment, PatientRecord, TierDecision
-from ebmrag.factory import build_packer
+from ebmrag.records.fragment import Fragment, PatientRecord, TierDecision
+from ebmrag.compose import build_packer
 from ebmrag.generate.context import evidence_key, evidence_tier
 from ebmrag.packing.packer import ContextPacker
 from ebmrag.packing.types import PackResult, validate_window

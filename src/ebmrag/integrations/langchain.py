@@ -26,7 +26,7 @@ from langchain_core.embeddings import Embeddings  # noqa: E402
 from pydantic import ConfigDict, PrivateAttr  # noqa: E402
 
 from ebmrag.config import Settings  # noqa: E402
-from ebmrag.evidence.embeddings import SentenceEmbedder  # noqa: E402
+from ebmrag.models.embeddings import SentenceEmbedder  # noqa: E402
 from ebmrag.integrations.core import PATIENT, EvidencePacker, Passage, Placed, RecordSource, Selection  # noqa: E402
 from ebmrag.packing.packer import ContextPacker  # noqa: E402
 

@@ -24,7 +24,7 @@ from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode  # noqa
 from pydantic import Field, PrivateAttr  # noqa: E402
 
 from ebmrag.config import Settings  # noqa: E402
-from ebmrag.evidence.embeddings import SentenceEmbedder  # noqa: E402
+from ebmrag.models.embeddings import SentenceEmbedder  # noqa: E402
 from ebmrag.integrations.core import PATIENT, EvidencePacker, Passage, Placed, RecordSource, Selection  # noqa: E402
 from ebmrag.packing.packer import ContextPacker  # noqa: E402
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ebmrag.evidence.tokens import truncate_words
+from ebmrag.models.tokens import truncate_words
 from ebmrag.packing.types import (
     Candidate,
     DroppedFragment,

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ebmrag.evidence.fragment import Tier
+from ebmrag.records.fragment import Tier
 from ebmrag.packing.quota import tier_quotas, validate_k_min
 from ebmrag.packing.types import (
     Candidate,

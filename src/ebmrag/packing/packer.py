@@ -7,13 +7,13 @@ from dataclasses import asdict, replace
 from datetime import datetime
 from typing import Any
 
-from ebmrag.evidence.embeddings import SentenceEmbedder
+from ebmrag.models.embeddings import SentenceEmbedder
 from ebmrag.evidence.entities import EntityCompressor
-from ebmrag.evidence.fragment import Fragment, PatientRecord
+from ebmrag.records.fragment import Fragment, PatientRecord
 from ebmrag.evidence.questions import QuestionClassifier, default_question_classifier, mark_needed
-from ebmrag.evidence.text_classifier import LinearTextClassifier
+from ebmrag.models.text_classifier import LinearTextClassifier
 from ebmrag.evidence.tiers import BUNDLED_TIER_MODEL, TierClassifier
-from ebmrag.evidence.tokens import make_token_counter
+from ebmrag.models.tokens import make_token_counter
 from ebmrag.kvcache import KeyValueCache
 from ebmrag.packing.baselines import FifoPacker, SemanticPacker, UniformPacker
 from ebmrag.packing.dedup import pack_collapsed

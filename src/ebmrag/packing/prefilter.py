@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from ebmrag.evidence.fragment import Fragment, Tier
+from ebmrag.records.fragment import Fragment, Tier
 from ebmrag.packing.types import DroppedFragment, DropReason
 from ebmrag.packing.utility import (
     UtilityParams,

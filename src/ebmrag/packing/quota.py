@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from ebmrag.evidence.fragment import Tier
+from ebmrag.records.fragment import Tier
 from ebmrag.packing.types import Candidate
 
 

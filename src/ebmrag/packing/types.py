@@ -9,7 +9,7 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from ebmrag.config import MAX_WINDOW
-from ebmrag.evidence.fragment import Fragment, Tier
+from ebmrag.records.fragment import Fragment, Tier
 
 
 class State(StrEnum):

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ebmrag.evidence.entities import EntityCompressor
-from ebmrag.evidence.fragment import Fragment, PatientRecord, Tier
+from ebmrag.records.fragment import Fragment, PatientRecord, Tier
 from ebmrag.packing.types import Candidate, PackOption, State, one_line, render_line
 from ebmrag.protocols import Embedder, TokenCounter
 

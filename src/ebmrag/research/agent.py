@@ -23,7 +23,7 @@ from typing import Any
 
 from ebmrag.errors import LLMError
 from ebmrag.generate.injection import neutralise
-from ebmrag.generate.llm import RequestRejectedError
+from ebmrag.llm.openai import RequestRejectedError
 from ebmrag.protocols import ChatMessage, ToolCall, ToolChatClient
 from ebmrag.research.memory import ObservationMemory, PackEvent
 from ebmrag.research.tools import Item, Observation, Tool

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from ebmrag.evidence.fragment import Fragment, PatientRecord
+from ebmrag.records.fragment import Fragment, PatientRecord
 from ebmrag.packing.packer import ContextPacker
 from ebmrag.packing.types import State
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ebmrag.evidence.entities import EntityExtractor, EntityKind, default_extractor
-from ebmrag.index.search import HybridRetriever
+from ebmrag.retrieve.search import HybridRetriever
 from ebmrag.protocols import ChatClient, ChatMessage
 
 # section type -> (relation, forward phrase "X's ...", backward phrase "a condition with ... X", answer kind)

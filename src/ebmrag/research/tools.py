@@ -26,8 +26,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ebmrag.ddx.engine import DifferentialDiagnoser, complete_findings
 from ebmrag.ddx.findings import FindingMapper
 from ebmrag.errors import EbmragError
-from ebmrag.evidence.fragment import PatientRecord
-from ebmrag.index.search import HybridRetriever
+from ebmrag.records.fragment import PatientRecord
+from ebmrag.retrieve.search import HybridRetriever
 from ebmrag.index.types import Filters
 from ebmrag.packing.packer import ContextPacker
 from ebmrag.protocols import TokenCounter

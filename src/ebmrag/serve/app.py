@@ -23,10 +23,10 @@ from fastapi import Path as PathParameter
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from ebmrag.agent.engine import Engine
+from ebmrag.answer.engine import Engine
 from ebmrag.config import Settings
-from ebmrag.index.search import HybridRetriever
-from ebmrag.serve.access import (
+from ebmrag.retrieve.search import HybridRetriever
+from ebmrag.store.access import (
     ERASE,
     NAME_PATTERN,
     READ,
@@ -39,7 +39,7 @@ from ebmrag.serve.access import (
 from ebmrag.serve.kb_routes import install_kb
 from ebmrag.serve.models import AskBody, PackBody, SearchBody
 from ebmrag.serve.problems import ProblemError, install_errors, install_openapi, problem_response
-from ebmrag.serve.results import MessageError, apply_message, parse_message
+from ebmrag.store.results import MessageError, apply_message, parse_message
 from ebmrag.serve.service import (
     Service,
     bounded_body,
@@ -50,7 +50,7 @@ from ebmrag.serve.service import (
     stream_ask,
     wait_for_results,
 )
-from ebmrag.serve.store import ApiKey, PatientStore
+from ebmrag.store.patients import ApiKey, PatientStore
 from ebmrag.serve.ui import install_ui
 
 log = logging.getLogger(__name__)
@@ -273,6 +273,6 @@ def app_from_environment() -> FastAPI:
 
 
 def serve_app(data_dir: Path, settings: Settings, store_url: str = "") -> FastAPI:
-    from ebmrag.serve.store import open_store
+    from ebmrag.store.patients import open_store
 
     return create_app(open_store(data_dir, store_url or settings.serve.store_url), settings)

@@ -10,11 +10,11 @@ from fastapi import FastAPI, Request
 
 from ebmrag.index.backend import KnowledgeStore
 from ebmrag.ingest.documents import Document, normalize_text
-from ebmrag.serve.access import KB_ADMIN, AccessError, require
+from ebmrag.store.access import KB_ADMIN, AccessError, require
 from ebmrag.serve.models import UploadBody
 from ebmrag.serve.problems import ProblemError
 from ebmrag.serve.service import Service, caller
-from ebmrag.serve.store import ApiKey
+from ebmrag.store.patients import ApiKey
 
 
 def install_kb(app: FastAPI, service: Service) -> None:

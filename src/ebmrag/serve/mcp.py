@@ -24,10 +24,10 @@ from mcp.server.mcpserver.exceptions import ToolError  # noqa: E402
 from starlette.types import ASGIApp, Receive, Scope, Send  # noqa: E402
 
 from ebmrag import __version__  # noqa: E402
-from ebmrag.serve import audit  # noqa: E402
-from ebmrag.serve.access import READ, SEARCH, AccessError, authenticate, require, valid_name  # noqa: E402
+from ebmrag.store import audit  # noqa: E402
+from ebmrag.store.access import READ, SEARCH, AccessError, authenticate, require, valid_name  # noqa: E402
 from ebmrag.serve.service import Service  # noqa: E402
-from ebmrag.serve.store import ApiKey  # noqa: E402
+from ebmrag.store.patients import ApiKey  # noqa: E402
 
 INSTRUCTIONS = ("Evidence-graded context for medical questions about one stored patient: patient_fragments lists a "
                 "record with tiers, pack fits it into a token window keeping critical facts, ask answers with "
@@ -55,7 +55,7 @@ class McpTools:
 
     def _ddx_parts(self) -> tuple[Any, Any]:
         """The condition knowledge base and the finding mapper, built once; the mapper shares the engine's model."""
-        from ebmrag.research.parts import build_diagnoser, build_finding_mapper
+        from ebmrag.compose.research import build_diagnoser, build_finding_mapper
 
         if self._ddx is None:
             diagnoser = build_diagnoser(self.service.settings)

@@ -16,8 +16,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ebmrag.errors import EbmragError
-from ebmrag.serve.access import AccessError
-from ebmrag.serve.store import StoreError
+from ebmrag.store.access import AccessError
+from ebmrag.store.patients import StoreError
 
 log = logging.getLogger(__name__)
 PROBLEM = "https://ebmrag.dev/problems/"

@@ -14,19 +14,19 @@ from typing import Any
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
-from ebmrag.agent.engine import Engine
+from ebmrag.answer.engine import Engine
 from ebmrag.config import Settings
-from ebmrag.evidence.fhir import record_from_fhir_bundle
-from ebmrag.evidence.fragment import Fragment, PatientRecord
-from ebmrag.evidence.loaders import record_from_json
+from ebmrag.records.fhir import record_from_fhir_bundle
+from ebmrag.records.fragment import Fragment, PatientRecord
+from ebmrag.records.loaders import record_from_json
 from ebmrag.generate.staged import StageTrace
 from ebmrag.packing.packer import STRATEGIES, ContextPacker
-from ebmrag.serve import audit
-from ebmrag.serve.access import AccessError, authenticate
+from ebmrag.store import audit
+from ebmrag.store.access import AccessError, authenticate
 from ebmrag.serve.limits import Metrics, RateLimiter
 from ebmrag.serve.models import AskBody
 from ebmrag.serve.problems import PROBLEM, ProblemError
-from ebmrag.serve.store import ApiKey, PatientStore
+from ebmrag.store.patients import ApiKey, PatientStore
 
 log = logging.getLogger(__name__)
 JSON_TYPES = ("application/json", "application/fhir+json")

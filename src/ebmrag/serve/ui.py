@@ -17,7 +17,7 @@ from urllib.parse import parse_qs, quote
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from ebmrag.serve.access import READ, AccessError, authenticate, require, valid_name
+from ebmrag.store.access import READ, AccessError, authenticate, require, valid_name
 from ebmrag.serve.service import bounded_body
 
 COOKIE = "ebmrag_key"

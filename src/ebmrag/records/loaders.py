@@ -1,0 +1,192 @@
+"""Patient record loaders: ebmrag JSON, AgentClinic OSCE cases, FHIR R4 Bundles and plain clinical text.
+
+Every loader returns `PatientRecord`s whose fragments all carry the record's patient id; a fragment
+that names another patient is an error, never silently merged. Errors name the file and the field
+(`record.json: fragments[3].timestamp: ...`). Timestamps are made timezone-aware (naive = UTC) so
+ages can be compared across sources.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from ebmrag.errors import RecordError
+from ebmrag.records.fragment import Fragment, PatientRecord, lone_surrogate, parse_timestamp
+from ebmrag.text.sentences import split_sentences
+
+
+def _optional_str(raw: Mapping[str, Any], key: str, where: str) -> str | None:
+    value = raw.get(key)
+    if value is not None and not isinstance(value, str):
+        raise RecordError(f"{where}.{key}", f"must be a string or null, got {type(value).__name__}")
+    return value
+
+
+def _required_str(raw: Mapping[str, Any], key: str, where: str) -> str:
+    value = raw.get(key)
+    if not isinstance(value, str) or not value.strip():
+        problem = "is missing" if key not in raw else "must be a non-empty string"
+        raise RecordError(f"{where}.{key}", problem)
+    return value
+
+
+def record_from_json(data: Any, origin: str) -> PatientRecord:
+    """The native format: {"patient_id", "fragments": [{"id", "text", "section"?, "timestamp"?, "source"?,
+    "encounter"?}]}."""
+    if not isinstance(data, Mapping):
+        raise RecordError(origin, "a patient record must be a JSON object")
+    patient_id = _required_str(data, "patient_id", origin)
+    raw_fragments = data.get("fragments")
+    if not isinstance(raw_fragments, list):
+        raise RecordError(f"{origin}.fragments", "must be a list of fragment objects")
+    if not raw_fragments:
+        raise RecordError(f"{origin}.fragments", "is empty: a record needs at least one fragment")
+    fragments = []
+    for index, raw in enumerate(raw_fragments):
+        where = f"{origin}: fragments[{index}]"
+        if not isinstance(raw, Mapping):
+            raise RecordError(where, "must be an object")
+        owner = raw.get("patient_id", patient_id)
+        if owner != patient_id:
+            raise RecordError(f"{where}.patient_id", f"{owner!r} differs from the record's {patient_id!r}")
+        fragments.append(
+            Fragment(
+                id=_required_str(raw, "id", where),
+                patient_id=patient_id,
+                text=_required_str(raw, "text", where),
+                section=_optional_str(raw, "section", where),
+                timestamp=parse_timestamp(raw.get("timestamp"), f"{where}.timestamp"),
+                source=_optional_str(raw, "source", where),
+                encounter=_optional_str(raw, "encounter", where),
+            )
+        )
+    return PatientRecord(patient_id, tuple(fragments), origin)
+
+
+# --------------------------------------------------------------------------- AgentClinic
+_AGENTCLINIC_HIDDEN = {"Correct_Diagnosis", "Objective_for_Doctor"}  # the gold answer and the examiner's brief
+
+
+def _render(value: Any) -> str:
+    """Flatten a nested OSCE value into 'Key: value; Key: value' text."""
+    if isinstance(value, Mapping):
+        return "; ".join(f"{k.replace('_', ' ')}: {_render(v)}" for k, v in value.items() if _render(v))
+    if isinstance(value, list):
+        return ", ".join(_render(v) for v in value if _render(v))
+    return "" if value is None else str(value).strip()
+
+
+def record_from_agentclinic(case: Mapping[str, Any], origin: str, patient_id: str) -> PatientRecord:
+    """One fragment per second-level OSCE field (History, Vital_Signs, Blood_Work, Biopsy, ...).
+
+    The field path becomes the section ("Test_Results > Biopsy"), which is what the tier rules read.
+    The diagnosis and the examiner's objective are never turned into fragments.
+    """
+    exam = case.get("OSCE_Examination")
+    if not isinstance(exam, Mapping):
+        raise RecordError(f"{origin}.OSCE_Examination", "is missing or not an object")
+    fragments = []
+    for group, content in exam.items():
+        if group in _AGENTCLINIC_HIDDEN:
+            continue
+        items = content.items() if isinstance(content, Mapping) else [("", content)]
+        for field, value in items:
+            text = _render(value)
+            if not text:
+                continue
+            section = " > ".join(p for p in (group, field) if p)
+            fragment_id = f"{group}.{field}".strip(".").lower()
+            fragments.append(Fragment(fragment_id, patient_id, text, section=section, source="agentclinic"))
+    if not fragments:
+        raise RecordError(origin, "the OSCE case has no patient fields to turn into fragments")
+    return PatientRecord(patient_id, tuple(fragments), origin)
+
+
+def record_from_text(text: str, origin: str, patient_id: str) -> PatientRecord:
+    """Free clinical text: one fragment per sentence (ids s1, s2, ...), no section, no timestamp."""
+    fragments = tuple(
+        Fragment(f"s{i}", patient_id, s.text, source=origin) for i, s in enumerate(split_sentences(text), 1)
+    )
+    if not fragments:
+        raise RecordError(origin, "the text is empty: no sentence to make a fragment of")
+    return PatientRecord(patient_id, fragments, origin)
+
+
+# --------------------------------------------------------------------------- dispatch
+def records_from_data(data: Any, origin: str, default_id: str) -> Iterator[PatientRecord]:
+    if isinstance(data, Mapping) and data.get("resourceType") == "Bundle":
+        from ebmrag.records.fhir import record_from_fhir_bundle
+
+        yield record_from_fhir_bundle(data, origin)
+    elif isinstance(data, Mapping) and "OSCE_Examination" in data:
+        case_id = data.get("case_index", default_id)
+        yield record_from_agentclinic(data, origin, f"agentclinic-{case_id}")
+    elif isinstance(data, Mapping) and "fragments" in data:
+        yield record_from_json(data, origin)
+    elif isinstance(data, list):
+        for index, item in enumerate(data):
+            yield from records_from_data(item, f"{origin}[{index}]", f"{default_id}-{index}")
+    else:
+        raise RecordError(
+            origin,
+            "unrecognised record: expected an ebmrag record {patient_id, fragments}, "
+            "a FHIR Bundle, or an AgentClinic case with OSCE_Examination",
+        )
+
+
+def load_records(path: str | Path) -> list[PatientRecord]:
+    """All patient records in a file (.json, .jsonl, or .txt/.md free text)."""
+    path = Path(path)
+    if path.is_dir():
+        raise RecordError(str(path), "is a folder: give one record file (.json, .jsonl, .txt, .md)")
+    if not path.is_file():
+        raise RecordError(str(path), "file not found")
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise RecordError(str(path), "is not UTF-8 text") from None
+    if path.suffix.lower() in {".txt", ".md", ".text"}:
+        return [record_from_text(raw, str(path), path.stem)]
+    if path.suffix.lower() == ".jsonl":
+        records: list[PatientRecord] = []
+        for number, line in enumerate(raw.splitlines(), 1):
+            if line.strip():
+                records.extend(
+                    records_from_data(
+                        _parse_json(line, f"{path}:{number}"), f"{path}:{number}", f"{path.stem}-{number}"
+                    )
+                )
+        return records
+    return list(records_from_data(_parse_json(raw, str(path)), str(path), path.stem))
+
+
+def _parse_json(raw: str, origin: str) -> Any:
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise RecordError(origin, f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    problem = lone_surrogate(json.dumps(data, ensure_ascii=False))
+    if problem:
+        raise RecordError(origin, f"contains {problem} of the decoded JSON: not valid Unicode")
+    return data
+
+
+def load_record(path: str | Path, patient_id: str | None = None) -> PatientRecord:
+    """Exactly one record: the file's only one, or the one with `patient_id`."""
+    records = load_records(path)
+    if patient_id is not None:
+        matches = [r for r in records if r.patient_id == patient_id]
+        if not matches:
+            known = ", ".join(r.patient_id for r in records[:10])
+            raise RecordError(str(path), f"no patient {patient_id!r} (first ids: {known})")
+        return matches[0]
+    if len(records) != 1:
+        raise RecordError(
+            str(path),
+            f"holds {len(records)} patient records; choose one with --patient-id "
+            f"(first ids: {', '.join(r.patient_id for r in records[:5])})",
+        )
+    return records[0]
