@@ -28,11 +28,11 @@ from typing import Any
 import numpy as np
 
 from ebmrag.answer.engine import Engine
-from ebmrag.config import ModelSettings, Settings
+from ebmrag.compose import build_engine, load_patient
+from ebmrag.config import Settings, with_overrides
 from ebmrag.demo import demo_record_paths
 from ebmrag.records.fragment import PatientRecord
-from ebmrag.records.loaders import load_record, load_records
-from ebmrag.compose import build_engine
+from ebmrag.records.loaders import load_records
 from report import write_section  # bench/ is on sys.path when a script here runs
 from retrieval import build_scaled_kb  # bench/ is on sys.path when this script runs
 
@@ -42,7 +42,7 @@ QUESTIONS = ("What is the most likely diagnosis, and what should be done next?",
 
 def patients(data_root: Path, cases: int) -> list[PatientRecord]:
     clinic = load_records(data_root / "agentclinic" / "agentclinic_medqa_extended_shared.jsonl")[:cases]
-    return [*clinic, *(load_record(p) for p in demo_record_paths())]
+    return [*clinic, *(load_patient(p) for p in demo_record_paths())]
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -59,7 +59,7 @@ def measure(engine: Engine, records: list[PatientRecord], window: int) -> dict[s
             engine.prepare(record)
         for question, bucket in zip(QUESTIONS, (first, "follow-up"), strict=True):
             started = time.perf_counter()
-            result = engine.ask(question, record, window=window)
+            result = engine.ask(question, record, prompt_window=window)
             buckets[bucket].append((time.perf_counter() - started) * 1000)
             for name, ms in result.timings_ms.items():
                 stages.setdefault(f"{bucket} {name}", []).append(ms)
@@ -99,8 +99,9 @@ def main() -> None:
         if not (root / "CURRENT").exists():
             build_scaled_kb(args.base_kb, args.size, root)
         # A fresh embedding cache, so "cold" is cold: nothing from an earlier run is on disk.
-        settings = Settings(models=ModelSettings(cache_dir=str(Path(scratch) / "cache")))
-        engine = build_engine(settings, kb=root, retrieval="always")
+        settings = with_overrides(Settings(), models={"cache_dir": str(Path(scratch) / "cache")},
+                                  answer={"retrieval": "always"})
+        engine = build_engine(settings, root)
         engine.warm_up()
         print(f"one embedder shared by packer and knowledge base: {engine.shares_embedder}")
         records = patients(args.data_root, args.cases)

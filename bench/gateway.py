@@ -24,12 +24,12 @@ from typing import Any
 
 import redis
 
-from ebmrag.records.fragment import PatientRecord
 from ebmrag.gateway.consumer import ResultConsumer
 from ebmrag.gateway.publish import publish
+from ebmrag.records.fragment import PatientRecord
 from ebmrag.store.access import create_key
-from ebmrag.store.results import ResultMessage
 from ebmrag.store.patients import SQLiteStore
+from ebmrag.store.results import ResultMessage
 from report import emit, machine  # bench/ is on sys.path when a script here runs
 
 BROKER = "redis://127.0.0.1:6379/0"

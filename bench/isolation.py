@@ -24,8 +24,8 @@ import httpx
 import uvicorn
 
 from ebmrag.config import ServeSettings, Settings
-from ebmrag.store.access import create_key
 from ebmrag.serve.app import create_app
+from ebmrag.store.access import create_key
 from ebmrag.store.patients import SQLiteStore
 from report import emit, machine  # bench/ is on sys.path when a script here runs
 

@@ -25,12 +25,11 @@ from typing import Any
 
 import numpy as np
 
-from ebmrag.config import KnowledgeBaseConfig, StorageSettings
 from ebmrag.index.kb import KnowledgeBase
-from ebmrag.retrieve.search import HybridRetriever
+from ebmrag.index.params import KnowledgeBaseConfig, StorageSettings
 from ebmrag.ingest.documents import Document
 from report import machine, write_section  # bench/ is on sys.path when a script here runs
-from retrieval import QUERIES, ScaledEmbedder, base_corpus, base_titles, percentile_ms
+from retrieval import QUERIES, ScaledEmbedder, base_corpus, base_titles, percentile_ms, scaled_retriever
 
 WRITES = 6
 REPEATS = 15
@@ -50,7 +49,7 @@ def new_documents(texts: list[str], write: int) -> list[Document]:
 def latency(kb: KnowledgeBase, query_vectors: np.ndarray) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for mode in ("bm25", "dense", "hybrid"):
-        retriever = HybridRetriever(kb, mode, fusion="score", weights=(0.3, 0.7))
+        retriever = scaled_retriever(kb, mode=mode, fusion="score", bm25_weight=0.3, dense_weight=0.7)
         samples = []
         for repeat in range(REPEATS + 1):
             for query, vector in zip(QUERIES, query_vectors, strict=True):

@@ -19,8 +19,11 @@ import tracemalloc
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
+from ebmrag.compose import Resources, build_packer
+from ebmrag.config import Settings, with_overrides
+from ebmrag.packing.packer import ContextPacker
+from ebmrag.packing.params import PackingParams
 from ebmrag.records.fragment import Fragment, PatientRecord
-from ebmrag.packing.packer import DEFAULT_PREFILTER, ContextPacker
 from report import emit, machine  # bench/ is on sys.path when a script here runs
 
 TEMPLATES = ("Potassium {a}.{b} mmol/L on the {w} panel.", "Creatinine {a}.{b} mg/dL, urea {c} mmol/L.",
@@ -42,6 +45,13 @@ def record(n: int, seed: int = 3) -> PatientRecord:
     return PatientRecord("p", tuple(fragments))
 
 
+def packer_over(cache: str, prefilter_windows: float = PackingParams().prefilter_windows) -> ContextPacker:
+    """A packer as a new process builds it: new models over the cache directory `cache` (pre-filter windows
+    0: off, every fragment measured)."""
+    settings = with_overrides(Settings(), models={"cache_dir": cache}, packing={"prefilter_windows": prefilter_windows})
+    return build_packer(Resources(settings))
+
+
 def timed_pack(packer: ContextPacker, patient: PatientRecord, window: int) -> float:
     started = time.perf_counter()
     packer.run(patient, "Which antibiotic is safe given his allergy and kidney function?", window)
@@ -55,18 +65,18 @@ def main() -> None:
     args = parser.parse_args()
     big = record(args.fragments)
     rows = []
-    for label, prefilter in (("pre-filter off (every fragment measured)", None),
-                             ("pre-filter on (the default)", DEFAULT_PREFILTER)):
+    for label, prefilter in (("pre-filter off (every fragment measured)", 0.0),
+                             ("pre-filter on (the default)", PackingParams().prefilter_windows)):
         with tempfile.TemporaryDirectory() as cache:
-            cold_packer = ContextPacker(cache_dir=cache, prefilter=prefilter)
+            cold_packer = packer_over(cache, prefilter)
             cold_packer.warm_up()
             cold = timed_pack(cold_packer, big, 2048)
-            stored_packer = ContextPacker(cache_dir=cache, prefilter=prefilter)  # a new process: the cache on disk
+            stored_packer = packer_over(cache, prefilter)  # a new process: the cache on disk
             stored_packer.warm_up()
             stored = timed_pack(stored_packer, big, 2048)
             rows.append(f"| {label} | {cold:.1f} | {stored:.1f} |")
     with tempfile.TemporaryDirectory() as cache:
-        packer = ContextPacker(cache_dir=cache)
+        packer = packer_over(cache)
         medium = record(2000, seed=4)
         packer.run(medium, "warm", 256)
         tracemalloc.start()

@@ -33,13 +33,12 @@ from llama_index.core.node_parser import SentenceSplitter
 from llama_index.core.retrievers import QueryFusionRetriever
 from llama_index.retrievers.bm25 import BM25Retriever
 
+from ebmrag.compose import Resources, build_retriever
 from ebmrag.config import load_settings
 from ebmrag.eval.retrieval import RouteCache, fuser, liveqa_queries, reranked, score_ranking, select_split
-from ebmrag.models.embeddings import SentenceEmbedder
-from ebmrag.compose import make_retriever, open_kb
-from ebmrag.retrieve.search import HybridRetriever
 from ebmrag.ingest.readers import read_file
 from ebmrag.integrations.llamaindex import EbmragEmbedding
+from ebmrag.models.embeddings import SentenceEmbedder
 
 CORPUS = ("medquad/medquad_docs.jsonl", "liveqa_med_2017/judged_answers_medquad_2479.jsonl")
 MODES = ("reciprocal_rerank", "relative_score", "dist_based_score")
@@ -98,15 +97,17 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
     settings = load_settings(args.config)
     queries = liveqa_queries(args.data_root / "liveqa_med_2017")
-    kb = open_kb(settings, args.kb)
+    resources = Resources.open(settings, args.kb)
+    kb = resources.knowledge_base
+    assert kb is not None
     r = settings.retrieval
     cache = RouteCache(kb, queries, "section")
     hybrid = fuser(r.fusion, (r.bm25_weight, r.dense_weight), r.rrf_k, r.focus_weight)
     ours = {"ebmrag dense": cache.per_query(fuser(r.fusion, (0.0, 1.0))),
             "ebmrag hybrid": cache.per_query(hybrid)}
-    reranker = make_retriever(settings, kb).reranker
-    if reranker is not None:
-        ours["ebmrag hybrid+rerank"] = cache.per_query(reranked(hybrid, HybridRetriever(kb), reranker))
+    retriever = build_retriever(resources)  # the configured one; its reranker reorders the fused ranking
+    if retriever.reranker is not None:
+        ours["ebmrag hybrid+rerank"] = cache.per_query(reranked(hybrid, retriever, retriever.reranker))
     peer_embedder = SentenceEmbedder(args.peer_model or None, cache_dir=kb.embedder.cache_dir,
                                      max_tokens=kb.config.embedding_max_tokens,
                                      precision=kb.config.embedding_precision)

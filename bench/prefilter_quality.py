@@ -20,17 +20,19 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+import tempfile
 import time
 from dataclasses import dataclass
 from datetime import date, timedelta
 from pathlib import Path
 
+from ebmrag.compose import Resources, build_packer
+from ebmrag.config import Settings, with_overrides
 from ebmrag.eval.cases import ENCOUNTER, EvalCase, load_cases
 from ebmrag.eval.packing_report import dataset_dir
-from ebmrag.records.fragment import Fragment, PatientRecord
 from ebmrag.packing.packer import ContextPacker
-from ebmrag.packing.prefilter import Prefilter
 from ebmrag.packing.types import DropReason
+from ebmrag.records.fragment import Fragment, PatientRecord
 from report import emit, machine  # bench/ is on sys.path when a script here runs
 
 CRITICAL_HISTORY = 5
@@ -100,7 +102,18 @@ def main() -> None:
     others = [c for c in cases if c not in chosen] + load_cases("medqa", dataset_dir(args.data_root, "medqa")
                                                                  or args.data_root)
     everything = [f for c in others for f in c.record.fragments]
-    off = ContextPacker(prefilter=None)
+    with tempfile.TemporaryDirectory() as cache:  # one set of models, over a cache no earlier run filled
+        resources = Resources(with_overrides(Settings(), models={"cache_dir": cache}))
+        lines = measure(args, resources, chosen, everything)
+    emit(args.out, "prefilter", lines)
+
+
+def measure(args: argparse.Namespace, resources: Resources, chosen: list[EvalCase],
+            everything: list[Fragment]) -> list[str]:
+    """Every pre-filter setting against the packer without one; the packers share `resources` (one embedder,
+    so the same cached vectors)."""
+    settings = resources.settings
+    off = build_packer(resources, with_overrides(settings, packing={"prefilter_windows": 0}))
     off.warm_up()
     decisions = off.classifier.classify_many([(f.text, f.section) for f in everything])
     pool = [f for f, d in zip(everything, decisions, strict=True) if not d.must_keep]
@@ -118,7 +131,8 @@ def main() -> None:
              "| seconds with / without, median |", "|---|---|---|---|---|---|---|---|"]
     for setting in args.settings.split(","):
         windows, minimum = setting.split(":")
-        on = ContextPacker(embedder=off.embedder, prefilter=Prefilter(float(windows), int(minimum)))
+        on = build_packer(resources, with_overrides(settings, packing={"prefilter_windows": float(windows),
+                                                                       "prefilter_min_fragments": int(minimum)}))
         for scenario in ("current", "past"):
             charts = [(case, chart(case, pool, critical, args.history, random.Random(i), scenario))
                       for i, case in enumerate(chosen)]
@@ -126,7 +140,7 @@ def main() -> None:
                 lines.append(f"| {setting} " + row(scenario, window,
                                                    [compare(on, off, case, record, window) for case, record in charts]))
                 print(lines[-1], flush=True)
-    emit(args.out, "prefilter", lines)
+    return lines
 
 
 def row(scenario: str, window: int, rows: list[Comparison]) -> str:

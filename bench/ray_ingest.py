@@ -24,8 +24,8 @@ from typing import Any
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
-from ebmrag.config import KnowledgeBaseConfig
 from ebmrag.index.kb import KnowledgeBase, kb_embedder
+from ebmrag.index.params import KnowledgeBaseConfig
 from ebmrag.ingest.documents import Document
 from ebmrag.ingest.readers import FieldMap, read_file
 from report import emit, machine

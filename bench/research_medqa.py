@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ebmrag.config import Settings
+from ebmrag.compose import build_engine, build_research_agent, open_resources, require_openai
+from ebmrag.config import Settings, with_overrides
 from ebmrag.eval.llm_eval import parse_choice
 from ebmrag.records.fragment import Fragment, PatientRecord
-from ebmrag.compose import build_engine, build_research_agent, require_llm_client
 from ebmrag.research.agent import ResearchAgent
 from ebmrag.research.memory import ObservationMemory
 from ebmrag.research.tools import PatientRecordTool
@@ -48,11 +48,12 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=8)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    settings = Settings()
-    engine = build_engine(settings, kb=args.kb, llm="openai", base_url=args.base_url, model=args.model,
-                          retrieval="always")
-    client = require_llm_client(settings, "openai", args.model, args.base_url, "research")
-    base = build_research_agent(settings, client, args.kb, max_steps=args.max_steps)  # loads the model once
+    settings = with_overrides(Settings(), answer={"retrieval": "always"},
+                              llm={"backend": "openai", "base_url": args.base_url, "model": args.model})
+    engine = build_engine(settings, args.kb)
+    resources = open_resources(settings, args.kb)  # the agent's own models and knowledge base (not the engine's)
+    client = require_openai(resources, "research")
+    base = build_research_agent(resources, client, max_steps=args.max_steps)  # loads the model once
     r = settings.research
     correct = {"ask": 0, "research": 0}
     seconds = {"ask": 0.0, "research": 0.0}
@@ -64,8 +65,9 @@ def main() -> None:
         seconds["ask"] += time.perf_counter() - started
         correct["ask"] += parse_choice(answer, list(item["options"])) == item["answer"]
         tools = [*base.tools.values(), PatientRecordTool(base.memory.packer, record)]
-        agent = ResearchAgent(client, tools, ObservationMemory(base.memory.packer, r.window, r.output_reserve),
-                              args.max_steps, r.protocol)
+        memory = ObservationMemory(base.memory.packer, r.window, r.output_reserve,
+                                   token_counter=resources.token_counter)
+        agent = ResearchAgent(client, tools, memory, args.max_steps, r.protocol)
         started = time.perf_counter()
         result = agent.run(prompt(item), record.patient_id)
         seconds["research"] += time.perf_counter() - started

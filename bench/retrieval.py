@@ -29,10 +29,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ebmrag.config import KnowledgeBaseConfig
+from ebmrag.compose import Resources, build_retriever
+from ebmrag.config import Settings, with_overrides
 from ebmrag.index.kb import IngestReport, KnowledgeBase
-from ebmrag.retrieve.search import HybridRetriever
+from ebmrag.index.params import KnowledgeBaseConfig
 from ebmrag.ingest.documents import Document
+from ebmrag.retrieve.search import HybridRetriever
 from report import write_section  # bench/ is on sys.path when a script here runs
 
 QUERIES = ("symptoms of polycystic ovary syndrome", "is amphetamine gluten free", "treatment for syphilis",
@@ -83,6 +85,13 @@ def percentile_ms(samples: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(samples) * 1000, q))
 
 
+def scaled_retriever(kb: KnowledgeBase, **retrieval: Any) -> HybridRetriever:
+    """The retriever the composition root builds over `kb` with these [retrieval] settings (no reranker); its
+    cache directory is the knowledge base's folder's (a temporary one), so nothing from the user's is read."""
+    settings = with_overrides(Settings(), models={"cache_dir": str(kb.root.parent / "cache")}, retrieval=retrieval)
+    return build_retriever(Resources(settings, kb))
+
+
 def build_scaled_kb(base_kb: Path, size: int, root: Path) -> tuple[KnowledgeBase, IngestReport, float]:
     """`size` one-chunk documents scaled from the base KB (see the module note); returns the KB, report, seconds."""
     texts, vectors = base_corpus(base_kb)
@@ -106,8 +115,8 @@ def run_size(base_kb: Path, size: int, workdir: Path) -> dict[str, Any]:
                               "ingest_s": total, "indexing_s": report.seconds_indexing}
     query_vectors = embedder.embed([f"{texts[i * 7 % len(texts)]} copy0" for i in range(len(QUERIES))])
     for mode in ("bm25", "dense", "hybrid", "hybrid+focus"):
-        retriever = HybridRetriever(kb, mode.split("+")[0], fusion="score", weights=(0.3, 0.7),
-                                    focus_weight=FOCUS_WEIGHT if mode.endswith("focus") else 0.0)
+        retriever = scaled_retriever(kb, mode=mode.split("+")[0], fusion="score", bm25_weight=0.3, dense_weight=0.7,
+                                     focus_weight=FOCUS_WEIGHT if mode.endswith("focus") else 0.0)
         retriever.rank(QUERIES[0], 10)  # the focus extractor is built once per generation (timed apart)
         samples = []
         for repeat in range(25):

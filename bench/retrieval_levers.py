@@ -28,12 +28,12 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from ebmrag.compose import Resources
 from ebmrag.config import load_settings
 from ebmrag.eval.retrieval import Query, liveqa_queries, score_ranking, select_split
-from ebmrag.text.sentences import split_sentences
-from ebmrag.compose import cache_dir
-from ebmrag.retrieve.fusion import Ranked, fuse, top
 from ebmrag.index.kb import KnowledgeBase
+from ebmrag.retrieve.fusion import Ranked, fuse, top
+from ebmrag.text.sentences import split_sentences
 
 Scores = npt.NDArray[np.float32]
 _DEFINED = re.compile(r"\b((?:[A-Za-z][\w'-]*[ ,]+){0,7}?[A-Za-z][\w'-]*)\s+\(([A-Z][A-Za-z0-9-]{1,9})\)")
@@ -161,7 +161,10 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     def opener(config: Path | None, kb: Path) -> KnowledgeBase:
-        return KnowledgeBase(kb, cache_dir=cache_dir(load_settings(config)))
+        store = Resources.open(load_settings(config), kb).knowledge_base
+        if not isinstance(store, KnowledgeBase):
+            raise SystemExit(f"{kb}: the levers read embedded index files; set [kb] backend = \"embedded\"")
+        return store
 
     second = opener(args.second_config, args.second_kb) if args.second_kb else None
     levers = Levers(opener(args.config, args.kb), second)

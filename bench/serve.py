@@ -28,8 +28,8 @@ import uvicorn
 
 from ebmrag.config import Settings
 from ebmrag.demo import demo_query, demo_record_paths
-from ebmrag.store.access import create_key
 from ebmrag.serve.app import create_app
+from ebmrag.store.access import create_key
 from ebmrag.store.patients import SQLiteStore
 from report import emit, machine  # bench/ is on sys.path when a script here runs
 

@@ -15,24 +15,29 @@ import argparse
 import statistics
 import tempfile
 import time
-from dataclasses import replace
 from datetime import date
 from pathlib import Path
 
-from ebmrag.answer.engine import Engine
-from ebmrag.config import Settings
-from ebmrag.records.loaders import load_record
+from ebmrag.compose import Resources, build_engine, build_packer, load_patient
+from ebmrag.config import Settings, with_overrides
 from ebmrag.models.tokens import make_token_counter
 from ebmrag.packing.packer import ContextPacker
 from ebmrag.packing.utility import fragment_header
+from ebmrag.records.loaders import load_record
 from report import emit, machine  # bench/ is on sys.path when a script here runs
 
 QUESTIONS = ("What are this patient's active problems, current medications and allergies?",
              "Which antibiotic would be safe for this patient if he developed pneumonia, and why?")
 
 
+def packer_over(cache: str, **models: str) -> ContextPacker:
+    """The default packer as a new process builds it, over the cache directory `cache`."""
+    return build_packer(Resources(with_overrides(Settings(), models={"cache_dir": cache, **models})))
+
+
 def header_tokens(chart: Path) -> tuple[float, float, int]:
-    record = ContextPacker(tier_model=None).classify(load_record(chart))
+    with tempfile.TemporaryDirectory() as cache:  # tiers by the rules alone (no tier model)
+        record = packer_over(cache, tier_model="").classify(load_record(chart))
     counter = make_token_counter("bundled")
     old = counter.count_many([fragment_header(f, 0).replace("[0|", f"[{f.id}|", 1) for f in record.fragments])
     new = counter.count_many([fragment_header(f, n) for n, f in enumerate(record.fragments, 1)])
@@ -58,16 +63,15 @@ def main() -> None:
     old, new, count = header_tokens(chart)
     rows = []
     with tempfile.TemporaryDirectory() as cache:
-        ContextPacker(cache_dir=cache).run(load_record(chart), QUESTIONS[0], 1024)  # fill the on-disk cache
-        packer = ContextPacker(cache_dir=cache)
+        packer_over(cache).run(load_record(chart), QUESTIONS[0], 1024)  # fill the on-disk cache
+        packer = packer_over(cache)
         packer.warm_up()
-        settings = Settings()
-        engine = Engine.from_config(replace(settings, models=replace(settings.models, cache_dir=cache)))
+        engine = build_engine(with_overrides(Settings(), models={"cache_dir": cache}))
         for question in QUESTIONS:
             for window in (256, 1024):
                 pack_ms = timed(lambda q=question, w=window: packer.run(load_record(chart), q, w), args.runs)
                 rows.append(f"| {question[:48]}… | {window} | {pack_ms:.0f} |")
-        ask_ms = timed(lambda: engine.ask(QUESTIONS[1], chart, window=4096), args.runs)
+        ask_ms = timed(lambda: engine.ask(QUESTIONS[1], load_patient(chart), prompt_window=4096), args.runs)
     lines = [f"## A real chart: the Synthea FHIR export, {date.today().isoformat()}", "",
              f"{machine()}. Command: "
              "`python bench/synthea_chart.py --data-root ../shared/data --out docs/benchmarks.md`.", "",

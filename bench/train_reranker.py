@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from ebmrag.compose.parts import make_retriever, open_kb
+from ebmrag.compose import Resources, build_retriever
 from ebmrag.config import load_settings
 from ebmrag.models.adapters import save_delta
 from ebmrag.models.embeddings import native_bf16
@@ -160,7 +160,7 @@ def main() -> None:
     if args.kb is None:
         parser.error("--kb is required for training")
     settings = load_settings(args.config)
-    retriever = make_retriever(settings, open_kb(settings, args.kb))
+    retriever = build_retriever(Resources.open(settings, args.kb))
     pairs = medquad_questions(args.data_root / "medquad" / "medquad_docs.jsonl", args.questions)
     started = time.perf_counter()
     groups = mine(retriever, pairs, args.negatives, args.depth, args.seed)

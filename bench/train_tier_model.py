@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 
 from ebmrag.eval.tier_agreement import labelled_texts
-from ebmrag.models.embeddings import SentenceEmbedder
-from ebmrag.records.fragment import Tier
-from ebmrag.models.text_classifier import LinearTextClassifier, fit_linear_classifier
 from ebmrag.evidence.tiers import BUNDLED_TIER_MODEL, TierClassifier
+from ebmrag.models.embeddings import SentenceEmbedder
+from ebmrag.models.text_classifier import LinearTextClassifier, fit_linear_classifier
+from ebmrag.records.fragment import Tier
 
 WRITTEN_T1 = [
     "Sections from the resected colon show moderately differentiated adenocarcinoma invading the muscularis propria.",

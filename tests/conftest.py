@@ -15,19 +15,28 @@ def shared_data() -> Path:
 
 
 @pytest.fixture(scope="session")
-def context_packer():  # type: ignore[no-untyped-def]
-    """One loaded model for the whole session (loading takes a few seconds)."""
-    from ebmrag.packing.packer import ContextPacker
+def resources():  # type: ignore[no-untyped-def]
+    """The shared models of the default settings, built once for the whole session (loading takes a few seconds)."""
+    from ebmrag.compose import Resources
+    from ebmrag.config import Settings
 
-    packer = ContextPacker()
-    packer.warm_up()
-    return packer
+    built = Resources(Settings())
+    built.warm_up()
+    return built
+
+
+@pytest.fixture(scope="session")
+def context_packer(resources):  # type: ignore[no-untyped-def]
+    """One loaded model for the whole session, packing with the default [packing] settings."""
+    from ebmrag.compose import build_packer
+
+    return build_packer(resources)
 
 
 @pytest.fixture(scope="session")
 def embedder(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     """The bundled model at the knowledge base's default profile, loaded once, with an on-disk cache."""
-    from ebmrag.config import KnowledgeBaseConfig
+    from ebmrag.index.params import KnowledgeBaseConfig
     from ebmrag.index.kb import kb_embedder
 
     model = kb_embedder(KnowledgeBaseConfig(), tmp_path_factory.mktemp("embedding-cache"))
@@ -64,6 +73,7 @@ def demo_voter(tmp_path_factory: pytest.TempPathFactory, embedder):  # type: ign
     """The bundled demo corpus in a real knowledge base on disk, searched hybrid as `ask` does by default."""
     from ebmrag.demo import DEMO_CORPUS
     from ebmrag.index.kb import KnowledgeBase
+    from ebmrag.retrieve.params import RetrievalParams
     from ebmrag.retrieve.search import HybridRetriever
     from ebmrag.index.sync import ingest_paths
     from ebmrag.retrieve.vote import DocumentVoter
@@ -71,4 +81,5 @@ def demo_voter(tmp_path_factory: pytest.TempPathFactory, embedder):  # type: ign
     kb = KnowledgeBase(tmp_path_factory.mktemp("demo-kb") / "kb", embedder=embedder)
     report = ingest_paths(kb, [Path(DEMO_CORPUS)])
     assert not report.errors and report.chunks_written >= 18
-    return DocumentVoter(HybridRetriever(kb, "hybrid", "score", (0.3, 0.7)))
+    return DocumentVoter(HybridRetriever(kb, RetrievalParams(mode="hybrid", fusion="score", bm25_weight=0.3,
+                                                            dense_weight=0.7)))

@@ -2,7 +2,7 @@
 
 Protocols, not base classes: a user plugs in their own embedder, tokenizer or chat endpoint by
 shape, and the modules that consume them never import the concrete implementations
-(`evidence.embeddings.SentenceEmbedder`, `evidence.tokens`, `generate.llm.OpenAIChatClient`).
+(`models.embeddings.SentenceEmbedder`, `models.tokens`, `llm.openai.OpenAIChatClient`).
 The chat message and reply types live here because they are the ChatClient contract's vocabulary.
 """
 
@@ -69,7 +69,7 @@ class ChatClient(Protocol):
 @runtime_checkable
 class SchemaChatClient(Protocol):
     """A client that can hold its reply to a JSON schema while it decodes (a grammar): a small local model then
-    cannot break the format. `generate.completion.complete_json` uses it when the client offers it."""
+    cannot break the format. `llm.completion.complete_json` uses it when the client offers it."""
 
     def complete_schema(self, messages: list[ChatMessage], schema: dict[str, Any], temperature: float = 0.0,
                         max_tokens: int = 512) -> LLMReply: ...

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ebmrag.answer.engine import Engine
-from ebmrag.config import AnswerSettings
+from ebmrag.answer.params import AnswerParams
 from ebmrag.demo import demo_query, demo_record_path
 from ebmrag.errors import RecordError
 from ebmrag.records.fragment import Fragment, PatientRecord
@@ -97,7 +97,7 @@ def test_empty_record_and_tiny_window_are_clear_errors(make_engine: Callable[...
     with pytest.raises(BudgetError, match=r"window 40 is too small.*use a window of at least \d+"):
         make_engine().ask(ANTIBIOTIC, colon(), window=40)
     with pytest.raises(ValueError, match="needs a knowledge base"):
-        Engine(make_engine().packer, None, answer=AnswerSettings(retrieval="always"))
+        Engine(make_engine().packer, None, answer=AnswerParams(retrieval="always"))
     with pytest.raises(ValueError, match="relevance filter needs an LLM"):
         make_engine(relevance_filter=True)
 

@@ -8,7 +8,10 @@ import pytest
 from ebmrag.records.fragment import Tier
 from ebmrag.generate.context import EVIDENCE, PATIENT, ContextItem, evidence_tier
 from ebmrag.generate.extractive import extractive_brief
+from ebmrag.evidence.tiers import TierClassifier
 from ebmrag.generate.grounding import GroundingChecker
+
+RULES = TierClassifier()  # the bundled tier rules
 
 ALLERGY = "Anaphylaxis to penicillin in 2014. Carries an adrenaline pen."
 LABS = "Creatinine 2.8 mg/dL, up from 1.1 mg/dL."
@@ -23,7 +26,7 @@ def item(n: int, kind: str, fid: str, tier: Tier, body: str, rank: int) -> Conte
 def test_brief_copies_only_input_sentences_and_cites_each() -> None:
     items = [item(1, PATIENT, "hx", Tier.T4, HISTORY, 0), item(2, PATIENT, "labs", Tier.T2, LABS, 1),
              item(3, PATIENT, "allergy", Tier.T1, ALLERGY, 2), item(4, EVIDENCE, "guide#0", Tier.T3, GUIDE, 0)]
-    brief = extractive_brief("Which antibiotic?", items, warning="Critical information is sparse.")
+    brief = extractive_brief("Which antibiotic?", items, RULES, warning="Critical information is sparse.")
     lines = brief.text.splitlines()
     assert lines[0] == "Warning: Critical information is sparse."
     cited = [line for line in lines if line.startswith("- ")]
@@ -81,7 +84,7 @@ def test_brief_puts_key_facts_first_drops_nothing_recorded_lines_and_stays_short
     empty = item(30, PATIENT, "panel", Tier.T2, "Lipid panel: no value recorded.", 30)
     age = ContextItem(31, PATIENT, "Patient/p", Tier.T3, "[31|T3]", "Patient: 69-year-old male.", 31, must_keep=True)
     kidney = item(32, PATIENT, "labs", Tier.T2, "Creatinine 2.8 mg/dL, eGFR 24.", 32)
-    brief = extractive_brief("Which antibiotic is safe given his kidney function?", [*notes, empty, age, kidney],
+    brief = extractive_brief("Which antibiotic is safe given his kidney function?", [*notes, empty, age, kidney], RULES,
                              patient_sentences=5)
     bullets = [line for line in brief.text.splitlines() if line.startswith("- ")]
     assert len(bullets) == 5 and "no value recorded" not in brief.text
@@ -89,4 +92,4 @@ def test_brief_puts_key_facts_first_drops_nothing_recorded_lines_and_stays_short
     assert "Creatinine 2.8 mg/dL, eGFR 24. [32]" in brief.text
     assert "(27 more context lines in the packed context, not repeated here.)" in brief.text
     with pytest.raises(ValueError, match="brief needs"):
-        extractive_brief("q", notes, patient_sentences=0)
+        extractive_brief("q", notes, RULES, patient_sentences=0)

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from ebmrag.answer.engine import Engine
 from ebmrag.cli import app
-from ebmrag.config import AnswerSettings
+from ebmrag.answer.params import AnswerParams
 from ebmrag.demo import load_patient
 from ebmrag.errors import ModelUnavailableError
 from ebmrag.eval.generation import GenerationJudge
@@ -81,7 +81,7 @@ def test_ask_runs_every_stage_with_schema_valid_replies(local: LlamaCppChatClien
 
 def test_the_relevance_filter_gets_a_verdict_per_document(local: LlamaCppChatClient, context_packer: Any,
                                                           demo_voter: Any) -> None:
-    engine = Engine(context_packer, demo_voter, local, answer=AnswerSettings(retrieval="always",
+    engine = Engine(context_packer, demo_voter, local, answer=AnswerParams(retrieval="always",
                                                                              relevance_filter=True))
     result = engine.ask("Which antibiotic is safe for his wound infection?", load_patient("demo-colon"), 2048)
     verdicts = result.retrieval.verdicts

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from ebmrag.answer.engine import Engine
 from ebmrag.cli import app
-from ebmrag.config import AnswerSettings
+from ebmrag.answer.params import AnswerParams
 from ebmrag.demo import load_patient
 from ebmrag.llm.openai import OpenAIChatClient
 from ebmrag.retrieve.query_rewrite import QueryExpander, QueryRewriter
@@ -70,7 +70,7 @@ def test_ask_votes_with_the_rewordings_and_records_a_failure(context_packer: Any
                            "Patients with penicillin anaphylaxis can receive aztreonam.")
     fake = FakeOpenAI(default=rewriter_reply)  # redacting (as for a remote endpoint): identifiers never reach it
     with serve(fake) as url:
-        engine = Engine(context_packer, demo_voter, answer=AnswerSettings(redact="always"),
+        engine = Engine(context_packer, demo_voter, answer=AnswerParams(redact="always"),
                         rewriter=QueryRewriter(client(url), 1))
         engine.ask("Which antibiotic now for MRN12345678, phone 555-123-4567?", record, 900)
     sent = json.dumps(fake.requests)

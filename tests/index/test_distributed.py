@@ -81,7 +81,7 @@ def test_ray_ingest_writes_batched_upserts_to_milvus(cluster: str, tmp_path: Pat
     pytest.importorskip("pymilvus")
     from ebmrag.index.distributed import RayPipeline
     from ebmrag.index.milvus import MilvusKnowledgeBase
-    from ebmrag.retrieve.search import HybridRetriever
+    from tests.engines import rrf_retriever
     from tests.index.test_milvus import free_port, start_milvus, stop
 
     folder = corpus(tmp_path)
@@ -97,6 +97,6 @@ def test_ray_ingest_writes_batched_upserts_to_milvus(cluster: str, tmp_path: Pat
         assert len(report.added) >= 155 and report.chunks_total == report.chunks_written
         documents = milvus.reader().documents()
         assert len(documents) == len(report.added)
-        assert HybridRetriever(milvus).run("penicillin allergy", k=1)[0].doc_id in documents
+        assert rrf_retriever(milvus).run("penicillin allergy", k=1)[0].doc_id in documents
     finally:
         stop(server)

@@ -8,6 +8,8 @@ from ebmrag.retrieve.focus import FocusExtractor
 from ebmrag.index.kb import KnowledgeBase
 from ebmrag.retrieve.search import HybridRetriever
 from ebmrag.ingest.documents import Document
+from ebmrag.retrieve.params import RetrievalParams
+from tests.engines import rrf_params
 
 TITLES = ["Sciatica", "Low back pain", "Back pain", "Gout", "Celiac disease", "Pain", "Zolmitriptan"]
 
@@ -73,11 +75,12 @@ def test_focus_routes_lift_the_named_condition(tmp_path: Path, embedder) -> None
     kb.apply(docs)
     question = ("help please. my family is worried and I am tired of this, my husband has had sciatica for months "
                 "and I am caring for him alone, what can be done to treat it")
-    plain = HybridRetriever(kb, fusion="score", weights=(0.3, 0.7))
-    focused = HybridRetriever(kb, fusion="score", weights=(0.3, 0.7), focus_weight=0.5)
+    plain = HybridRetriever(kb, RetrievalParams(fusion="score", bm25_weight=0.3, dense_weight=0.7))
+    focused = HybridRetriever(kb, RetrievalParams(fusion="score", bm25_weight=0.3, dense_weight=0.7,
+                                                       focus_weight=0.5))
     assert focused.focus_query(question).startswith("sciatica")
     top = focused.run(question, k=3)
     assert top[0].doc_id == "sciatica"
-    assert plain.to_dict()["focus_weight"] == 0.0 and focused.to_dict()["focus_weight"] == 0.5
+    assert plain.to_dict()["params"]["focus_weight"] == 0.0 and focused.to_dict()["params"]["focus_weight"] == 0.5
     with pytest.raises(ValueError, match="focus_weight"):
-        HybridRetriever(kb, focus_weight=1.0)
+        HybridRetriever(kb, rrf_params(focus_weight=1.0))

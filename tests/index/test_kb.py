@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ebmrag.config import KnowledgeBaseConfig
+from ebmrag.index.params import KnowledgeBaseConfig
 from ebmrag.errors import KnowledgeBaseError
 from ebmrag.index import store
 from ebmrag.index.kb import KnowledgeBase, index_text
@@ -18,6 +18,7 @@ from ebmrag.retrieve.search import HybridRetriever
 from ebmrag.index.sync import ingest_paths
 from ebmrag.index.types import Filters
 from ebmrag.ingest.documents import Document
+from tests.engines import rrf_retriever
 
 pytestmark = pytest.mark.model
 
@@ -56,7 +57,7 @@ def test_ingest_is_idempotent_and_updates_replace_chunks(tmp_path: Path, embedde
     assert len({r.row for r in rows}) == len(rows) and len({r.chunk_id for r in rows}) == len(rows)
     assert not any("metformin" in r.text for r in rows)
     assert [s.entry.name for s in kb.reader().segments] == ["seg-000001", "seg-000002"]  # the write added one
-    hits = HybridRetriever(kb).run("saline hydration before contrast", k=1)
+    hits = rrf_retriever(kb).run("saline hydration before contrast", k=1)
     assert hits[0].doc_id == "aki" and "isotonic saline" in hits[0].text
     assert sorted(p.name for p in (tmp_path / "kb").glob("gen-*")) == ["gen-000002"]
 
@@ -76,7 +77,7 @@ def test_delete_leaves_no_chunk_vector_or_posting(tmp_path: Path, embedder) -> N
     assert set(documents) == {"sepsis", "aki"} and reader.document("penicillin") is None
     expected = kb.embedder.embed([index_text(documents[r.doc_id].title, r.section, r.text, True) for r in rows])
     assert np.allclose(reader.dense.vectors_at([r.row for r in rows]), expected, atol=1e-5)
-    assert all(h.doc_id != "penicillin" for h in HybridRetriever(kb).run("penicillin anaphylaxis", k=10))
+    assert all(h.doc_id != "penicillin" for h in rrf_retriever(kb).run("penicillin anaphylaxis", k=10))
     compacted = kb.compact()
     assert compacted.segments_merged == 1 and kb.reader().size == len(rows)  # compaction drops deleted rows
 
@@ -87,13 +88,13 @@ def test_filters_restrict_every_route(tmp_path: Path, embedder) -> None:  # type
               doc("new", GUIDES["sepsis"].replace("one hour", "the first hour"), date="2024-06-01",
                   authority="guideline", source="ssc")])
     for mode in ("bm25", "dense", "hybrid"):
-        retriever = HybridRetriever(kb, mode)
+        retriever = rrf_retriever(kb, mode)
         guideline = Filters(authority="guideline")
         assert {h.doc_id for h in retriever.run("antibiotics septic shock", 5, guideline)} == {"new"}
         assert {h.doc_id for h in retriever.run("antibiotics septic shock", 5, Filters(date_to="2016"))} == {"old"}
         assert {h.doc_id for h in retriever.run("antibiotics septic shock", 5, Filters(source="ssc"))} == {"new"}
     with pytest.raises(ValueError, match="query is empty"):
-        HybridRetriever(kb).run("   ")
+        rrf_retriever(kb).run("   ")
 
 
 def test_sync_removes_documents_of_vanished_files_only(tmp_path: Path, embedder) -> None:  # type: ignore[no-untyped-def]
@@ -172,7 +173,7 @@ def test_kill_9_mid_ingest_keeps_the_last_generation(tmp_path: Path, embedder, s
 
     reopened = KnowledgeBase(root, embedder=embedder)
     assert reopened.reader().path.name == "gen-000001"
-    assert HybridRetriever(reopened).run("penicillin anaphylaxis", k=1)[0].doc_id == "penicillin"
+    assert rrf_retriever(reopened).run("penicillin anaphylaxis", k=1)[0].doc_id == "penicillin"
 
     extra = doc("extra", "Gout flares respond to colchicine.")
     rerun = reopened.apply([*(doc(k, v) for k, v in GUIDES.items()), extra])

@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from ebmrag.config import KnowledgeBaseConfig
+from ebmrag.index.params import KnowledgeBaseConfig
 from ebmrag.errors import KnowledgeBaseError
 from ebmrag.index.kb import KnowledgeBase
 from ebmrag.retrieve.search import HybridRetriever
 from ebmrag.index.types import Filters
 from ebmrag.ingest.documents import Document
+from tests.engines import rrf_retriever
 
 pytestmark = pytest.mark.model
 pymilvus = pytest.importorskip("pymilvus", reason="the 'milvus' extra is part of `make setup`")
@@ -107,14 +108,14 @@ def test_bm25_and_rankings_equal_the_embedded_backend(pair) -> None:  # type: ig
         theirs, ours = (scored(kb, kb.reader().lexical.search(terms, 10)) for kb in (milvus, embedded))
         assert theirs.keys() == ours.keys() and all(abs(theirs[c] - ours[c]) < 1e-4 for c in ours), query
         for mode in ("bm25", "dense", "hybrid"):
-            got = [(h.chunk_id, round(h.score, 4)) for h in HybridRetriever(milvus, mode).run(query, k=5)]
-            want = [(h.chunk_id, round(h.score, 4)) for h in HybridRetriever(embedded, mode).run(query, k=5)]
+            got = [(h.chunk_id, round(h.score, 4)) for h in rrf_retriever(milvus, mode).run(query, k=5)]
+            want = [(h.chunk_id, round(h.score, 4)) for h in rrf_retriever(embedded, mode).run(query, k=5)]
             assert got == want, (mode, query)
 
 
 def test_filters_upserts_and_deletes(pair) -> None:  # type: ignore[no-untyped-def]
     milvus, _ = pair
-    retriever = HybridRetriever(milvus, "hybrid")
+    retriever = rrf_retriever(milvus, "hybrid")
     assert {h.doc_id for h in retriever.run("antibiotics", 5, Filters(authority="textbook"))} == {"aki"}
     assert {h.doc_id for h in retriever.run("antibiotics", 5, Filters(date_from="2020", date_to="2021"))} == \
         {"sepsis", "青霉素"}
@@ -179,6 +180,6 @@ def test_a_knowledge_base_survives_a_server_restart(tmp_path: Path, embedder) ->
     process = start_milvus(tmp_path / "data", port)
     try:
         reopened = MilvusKnowledgeBase(f"http://127.0.0.1:{port}", "restart", embedder=embedder)
-        assert HybridRetriever(reopened).run("penicillin anaphylaxis", k=1)[0].doc_id == "penicillin"
+        assert rrf_retriever(reopened).run("penicillin anaphylaxis", k=1)[0].doc_id == "penicillin"
     finally:
         stop(process)

@@ -17,6 +17,7 @@ from ebmrag.retrieve.search import HybridRetriever
 from ebmrag.index.types import SearchHit
 from ebmrag.retrieve.vote import DocumentVoter
 from ebmrag.ingest.documents import Document, DocumentBuilder
+from tests.engines import rrf_params, rrf_retriever
 
 pytestmark = pytest.mark.model
 
@@ -60,14 +61,15 @@ class PreferWord:
 
 
 def test_retriever_applies_a_pluggable_reranker_to_the_route_depth(kb: KnowledgeBase) -> None:
-    plain = HybridRetriever(kb).run("antibiotics for septic shock", k=1)
-    reranked = HybridRetriever(kb, reranker=PreferWord("metformin")).run("antibiotics for septic shock", k=1)
+    plain = rrf_retriever(kb).run("antibiotics for septic shock", k=1)
+    reranked = rrf_retriever(kb, reranker=PreferWord("metformin")).run("antibiotics for septic shock", k=1)
     assert "metformin" not in plain[0].text.lower()
     assert "metformin" in reranked[0].text.lower()
 
 
 def test_document_vote_counts_distinct_chunks_across_sentences(kb: KnowledgeBase) -> None:
-    voter = DocumentVoter(HybridRetriever(kb, "bm25"), chunks_per_query=10, top_documents=2, min_relative_score=0.5)
+    voter = DocumentVoter(rrf_retriever(kb, "bm25"), rrf_params("bm25", vote_chunks=10, vote_documents=2,
+                                                                     vote_min_score=0.5))
     sentences = ["Hypotension with a raised lactate.", "Which vasopressor in shock?", "Antibiotics within an hour.",
                  "Creatinine rose over 48 hours."]
     documents = voter.run(sentences)
@@ -80,16 +82,18 @@ def test_document_vote_counts_distinct_chunks_across_sentences(kb: KnowledgeBase
 
 
 def test_document_vote_floor_drops_weak_chunks(kb: KnowledgeBase) -> None:
-    strict = DocumentVoter(HybridRetriever(kb, "bm25"), chunks_per_query=10, top_documents=3, min_relative_score=1.0)
-    loose = DocumentVoter(HybridRetriever(kb, "bm25"), chunks_per_query=10, top_documents=3, min_relative_score=0.0)
+    strict = DocumentVoter(rrf_retriever(kb, "bm25"), rrf_params("bm25", vote_chunks=10, vote_documents=3,
+                                                                      vote_min_score=1.0))
+    loose = DocumentVoter(rrf_retriever(kb, "bm25"), rrf_params("bm25", vote_chunks=10, vote_documents=3,
+                                                                     vote_min_score=0.0))
     query = ["septic shock antibiotics and penicillin anaphylaxis"]
     assert sum(d.votes for d in strict.run(query)) == 1
     assert sum(d.votes for d in loose.run(query)) > 1
     assert strict.run(["zzzz unknownword"]) == []
     with pytest.raises(ValueError, match="no non-empty query"):
         strict.run(["  "])
-    with pytest.raises(ValueError, match="min_relative_score"):
-        DocumentVoter(HybridRetriever(kb), min_relative_score=1.5)
+    with pytest.raises(ValueError, match="vote_min_score"):
+        DocumentVoter(rrf_retriever(kb), rrf_params(vote_min_score=1.5))
     assert DocumentVoter.from_dict(strict.to_dict()).to_dict() == strict.to_dict()
 
 
@@ -108,7 +112,7 @@ def cross_encoder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_cross_encoder_reranker_loads_a_local_folder_and_orders_by_its_scores(
         kb: KnowledgeBase, cross_encoder_dir: Path) -> None:
     reranker = CrossEncoderReranker(cross_encoder_dir, batch_size=2)
-    hits = HybridRetriever(kb).run("kidney injury after contrast", k=5)
+    hits = rrf_retriever(kb).run("kidney injury after contrast", k=5)
     assert {h.title for h in hits} <= set(GUIDES) and all(h.title for h in hits)
     reranked = reranker.rerank("kidney injury after contrast", hits)
     expected = reranker.scores("kidney injury after contrast", [shown_text(h) for h in hits])
@@ -117,14 +121,14 @@ def test_cross_encoder_reranker_loads_a_local_folder_and_orders_by_its_scores(
     assert [h.score for h in reranked] == sorted(expected, reverse=True)
     again = reranker_from_dict(reranker.to_dict())
     assert [h.chunk_id for h in again.rerank("kidney injury after contrast", hits)] == [h.chunk_id for h in reranked]
-    retriever = HybridRetriever(kb, reranker=reranker)
+    retriever = rrf_retriever(kb, reranker=reranker)
     assert HybridRetriever.from_dict(retriever.to_dict()).to_dict() == retriever.to_dict()
 
 
 def test_reranker_depth_rescores_only_the_head_and_mix_keeps_the_first_stage_in_play(
         kb: KnowledgeBase, cross_encoder_dir: Path) -> None:
     query = "kidney injury after contrast"
-    hits = HybridRetriever(kb).run(query, k=6)
+    hits = rrf_retriever(kb).run(query, k=6)
     head = CrossEncoderReranker(cross_encoder_dir, depth=3).rerank(query, hits)
     assert [h.chunk_id for h in head[3:]] == [h.chunk_id for h in hits[3:]]
     assert sorted(h.chunk_id for h in head[:3]) == sorted(h.chunk_id for h in hits[:3])

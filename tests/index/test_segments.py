@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ebmrag.config import KnowledgeBaseConfig, StorageSettings
+from ebmrag.index.params import KnowledgeBaseConfig, StorageSettings
 from ebmrag.index import merge
 from ebmrag.index.kb import KnowledgeBase
 from ebmrag.index.prepare import prepare_batches
@@ -21,6 +21,7 @@ from ebmrag.retrieve.search import HybridRetriever
 from ebmrag.index.segment import SegmentEntry
 from ebmrag.index.types import Filters, SearchHit
 from ebmrag.ingest.documents import Document
+from tests.engines import rrf_retriever
 
 pytestmark = pytest.mark.model
 
@@ -87,8 +88,8 @@ def test_scores_equal_a_single_build_of_the_live_documents(segmented, tmp_path: 
         assert ours.keys() == theirs.keys()
         assert max(abs(ours[c] - theirs[c]) for c in ours) <= 1e-6 * max(1.0, max(theirs.values()))
         for mode in ("bm25", "dense", "hybrid"):  # depth 100 > 56 chunks: no route cut falls inside a tie
-            got = HybridRetriever(kb, mode, route_depth=100).run(query, k=8)
-            want = HybridRetriever(single, mode, route_depth=100).run(query, k=8)
+            got = rrf_retriever(kb, mode, route_depth=100).run(query, k=8)
+            want = rrf_retriever(single, mode, route_depth=100).run(query, k=8)
             assert [h.score for h in got] == pytest.approx([h.score for h in want], abs=1e-5), (mode, query)
             assert untied(got) == untied(want), (mode, query)  # rows differ, so only ties may swap
 
@@ -98,23 +99,23 @@ def test_deleted_and_replaced_rows_never_surface(segmented) -> None:  # type: ig
     live = {d.doc_id: d for d in final}
     for query in QUERIES:
         for mode in ("bm25", "dense", "hybrid"):
-            for hit in HybridRetriever(kb, mode).run(query, k=20):
+            for hit in rrf_retriever(kb, mode).run(query, k=20):
                 assert hit.doc_id in live and hit.text in live[hit.doc_id].text, (mode, hit.chunk_id)
-        guideline = HybridRetriever(kb, "dense").run(query, k=20, filters=Filters(authority="guideline"))
+        guideline = rrf_retriever(kb, "dense").run(query, k=20, filters=Filters(authority="guideline"))
         assert guideline and all(live[h.doc_id].authority == "guideline" for h in guideline)
 
 
 def test_compaction_keeps_every_score_and_drops_deleted_rows(segmented) -> None:  # type: ignore[no-untyped-def]
     kb, _ = segmented
     before = {q: lexical_scores(kb, q) for q in QUERIES}
-    hybrid = {q: [h.chunk_id for h in HybridRetriever(kb).run(q, k=8)] for q in QUERIES}
+    hybrid = {q: [h.chunk_id for h in rrf_retriever(kb).run(q, k=8)] for q in QUERIES}
     report = kb.compact()
     reader = kb.reader()
     assert report.segments_merged == 4 and len(reader.segments) == 1 and reader.size == reader.live_chunks
     assert len(list((kb.root / "segments").iterdir())) == 1  # merged-away segments were removed
     for query in QUERIES:
         assert lexical_scores(kb, query) == pytest.approx(before[query], abs=1e-6)
-        assert [h.chunk_id for h in HybridRetriever(kb).run(query, k=8)] == hybrid[query]
+        assert [h.chunk_id for h in rrf_retriever(kb).run(query, k=8)] == hybrid[query]
     assert kb.compact().segments_merged == 0  # already compact: no new generation
 
 
@@ -131,7 +132,7 @@ def test_tiered_policy_merges_a_full_tier_and_bounds_the_count(tmp_path: Path, e
         merged += report.segments_merged
         assert report.chunks_total == kb.reader().live_chunks == start + 5
     assert max(counts) < 3 and merged == 3 * 4  # each time a third segment joins tier 0, it merges
-    assert {h.doc_id for h in HybridRetriever(kb, "bm25").run("note 42", k=50)} >= {"d042"}
+    assert {h.doc_id for h in rrf_retriever(kb, "bm25").run("note 42", k=50)} >= {"d042"}
 
 
 def test_parallel_preparation_equals_in_process_preparation() -> None:
@@ -194,14 +195,14 @@ CRASHING_COMPACTION = textwrap.dedent("""
 
 def test_kill_9_mid_compaction_keeps_the_last_generation(segmented, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     kb, final = segmented
-    before = {q: [h.chunk_id for h in HybridRetriever(kb).run(q, k=5)] for q in QUERIES}
+    before = {q: [h.chunk_id for h in rrf_retriever(kb).run(q, k=5)] for q in QUERIES}
     generation = kb.reader().path.name
     process = subprocess.run([sys.executable, "-c", CRASHING_COMPACTION, str(kb.root), str(tmp_path / "cache")],
                              timeout=300, check=False)
     assert process.returncode == -signal.SIGKILL
     assert list((kb.root / "segments").glob("*.partial")), "the crash happened mid-merge"
     assert kb.reader().path.name == generation and len(kb.reader().segments) == 4
-    assert {q: [h.chunk_id for h in HybridRetriever(kb).run(q, k=5)] for q in QUERIES} == before
+    assert {q: [h.chunk_id for h in rrf_retriever(kb).run(q, k=5)] for q in QUERIES} == before
     kb.apply([note(70)])  # the next writer clears the leftovers
     assert not list(kb.root.rglob("*.partial"))
     assert kb.compact().segments_merged == 5 and kb.reader().live_chunks == len(final) + 1

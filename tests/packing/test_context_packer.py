@@ -12,6 +12,7 @@ from ebmrag.models.embeddings import SentenceEmbedder
 from ebmrag.records.fragment import Tier
 from ebmrag.records.loaders import load_record
 from ebmrag.packing.packer import STRATEGIES, ContextPacker, make_packer
+from ebmrag.packing.params import PackingParams
 from ebmrag.packing.types import State
 
 pytestmark = pytest.mark.model
@@ -88,11 +89,11 @@ def test_local_model_path_loads(tmp_path: Path) -> None:
     assert embedder.embed(["hello"]).shape == (1, 384)
 
 
-def test_packer_round_trips() -> None:
-    packer = ContextPacker(strategy="ebm-greedy", k_min=2)
-    assert ContextPacker.from_dict(packer.to_dict()).to_dict() == packer.to_dict()
+def test_packer_round_trips(context_packer: ContextPacker) -> None:
+    packer = context_packer.with_params(PackingParams(strategy="ebm-greedy", k_min=2))
+    assert context_packer.with_params(PackingParams(**packer.to_dict())).to_dict() == packer.to_dict()
     with pytest.raises(ValueError, match="unknown packing strategy"):
-        ContextPacker(strategy="random")
+        context_packer.with_params(PackingParams(strategy="random"))
 
 
 def test_bf16_and_int8_profiles_stay_close_to_fp32_and_cache_apart(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from ebmrag.records.fragment import Fragment, PatientRecord, Tier, TierDecision
 from ebmrag.packing.packer import ContextPacker
+from ebmrag.packing.params import PackingParams
 from ebmrag.packing.prefilter import Prefilter, estimated_tokens
 from ebmrag.packing.types import DropReason
 from ebmrag.packing.utility import UtilityParams
@@ -75,7 +76,7 @@ def test_the_packer_traces_every_fragment_of_a_prefiltered_record(context_packer
                         NOW - timedelta(days=30 + i)) for i in range(1500)]
     allergy = Fragment("allergy", "p", "Anaphylaxis to penicillin in 2009.", "Allergies", NOW - timedelta(days=3000))
     record = PatientRecord("p", (allergy, *history, Fragment("today", "p", "Fever 39.1 C, cough.", "Notes", NOW)))
-    packer = ContextPacker(embedder=context_packer.embedder, prefilter=Prefilter(min_fragments=100))
+    packer = context_packer.with_params(PackingParams(prefilter_min_fragments=100))
     headers = [f"[{n}]" for n in range(len(record.fragments))]
     result = packer.run(record, "Which antibiotic is safe for his pneumonia?", 256, headers=headers)
     traced = [p.fragment_id for p in result.packed] + [d.fragment_id for d in result.dropped]
@@ -83,4 +84,4 @@ def test_the_packer_traces_every_fragment_of_a_prefiltered_record(context_packer
     assert "allergy" in {p.fragment_id for p in result.packed}
     assert any(p.text.startswith("[0] ") for p in result.packed), "headers follow their fragments"
     assert sum(d.reason is DropReason.PREFILTERED for d in result.dropped) > 1000
-    assert ContextPacker.from_dict(packer.to_dict()).prefilter == Prefilter(min_fragments=100)
+    assert context_packer.with_params(PackingParams(**packer.to_dict())).prefilter == Prefilter(min_fragments=100)

@@ -5,7 +5,7 @@ from typing import Any
 
 import pytest
 
-from ebmrag.config import DEFAULT_AUTHORITY
+from ebmrag.research.params import DEFAULT_AUTHORITY
 from ebmrag.ddx.engine import DifferentialDiagnoser
 from ebmrag.ddx.findings import FindingMapper
 from ebmrag.ddx.knowledge import load_kb
@@ -30,7 +30,7 @@ def research_tools(context_packer: Any, demo_voter: Any, embedder: Any) -> list[
     retriever = demo_voter.retriever
     diagnoser = DifferentialDiagnoser(load_kb())
     record = load_record(demo_record_path("demo-chest"))
-    return [KbSearchTool(retriever, DEFAULT_AUTHORITY), ReadDocumentTool(retriever, context_packer.token_counter),
+    return [KbSearchTool(retriever, DEFAULT_AUTHORITY), ReadDocumentTool(retriever.kb, context_packer.token_counter),
             DdxTool(diagnoser, FindingMapper(diagnoser.kb, embedder)), Icd10LookupTool(),
             PatientRecordTool(context_packer, record)]
 
@@ -39,6 +39,7 @@ def research_tools(context_packer: Any, demo_voter: Any, embedder: Any) -> list[
 def make_agent(research_tools: list[Tool], context_packer: Any) -> Callable[..., ResearchAgent]:
     def build(base_url: str, window: int = 8192, reserve: int = 512, **options: Any) -> ResearchAgent:
         client = OpenAIChatClient(base_url, "fake", max_retries=0, breaker_seconds=0)
-        return ResearchAgent(client, research_tools, ObservationMemory(context_packer, window, reserve), **options)
+        return ResearchAgent(client, research_tools, ObservationMemory(context_packer, window, reserve,
+                                                                       token_counter=context_packer.token_counter), **options)
 
     return build

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ebmrag.cli import app
-from ebmrag.config import DEFAULT_AUTHORITY
+from ebmrag.research.params import DEFAULT_AUTHORITY
 from ebmrag.research.tools import Icd10LookupTool, KbSearchTool, ReadDocumentTool, Tool
 from ebmrag.research.trajectory import TrajectoryLog, answer_correctness, export_run, read_runs, score_run
 from tests.fake_openai import FakeOpenAI, serve

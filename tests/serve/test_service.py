@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from ebmrag.config import AnswerSettings
+from ebmrag.answer.params import AnswerParams
 from tests.serve.conftest import Live
 
 pytestmark = pytest.mark.model
@@ -186,7 +186,7 @@ def test_the_shared_knowledge_base_changes_only_through_its_admin_tenant(tmp_pat
     from tests.serve.conftest import running
 
     voter = DocumentVoter(HybridRetriever(KnowledgeBase(tmp_path / "kb", embedder=embedder)))
-    with running(store, Engine(context_packer, voter, answer=AnswerSettings(retrieval="never"))) as live:
+    with running(store, Engine(context_packer, voter, answer=AnswerParams(retrieval="never"))) as live:
         docs = {"documents": [
             {"doc_id": "g1", "title": "Penicillin allergy", "authority": "guideline",
              "text": "After anaphylaxis to penicillin avoid all penicillins; a cephalosporin with a dissimilar "
@@ -210,7 +210,7 @@ def test_ask_streams_stage_events_then_the_answer(store: Any, context_packer: An
     then the ask JSON (a real fake model server on 127.0.0.1)."""
     from ebmrag.answer.engine import Engine
     from ebmrag.llm.openai import OpenAIChatClient
-    from tests.agent.test_engine_llm import clinician
+    from tests.answer.test_engine_llm import clinician
     from tests.fake_openai import FakeOpenAI
     from tests.fake_openai import serve as serve_model
     from tests.serve.conftest import running

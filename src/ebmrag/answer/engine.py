@@ -5,8 +5,8 @@
     fragments + evidence chunks -> ordering -> staged LLM answer or extractive brief -> grounding
 
 A thin pipeline: each step is a component called through its public `run()`, and typed values flow
-between them (nothing rendered is parsed back). Build it with `factory.build_engine(settings)`,
-`Engine.from_config(path)` or from parts. Retrieval follows the gate unless `retrieval` says always /
+between them (nothing rendered is parsed back). The composition root builds it (`compose.build_engine`)
+and hands it every part and model it uses. Retrieval follows the gate unless `retrieval` says always /
 never: a record complete enough to answer from is not diluted with outside text (ICA-RAG). Patient
 isolation holds by construction: one `PatientRecord` per call, and the knowledge base holds no
 patient data.
@@ -17,38 +17,37 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, fields, replace
+from dataclasses import asdict, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ebmrag.answer.gate import Action, GateDecision, Label, RetrievalGate, RuleLabeller
-from ebmrag.answer.gate_model import ClassifierLabeller
-from ebmrag.compose.parts import engine_parts
+from ebmrag.answer.gate import Action, GateDecision, Label, RetrievalGate
+from ebmrag.answer.params import AnswerParams
 from ebmrag.answer.relevance import RelevanceFilter, RelevanceVerdict
 from ebmrag.answer.result import AskResult, RetrievalTrace
-from ebmrag.config import AnswerSettings, Settings, load_settings
 from ebmrag.errors import RecordError
-from ebmrag.records.fragment import PatientRecord
-from ebmrag.text.language import detect_language
-from ebmrag.records.loaders import load_record
-from ebmrag.text.sentences import split_sentences
+from ebmrag.evidence.questions import QuestionClassifier, QuestionType
+from ebmrag.evidence.tiers import TierClassifier
 from ebmrag.generate.assembler import AssembledContext, ContextAssembler
 from ebmrag.generate.budget import PromptBudget, extractive_budget, staged_budget
 from ebmrag.generate.context import ContextItem, Numbering, context_items, evidence_key, number_context, render_context
 from ebmrag.generate.extractive import Citation, cite, extractive_brief
 from ebmrag.generate.grounding import GroundingChecker
 from ebmrag.generate.injection import fence_for_model, instruction_sentences
-from ebmrag.llm.openai import OpenAIChatClient
-from ebmrag.llm.prompts import PromptStage, load_prompts, with_warning
-from ebmrag.retrieve.query_rewrite import QueryRewriter, Rewrite
 from ebmrag.generate.redact import Redactor, redactor_for, should_redact
 from ebmrag.generate.staged import StagedAnswerer, StageTrace, cited_numbers
 from ebmrag.index.types import SearchHit
-from ebmrag.retrieve.vote import DocumentVoter
+from ebmrag.llm.openai import OpenAIChatClient
+from ebmrag.llm.prompts import PromptStage, load_prompts, with_warning
 from ebmrag.packing.packer import ContextPacker
 from ebmrag.packing.types import PackResult, validate_window
-from ebmrag.protocols import ChatClient
+from ebmrag.protocols import ChatClient, TokenCounter
+from ebmrag.records.fragment import PatientRecord
+from ebmrag.retrieve.query_rewrite import QueryRewriter, Rewrite
+from ebmrag.retrieve.vote import DocumentVoter
+from ebmrag.text.language import detect_language
+from ebmrag.text.sentences import split_sentences
 
 
 class Answer(NamedTuple):
@@ -61,65 +60,60 @@ class Answer(NamedTuple):
 
 
 class Engine:
-    """Pipeline: question + patient -> `AskResult`. `answer` holds the [answer] settings, validated there."""
+    """Pipeline: question + patient record -> `AskResult`. Built by the composition root (`compose.build_engine`),
+    which hands it every part it uses; `params` are its [answer] settings, validated there."""
 
-    def __init__(self, packer: ContextPacker, voter: DocumentVoter | None = None, client: ChatClient | None = None,
-                 gate: RetrievalGate | None = None, answer: AnswerSettings | None = None,
-                 rewriter: QueryRewriter | None = None) -> None:
+    def __init__(self, params: AnswerParams | None = None, *, packer: ContextPacker, gate: RetrievalGate,
+                 grounding: GroundingChecker, token_counter: TokenCounter, questions: QuestionClassifier,
+                 tier_classifier: TierClassifier, voter: DocumentVoter | None = None, client: ChatClient | None = None,
+                 rewriter: QueryRewriter | None = None, relevance: RelevanceFilter | None = None,
+                 configuration: dict[str, Any] | None = None) -> None:
         """`rewriter` (query expansion / HyDE, `[retrieval] query_variants`, `hyde`): its rewordings and passage
-        vote beside the question and the record's sentences."""
-        self.settings = answer = answer or AnswerSettings()
+        vote beside the question and the record's sentences. `configuration`: the settings tables the root
+        built this engine from, which `to_dict` returns (and `compose.engine_from_dict` reads back)."""
+        self.settings = answer = params or AnswerParams()
         if answer.retrieval == "always" and voter is None:
             raise ValueError("retrieval 'always' needs a knowledge base")
-        if answer.relevance_filter and client is None:
-            raise ValueError("the relevance filter needs an LLM (--llm openai)")
+        if answer.relevance_filter and relevance is None:
+            raise ValueError("the relevance filter needs an LLM ([llm] backend)")
         self.packer, self.voter, self.client, self.rewriter = packer, voter, client, rewriter
-        self.gate = gate or RetrievalGate(RuleLabeller(packer.classifier))
-        self.relevance = RelevanceFilter(client) if answer.relevance_filter and client else None
-        self.grounding = GroundingChecker(packer.embedder, answer.grounding_threshold)
+        self.gate, self.grounding, self.relevance = gate, grounding, relevance
+        self.token_counter, self.questions, self.tier_classifier = token_counter, questions, tier_classifier
+        self.configuration = configuration
         self.prompts_path = Path(answer.prompts) if answer.prompts else None
         self._prompt_sets: dict[str, dict[str, PromptStage]] = {}
         if self.prompts_path:
             load_prompts(path=self.prompts_path)  # fail at start-up, not mid-consultation
 
-    @classmethod
-    def from_config(cls, config: str | Path | Settings | None = None, **overrides: Any) -> Engine:
-        """A TOML path or `Settings`; overrides: kb, llm, base_url, model, window, retrieval (see `engine_parts`)."""
-        return cls(**engine_parts(config if isinstance(config, Settings) else load_settings(config), **overrides))
+    def with_retrieval(self, retrieval: str) -> Engine:
+        """The same parts under another retrieval mode (an HTTP ask may set it): nothing is rebuilt or lost."""
+        params = replace(self.settings, retrieval=retrieval)
+        return Engine(params, packer=self.packer, gate=self.gate, grounding=self.grounding,
+                      token_counter=self.token_counter, questions=self.questions,
+                      tier_classifier=self.tier_classifier, voter=self.voter, client=self.client,
+                      rewriter=self.rewriter, relevance=self.relevance, configuration=self.configuration)
 
     @property
     def _local_model(self) -> bool:
-        """The answering model runs in this process (`generate.local_llm`): nothing it reads leaves the machine."""
+        """The answering model runs in this process (`llm.local`): nothing it reads leaves the machine."""
         return bool(getattr(self.client, "in_process", False))
 
     @property
     def shares_embedder(self) -> bool:
         """One model instance for the packer, the gate, grounding and the knowledge base."""
-        return self.voter is not None and self.voter.embedder is self.packer.embedder
+        return self.voter is not None and self.voter.embedder is self.grounding.embedder
 
     def warm_up(self) -> None:
         self.packer.warm_up()
 
     def to_dict(self) -> dict[str, Any]:
-        """What this engine runs with; `from_dict` rebuilds it (the API key stays in the environment)."""
-        return {"packer": self.packer.to_dict(), "voter": self.voter.to_dict() if self.voter else None,
+        """The settings this engine was built from (the API key stays in the environment) and the parts'
+        own descriptions; `compose.engine_from_dict` rebuilds it from the settings."""
+        return {"settings": self.configuration, "packer": self.packer.to_dict(),
+                "voter": self.voter.to_dict() if self.voter else None,
                 "llm": self.client.to_dict() if isinstance(self.client, OpenAIChatClient) else None,
                 "gate": self.gate.to_dict(), "shared_embedder": self.shares_embedder,
                 "rewriter": self.rewriter.to_dict() if self.rewriter else None, **asdict(self.settings)}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Engine:
-        voter = DocumentVoter.from_dict(data["voter"]) if data.get("voter") else None
-        embedder = voter.embedder if voter and data.get("shared_embedder") else None
-        packer = ContextPacker.from_dict(data["packer"], embedder)
-        labeller = data["gate"].get("labeller") or {}
-        gate = RetrievalGate.from_dict(data["gate"], ClassifierLabeller(labeller["path"], packer.embedder)
-                                       if labeller.get("type") == "classifier" else RuleLabeller(packer.classifier))
-        client = OpenAIChatClient.from_dict(data["llm"]) if data.get("llm") else None
-        answer = AnswerSettings(**{f.name: data[f.name] for f in fields(AnswerSettings) if f.name in data})
-        rewrite = data.get("rewriter")
-        rewriter = QueryRewriter(client, rewrite["variants"], rewrite["hyde"]) if rewrite and client else None
-        return cls(packer, voter, client, gate, answer, rewriter)
 
     def prepare(self, patient: PatientRecord) -> None:
         """Embed a record ahead of the first question (when a chart is opened): fragment texts, their
@@ -135,35 +129,40 @@ class Engine:
     def _may_retrieve(self) -> bool:
         return self.voter is not None and self.settings.retrieval != "never"
 
-    def ask(self, question: str, patient: PatientRecord | str | Path, window: int | None = None,
+    def ask(self, question: str, record: PatientRecord, prompt_window: int | None = None,
             history: str = "", as_of: datetime | None = None,
             on_stage: Callable[[StageTrace], None] | None = None) -> AskResult:
-        """Answer one question about one patient. Bad input raises a ValueError naming the problem."""
+        """Answer one question about one patient's record (load it at the edge: `compose.load_patient`).
+        `prompt_window` is the whole prompt budget of the answering model (default [answer] window); the
+        context gets what the prompt's fixed parts leave. Bad input raises a ValueError naming the problem."""
         timings: dict[str, float] = {}
         question = question.strip() if isinstance(question, str) else ""
         if not question:
             raise ValueError("the question is empty")
+        if not isinstance(record, PatientRecord):
+            raise TypeError("ask takes a PatientRecord; load files and demo names with compose.load_patient")
         language = detect_language(question)
-        record = patient if isinstance(patient, PatientRecord) else load_record(patient)
         if not record.fragments:
             raise RecordError(record.origin, f"patient {record.patient_id!r} has no fragments: nothing to answer from")
+        asked = self.questions.classify(question)  # typed once, for the gate and the packer
+        redactor = self._redactor(record)
         with _timed(timings, "gate"):
             record = self.packer.classify(record)
-            decision = self.gate.run(record, question)
+            decision = self.gate.run(record, question, asked)
         with _timed(timings, "retrieval"):
-            retrieval = self._retrieve(question, decision, record)
+            retrieval = self._retrieve(question, decision, record, redactor)
         prompts = self._prompts(language) if self.client else None
-        window = window if window is not None else self.settings.window
-        validate_window(window)
-        budget = self._budget(window, question, decision.warning, history, prompts)
+        prompt_window = prompt_window if prompt_window is not None else self.settings.window
+        validate_window(prompt_window)
+        budget = self._budget(prompt_window, question, decision.warning, history, prompts)
         with _timed(timings, "packing"):
             assembled = self._assemble(retrieval, budget.context)
             numbering = number_context(record, assembled.selected if assembled else ())
-            pack = self._pack(numbering, record, question, budget.context, as_of)
+            pack = self._pack(numbering, record, question, budget.context, as_of, asked)
             items = tuple(context_items(numbering, pack))
             context = render_context(items, self.settings.ordering)
         with _timed(timings, "answer"):
-            answer = self._answer(question, items, context, decision.warning, prompts, history, record, on_stage)
+            answer = self._answer(question, items, context, decision.warning, prompts, history, redactor, on_stage)
         with _timed(timings, "grounding"):
             checked = self.grounding.run(answer.claims, [i.body for i in items])
             unsupported = tuple(s for s in checked if not s.supported)
@@ -173,13 +172,14 @@ class Engine:
                          items, context, answer.stages, answer.fault, timings,
                          tuple(instruction_sentences(items)), dict(answer.redacted), answer.claims)
 
-    def _retrieve(self, question: str, decision: GateDecision, record: PatientRecord) -> RetrievalTrace:
+    def _retrieve(self, question: str, decision: GateDecision, record: PatientRecord,
+                  redactor: Redactor | None) -> RetrievalTrace:
         if self.voter is None or not self._may_retrieve:
             return RetrievalTrace(False, "retrieval is off (no knowledge base or retrieval = never)")
         if self.settings.retrieval == "auto" and decision.action is Action.ANSWER:
             return RetrievalTrace(False, f"the gate answers directly ({decision.reason})")
         queries = self._queries(question, decision)
-        rewrite = self._rewrite(question, record) if self.rewriter else None
+        rewrite = self._rewrite(question, redactor) if self.rewriter else None
         voting = queries if rewrite is None else tuple(dict.fromkeys(
             [question, *rewrite.variants, *([rewrite.hypothesis] if rewrite.hypothesis else []), *queries[1:]]))
         if self.shares_embedder:  # one model call for the vote's queries and the packer's fragments
@@ -187,7 +187,6 @@ class Engine:
         documents = self.voter.run(voting, similarity_to=question)
         verdicts: tuple[RelevanceVerdict, ...] = ()
         if self.relevance:  # the filter's prompt carries the question and record sentences: redacted like the answer's
-            redactor = self._redactor(record)
             shown = [redactor.apply(q) for q in queries] if redactor is not None else list(queries)
             verdicts = tuple(self.relevance.run(shown[0], shown[1:], documents)[1])
         reason = "retrieval = always" if self.settings.retrieval == "always" else \
@@ -196,11 +195,10 @@ class Engine:
             reason += f"; {rewrite.fault} (the question searched as written)"
         return RetrievalTrace(True, reason, voting, tuple(documents), verdicts)
 
-    def _rewrite(self, question: str, record: PatientRecord) -> Rewrite:
+    def _rewrite(self, question: str, redactor: Redactor | None) -> Rewrite:
         """Query expansion / HyDE on the question as the model may see it (identifiers redacted like the answer's
         prompt); the rewordings come back restored, since they only search the local knowledge base."""
         assert self.rewriter is not None
-        redactor = self._redactor(record)
         if redactor is None:
             return self.rewriter.run(question)
         done = self.rewriter.run(redactor.apply(question))
@@ -220,7 +218,7 @@ class Engine:
 
     def _budget(self, window: int, question: str, warning: str, history: str,
                 prompts: dict[str, PromptStage] | None) -> PromptBudget:
-        counter = self.packer.token_counter
+        counter = self.token_counter
         if prompts is None:
             return extractive_budget(window, counter, question, warning)
         return staged_budget(window, counter, prompts, question, warning, history)
@@ -233,24 +231,23 @@ class Engine:
         # Document votes already ranked these; the assembler sorts by score, so the score is that rank.
         hits: list[SearchHit] = [replace(hit, score=float(len(ranked) - i)) for i, hit in enumerate(ranked)]
         share = max(1, int(budget * self.settings.evidence_share))
-        return ContextAssembler(self.packer.token_counter, share).run(hits)
+        return ContextAssembler(self.token_counter, share).run(hits)
 
     def _pack(self, numbering: Numbering, record: PatientRecord, question: str, budget: int,
-              as_of: datetime | None) -> PackResult:
+              as_of: datetime | None, asked: QuestionType) -> PackResult:
         """Patient fragments are embedded (and cached); evidence chunks are scored with the similarity the
         vote read from the KB's stored vectors instead of being embedded again."""
         known = {evidence_key(c.hit.chunk_id): c.hit.similarity for c in numbering.chunks
                  if c.hit.similarity is not None}
-        return self.packer.run(record, question, budget, as_of, numbering.evidence, known, numbering.headers)
+        return self.packer.run(record, question, budget, as_of, numbering.evidence, known, numbering.headers, asked)
 
     def _answer(self, question: str, items: tuple[ContextItem, ...], context: str, warning: str,
-                prompts: dict[str, PromptStage] | None, history: str, record: PatientRecord,
+                prompts: dict[str, PromptStage] | None, history: str, redactor: Redactor | None,
                 on_stage: Callable[[StageTrace], None] | None = None) -> Answer:
         if self.client is None or prompts is None:
             return self._brief(question, items, warning)
         full_question = f"{history}\n\n{question}" if history else question
         deadline = time.monotonic() + self.settings.model_seconds
-        redactor = self._redactor(record)
         if redactor is not None:  # the model sees placeholders; the user reads the restored answer
             full_question, context = redactor.apply(full_question), redactor.apply(context)
         context = fence_for_model(context)[0]  # data, not instructions (generate.injection)
@@ -281,7 +278,7 @@ class Engine:
         return redactor_for(record.identifiers, record.latest_timestamp)
 
     def _brief(self, question: str, items: tuple[ContextItem, ...], warning: str) -> Answer:
-        brief = extractive_brief(question, items, warning, self.settings.brief_sentences,
+        brief = extractive_brief(question, items, self.tier_classifier, warning, self.settings.brief_sentences,
                                  self.settings.brief_evidence_sentences)
         return Answer(brief.text, brief.citations, brief.claims)
 

@@ -1,4 +1,4 @@
-"""The adaptive retrieval gate (ICA-RAG, seed 003 §3.2): does this record need outside knowledge?
+"""The adaptive retrieval gate (ICA-RAG): does this record need outside knowledge?
 
 Every sentence of the record gets a label: A (decisive for the diagnosis), B (helps retrieval) or C
 (unimportant). Information completeness I = Σ (α·[A] + β·[B] + γ·[C]) / (α·n). I > θ1: answer
@@ -28,13 +28,13 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Protocol
 
-from ebmrag.config import check_gate_params
+from ebmrag.answer.params import check_gate_params
 from ebmrag.errors import ConfigError
 from ebmrag.evidence.entities import EntityExtractor, EntityKind, default_extractor
-from ebmrag.records.fragment import PatientRecord, Tier
-from ebmrag.evidence.questions import QuestionClassifier, default_question_classifier
-from ebmrag.text.sentences import split_sentences
+from ebmrag.evidence.questions import QuestionClassifier, QuestionType, default_question_classifier
 from ebmrag.evidence.tiers import TierClassifier
+from ebmrag.records.fragment import PatientRecord, Tier
+from ebmrag.text.sentences import split_sentences
 
 GATE_LEXICON = Path(__file__).parents[1] / "evidence" / "rules" / "gate.toml"
 _KEY_KINDS = (EntityKind.VALUE, EntityKind.TEST, EntityKind.FINDING, EntityKind.DRUG)
@@ -65,7 +65,7 @@ class GateParams:
 
     @classmethod
     def paper(cls) -> GateParams:
-        """The values printed in seed 003 (θ1 = 0.3, θ2 = 0.1); see the module note on θ2."""
+        """The values printed in the ICA-RAG paper (θ1 = 0.3, θ2 = 0.1); see the module note on θ2."""
         return cls(theta1=0.3, theta2=0.1)
 
     def weight(self, label: Label) -> float:
@@ -91,7 +91,7 @@ class GateDecision:
 
     @property
     def queries(self) -> list[str]:
-        """The sentences retrieval uses: A and B only (C sentences add noise, seed 003 §3.3)."""
+        """The sentences retrieval uses: A and B only (C sentences add noise)."""
         return [s.text for s in self.sentences if s.label is not Label.C]
 
     def to_json(self) -> dict[str, Any]:
@@ -153,9 +153,10 @@ class RetrievalGate:
         self.params = params or GateParams()
         self.questions = questions or default_question_classifier()
 
-    def run(self, record: PatientRecord, question: str = "") -> GateDecision:
+    def run(self, record: PatientRecord, question: str = "", question_type: QuestionType | None = None) -> GateDecision:
         """Completeness decides for the record; the question can only add retrieval: a record complete
-        enough to name the diagnosis still cannot say which antibiotic a guideline recommends."""
+        enough to name the diagnosis still cannot say which antibiotic a guideline recommends. A caller that
+        has typed the question already passes `question_type`."""
         sentences = []
         for fragment in record.fragments:
             for sentence in split_sentences(fragment.text):
@@ -164,7 +165,7 @@ class RetrievalGate:
         decision = self.decide(sentences)
         if not question.strip():
             return decision
-        kind = self.questions.classify(question)
+        kind = question_type or self.questions.classify(question)
         if kind.retrieve and decision.action is Action.ANSWER:
             return replace(decision, action=Action.RETRIEVE, question_type=kind.id,
                            reason=f"a {kind.id} question needs outside knowledge whatever the record holds "

@@ -1,12 +1,13 @@
 """The trainable gate labeller: labels from ICA-RAG's masking strategy, a classifier on sentence embeddings.
 
-Annotation (seed 003 §3.2.2), per case with a gold diagnosis R:
+Annotation (ICA-RAG's two strategies), per case with a gold diagnosis R:
 1. The model diagnoses from the whole record (D). If D matches R, each sentence is masked in turn:
    the sentence is C when the diagnosis from the rest still matches R, and A when it no longer does.
 2. If D does not match R, each sentence is a BM25 query against the knowledge base: B when a hit
    names R (in its section or opening words), else C.
 Matching is lenient on wording: the gold name is found in the prediction, or most of its content
-words are. Costs n + 1 model calls per case (strategy 1), none for strategy 2.
+words are. Costs n + 1 model calls per case (strategy 1), none for strategy 2. The prompt is the
+`masking_diagnosis` step of llm/prompts/steps/{en,zh}.toml, in the record's language unless the caller names one.
 
 The classifier is multinomial logistic regression (scikit-learn, balanced classes) over the bundled
 sentence embeddings. It is saved as plain arrays (`.npz` + the label order and embedding model
@@ -29,20 +30,13 @@ from pydantic import BaseModel, StrictStr
 
 from ebmrag.answer.gate import Label
 from ebmrag.errors import ConfigError, LLMError, require_extra
-from ebmrag.models.text_classifier import LinearTextClassifier, fit_linear_classifier
 from ebmrag.llm.completion import complete_json
+from ebmrag.llm.prompts import question_language, step_prompt
+from ebmrag.models.text_classifier import LinearTextClassifier, fit_linear_classifier
+from ebmrag.protocols import ChatClient, Embedder
 from ebmrag.retrieve.search import HybridRetriever
-from ebmrag.protocols import ChatClient, ChatMessage, Embedder
 
 log = logging.getLogger(__name__)
-DIAGNOSE_SYSTEM = ("You are an outstanding medical expert. You make a preliminary diagnosis from a patient's record. "
-                   "Reply with JSON only.")
-DIAGNOSE_USER = """Below is a summary of a patient's medical record. Act as the attending physician and give \
-the single most likely diagnosis.
-###
-{summary}
-###
-Reply with one JSON object: {{"diagnosis": "<diagnosis>"}}"""
 _WORD = re.compile(r"[a-z0-9]+|[\u4e00-\u9fff]")
 
 
@@ -79,31 +73,35 @@ class MaskingAnnotator:
             raise ValueError(f"lookup_depth must be >= 1, got {lookup_depth}")
         self.client, self.retriever, self.lookup_depth = client, retriever, lookup_depth
 
-    def diagnose(self, sentences: Sequence[str]) -> str:
-        """The model's diagnosis; a reply that is not the JSON asked for is retried once, then taken as text."""
-        messages = [ChatMessage("system", DIAGNOSE_SYSTEM),
-                    ChatMessage("user", DIAGNOSE_USER.format(summary=" ".join(sentences)))]
-        done = complete_json(self.client, messages, DiagnosisReply, max_tokens=64,
-                             retry_hint='Reply with only {"diagnosis": "<diagnosis>"}.')
+    def diagnose(self, sentences: Sequence[str], language: str | None = None) -> str:
+        """The model's diagnosis; a reply that is not the JSON asked for is retried once, then taken as text.
+        `language` picks the prompt (en, zh); without it, the sentences' own."""
+        summary = " ".join(sentences)
+        prompt = step_prompt("masking_diagnosis", language or question_language(summary))
+        done = complete_json(self.client, prompt.messages(summary=summary), DiagnosisReply, max_tokens=64,
+                             retry_hint=prompt.render("retry_hint"))
         if done.status == "failed":
             raise LLMError(done.error)
         return done.value.diagnosis if done.value is not None else done.text
 
-    def annotate(self, case_id: str, sentences: Sequence[str], gold: str) -> list[AnnotatedSentence]:
+    def annotate(self, case_id: str, sentences: Sequence[str], gold: str,
+                 language: str | None = None) -> list[AnnotatedSentence]:
+        """`language` picks the prompt for every call of the case (en, zh); without it, the whole record's."""
         if not sentences or not gold.strip():
             raise ValueError(f"case {case_id}: annotation needs sentences and a gold diagnosis")
+        language = language or question_language(" ".join(sentences))
         try:
-            correct = same_diagnosis(self.diagnose(sentences), gold)
+            correct = same_diagnosis(self.diagnose(sentences, language), gold)
             if correct:
-                return [AnnotatedSentence(case_id, s, self._masked_label(sentences, i, gold), 1)
+                return [AnnotatedSentence(case_id, s, self._masked_label(sentences, i, gold, language), 1)
                         for i, s in enumerate(sentences)]
         except LLMError as exc:
             raise LLMError(f"case {case_id}: {exc}") from None
         return [AnnotatedSentence(case_id, s, self._lookup_label(s, gold), 2) for s in sentences]
 
-    def _masked_label(self, sentences: Sequence[str], i: int, gold: str) -> Label:
+    def _masked_label(self, sentences: Sequence[str], i: int, gold: str, language: str) -> Label:
         rest = [s for j, s in enumerate(sentences) if j != i]
-        return Label.C if rest and same_diagnosis(self.diagnose(rest), gold) else Label.A
+        return Label.C if rest and same_diagnosis(self.diagnose(rest, language), gold) else Label.A
 
     def _lookup_label(self, sentence: str, gold: str) -> Label:
         if self.retriever is None or not sentence.strip():

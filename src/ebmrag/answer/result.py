@@ -21,8 +21,8 @@ from ebmrag.generate.extractive import Citation
 from ebmrag.generate.grounding import SentenceSupport
 from ebmrag.generate.injection import FlaggedSentence
 from ebmrag.generate.staged import StageTrace
-from ebmrag.retrieve.vote import DocumentHit
 from ebmrag.packing.types import PackResult
+from ebmrag.retrieve.vote import DocumentHit
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,7 @@ class AskResult:
 
     def _pack_json(self) -> dict[str, Any]:
         """The pack trace with citation numbers and real ids (evidence chunks carry a packer-side prefix)."""
-        number = {f.id: n for n, f in enumerate(self.numbering.fragments, 1)}
+        number = {fid: n for n, fid in enumerate(self.numbering.ids, 1)}
         chunk_of = {evidence_key(c.hit.chunk_id): c.hit.chunk_id for c in self.numbering.chunks}
 
         def named(entry: dict[str, Any]) -> dict[str, Any]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -20,12 +19,11 @@ from ebmrag.cli.common import (
     ModelOption,
     ModelPathOption,
     console,
+    settings_from,
     stderr,
     user_errors,
 )
-from ebmrag.config import load_settings
-from ebmrag.demo import load_patient
-from ebmrag.compose import build_engine
+from ebmrag.compose import build_engine, load_patient
 
 
 def ask(
@@ -50,13 +48,10 @@ def ask(
     """Answer a question about one patient from the record and the knowledge base, citing every claim."""
     with user_errors():
         record = load_patient(patient, patient_id)
-        settings = load_settings(config)
-        if expand is not None or hyde is not None:
-            r = settings.retrieval
-            settings = replace(settings, retrieval=replace(r, query_variants=r.query_variants if expand is None
-                                                           else expand, hyde=r.hyde if hyde is None else hyde))
-        engine = build_engine(settings, kb=kb, llm=llm, base_url=base_url, model=model, window=window,
-                              retrieval=retrieval, model_path=model_path)
+        settings = settings_from(config, llm=llm, base_url=base_url, model=model, model_path=model_path,
+                                 retrieval={"query_variants": expand, "hyde": hyde},
+                                 answer={"window": window, "retrieval": retrieval})
+        engine = build_engine(settings, kb)
         with stderr.status("loading the bundled embedding model..."):
             engine.warm_up()
         waiting = "retrieving, packing and asking the model (stages run in order)..." if engine.client \

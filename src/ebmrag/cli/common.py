@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
+from ebmrag.config import Settings, load_settings, with_overrides
 from ebmrag.errors import EbmragError
 from ebmrag.protocols import Progress as ProgressCallback
 
@@ -85,3 +86,10 @@ def write_report(report: str, out: Path | None) -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(report, encoding="utf-8")
     typer.echo(report)
+
+
+def settings_from(config: Path | None, *, llm: str | None = None, base_url: str | None = None,
+                  model: str | None = None, model_path: str | None = None, **tables: dict[str, Any]) -> Settings:
+    """The TOML file with the command's flags applied once, as settings (None: the flag was not given)."""
+    flags = {"backend": llm, "base_url": base_url, "model": model, "model_path": model_path}
+    return with_overrides(load_settings(config), llm=flags, **tables)

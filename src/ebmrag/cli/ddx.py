@@ -35,13 +35,13 @@ def ddx(
     if not finding:
         stderr.print(ctx.get_help())
         raise typer.Exit(code=2)
+    from ebmrag.compose import Resources, build_diagnoser, build_finding_mapper
     from ebmrag.ddx.engine import complete_findings
-    from ebmrag.compose.research import build_diagnoser, build_finding_mapper
 
     with user_errors():
         settings = load_settings(config)
         diagnoser = build_diagnoser(settings)
-        mapped = build_finding_mapper(settings, diagnoser.kb).run(finding)
+        mapped = build_finding_mapper(Resources(settings), diagnoser).run(finding)
         findings = complete_findings(diagnoser.kb, {m.code: m.present for m in mapped}, closed_world)
         result = diagnoser.run(findings, age, (sex or "").upper() or None)
     document = {**result.to_json(), "mapped": [{"code": m.code, "present": m.present, "text": m.clause,
@@ -75,17 +75,17 @@ def evaluate_patients(
     config: ConfigOption = None,
 ) -> None:
     """Top-1/3/5 against PATHOLOGY and differential F1 against DIFFERENTIAL_DIAGNOSIS."""
+    from ebmrag.compose import Resources, build_diagnoser, build_finding_mapper
     from ebmrag.ddx.engine import complete_findings
     from ebmrag.eval.ddx_eval import evaluate, read_patients, structured_findings
     from ebmrag.eval.ddx_render import render
-    from ebmrag.compose.research import build_diagnoser, build_finding_mapper
 
     with user_errors():
         settings = load_settings(config)
         diagnoser = build_diagnoser(settings)
         rows = read_patients(patients, diagnoser.kb)[: limit or None]
         if free_text:
-            mapper = build_finding_mapper(settings, diagnoser.kb)
+            mapper = build_finding_mapper(Resources(settings), diagnoser)
 
             def findings(p):  # type: ignore[no-untyped-def]
                 mapped = mapper.run([render(diagnoser.kb, p)])

@@ -21,11 +21,20 @@ from ebmrag.cli.common import (
     ModelPathOption,
     progress_bar,
     progress_callback,
+    settings_from,
     stderr,
     user_errors,
     write_report,
 )
 from ebmrag.cli.kb import report_table
+from ebmrag.compose import (
+    Resources,
+    build_reranker,
+    build_retriever,
+    build_rewriter,
+    open_kb,
+    require_openai,
+)
 from ebmrag.config import Settings, load_settings
 from ebmrag.eval.cases import DATASETS
 from ebmrag.eval.diagnosis import IcdIndex
@@ -33,21 +42,8 @@ from ebmrag.eval.llm_eval import diagnosis_f1, mirage_accuracy, packing_accuracy
 from ebmrag.eval.noise import NoiseConfig
 from ebmrag.eval.packing_report import dataset_dir
 from ebmrag.eval.packing_suite import NEUTRAL, Suite, rows_table
-from ebmrag.models.embeddings import SentenceEmbedder
-from ebmrag.models.tokens import make_token_counter
-from ebmrag.compose import (
-    build_packer,
-    cache_dir,
-    make_chat_client,
-    make_llm_client,
-    make_retriever,
-    make_rewriter,
-    open_kb,
-    require_llm_client,
-    utility_params,
-)
-from ebmrag.llm.openai import OpenAIChatClient
 from ebmrag.index.sync import ingest_paths
+from ebmrag.llm.openai import OpenAIChatClient
 from ebmrag.packing.packer import STRATEGIES, make_packer
 from ebmrag.packing.utility import CandidateBuilder
 
@@ -60,10 +56,8 @@ Seed = Annotated[int, typer.Option(help="Seed of the noise generator.")]
 
 def make_suite(settings: Settings, noise: NoiseConfig) -> Suite:
     """Measures with neutral utility parameters; each experiment applies its own when it scores."""
-    m = settings.models
-    embedder = SentenceEmbedder(m.embedding_model or None, cache_dir=cache_dir(settings))
-    token_counter = make_token_counter(m.tokenizer)
-    return Suite(CandidateBuilder(embedder, token_counter, NEUTRAL), token_counter, noise)
+    r = Resources(settings)
+    return Suite(CandidateBuilder(r.embedder, r.token_counter, NEUTRAL, r.compressor), r.token_counter, noise)
 
 
 def _write_llm(out: Path, rows: list[dict[str, object]], client: OpenAIChatClient) -> None:
@@ -109,14 +103,15 @@ def eval_packing(
     from ebmrag.eval.packing_report import run_packing
 
     with user_errors():
-        settings = load_settings(config)
+        settings = settings_from(config, llm=llm, base_url=base_url, model=model)
         names = [s.strip() for s in strategies.split(",") if s.strip()]
         unknown = sorted(set(names) - set(STRATEGIES))
         if unknown or not names:
             raise ValueError(f"unknown strategies {unknown}; choose from {', '.join(STRATEGIES)}")
         suite = make_suite(settings, NoiseConfig(ratio=noise_ratio, recent_share=recent_share, seed=seed))
-        params = utility_params(settings)
-        client = make_llm_client(settings, llm, model, base_url)
+        params = settings.packing.utility
+        client = require_openai(Resources(settings), "eval packing") if settings.llm.backend != "extractive" \
+            else None
         index = None
         if client and dataset != "medqa":
             if icd10_dir is None:
@@ -153,9 +148,10 @@ def eval_mirage(
     """MIRAGE multiple-choice accuracy of a model, with and without retrieval from a knowledge base."""
 
     with user_errors():
-        settings = load_settings(config)
-        client = require_llm_client(settings, llm, model, base_url, "eval mirage")
-        retriever = make_retriever(settings, open_kb(settings, kb)) if kb else None
+        settings = settings_from(config, llm=llm or "openai", base_url=base_url, model=model)
+        resources = Resources.open(settings, kb)
+        client = require_openai(resources, "eval mirage")
+        retriever = build_retriever(resources) if kb else None
         names = [s.strip() for s in subsets.split(",") if s.strip()]
         rows = rows_json(mirage_accuracy(client, benchmark, names, limit, retriever, k))
         _write_llm(out, rows, client)
@@ -187,16 +183,17 @@ def eval_packing_suite(
 def eval_gate(
     data_root: Annotated[Path, typer.Option("--data-root", help="Folder holding AgentClinic / CMB-Clin files.")],
     out: Annotated[Path | None, typer.Option(help="Write the markdown report here.")] = None,
+    config: ConfigOption = None,
 ) -> None:
     """Retrieval-gate decisions and sentence labels on full records and history-only cuts."""
-    from ebmrag.answer.gate import RetrievalGate
+    from ebmrag.compose import build_gate
     from ebmrag.eval.gate_report import HISTORY_SECTIONS, gate_report
 
     with user_errors():
         folders = {d: f for d in HISTORY_SECTIONS if (f := dataset_dir(data_root, d)) is not None}
         if not folders:
             raise ValueError(f"no AgentClinic or CMB-Clin files under {data_root}")
-        report = gate_report(RetrievalGate(), folders)
+        report = gate_report(build_gate(Resources(load_settings(config))), folders)
     write_report(report, out)
 
 
@@ -222,8 +219,9 @@ def eval_retrieval(
     from ebmrag.eval.retrieval import evaluate_retrieval, load_queries, markdown_table, select_split
 
     with user_errors():
-        settings = load_settings(config)
-        knowledge_base = open_kb(settings, kb)
+        settings = settings_from(config, llm=llm, base_url=base_url, model=model, model_path=model_path)
+        resources = Resources.open(settings, kb)
+        knowledge_base = open_kb(settings, kb, resources)
         if not knowledge_base.exists:
             if not corpus:
                 raise ValueError(f"{kb} does not exist yet: give the corpus files with --corpus")
@@ -232,10 +230,10 @@ def eval_retrieval(
             stderr.print(report_table(report))
         queries = select_split(load_queries(dataset, data_dir, corpus or [], limit), split)
         r = settings.retrieval
-        rewriter = make_rewriter(settings, make_chat_client(settings, llm, model, base_url, model_path))
+        rewriter = build_rewriter(resources)
         with stderr.status(f"retrieving for {len(queries)} queries..."):
             result = evaluate_retrieval(knowledge_base, dataset, queries, r.fusion, (r.bm25_weight, r.dense_weight),
-                                        ablation, r.focus_weight, make_retriever(settings, knowledge_base).reranker,
+                                        ablation, r.focus_weight, build_reranker(r),
                                         rewriter.run if rewriter else None)
     table = markdown_table(result)
     if out:
@@ -264,16 +262,17 @@ def eval_generation(
 ) -> None:
     """Faithfulness, answer relevancy, context relevancy and context recall of `ask` answers (model-judged when a
     model is configured, else offline approximations; each score names its method)."""
+    from ebmrag.compose import build_engine_from, open_resources
     from ebmrag.eval.generation import GenerationJudge, evaluate_generation, load_questions, markdown, summary
-    from ebmrag.compose import build_engine
 
     with user_errors():
         items = load_questions(questions)
         if window is not None:
             items = [replace(q, window=window) for q in items]
-        engine = build_engine(load_settings(config), kb=kb, llm=llm, base_url=base_url, model=model,
-                              model_path=model_path)
-        scorer = GenerationJudge(engine, engine.client if judge else None)
+        settings = settings_from(config, llm=llm, base_url=base_url, model=model, model_path=model_path)
+        resources = open_resources(settings, kb, retrieval=settings.answer.retrieval != "never")
+        engine = build_engine_from(resources)
+        scorer = GenerationJudge(engine, resources.chat_client if judge else None, embedder=resources.embedder)
         with progress_bar() as bar:
             task = bar.add_task("asking and judging", total=len(items))
             rows = evaluate_generation(engine, scorer, items, lambda done: bar.update(task, completed=done))
@@ -325,7 +324,7 @@ def eval_tiers(
         if not text_only:
             report = agreement_report(measure_agreement(data_dir))
         else:
-            classifier = build_packer(load_settings(config)).classifier  # rules + the configured tier model
+            classifier = Resources(load_settings(config)).tier_classifier  # rules + the configured tier model
             measured = measure_text_only(data_dir, classifier)
             if as_json:
                 typer.echo(json.dumps(measured.to_json(MEASURED_SOURCES), indent=1))

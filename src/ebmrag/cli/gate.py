@@ -8,10 +8,19 @@ from typing import Annotated
 
 import typer
 
-from ebmrag.cli.common import BaseUrlOption, ConfigOption, LlmOption, ModelOption, console, progress_bar, user_errors
+from ebmrag.cli.common import (
+    BaseUrlOption,
+    ConfigOption,
+    LlmOption,
+    ModelOption,
+    console,
+    progress_bar,
+    settings_from,
+    user_errors,
+)
+from ebmrag.compose import Resources, build_retriever, require_openai
 from ebmrag.config import load_settings
 from ebmrag.text.sentences import split_sentences
-from ebmrag.compose import cache_dir, make_retriever, open_kb, require_llm_client
 
 gate_app = typer.Typer(help="Train the retrieval gate's sentence classifier.", no_args_is_help=True)
 
@@ -33,9 +42,10 @@ def annotate(
     from ebmrag.eval.cases import load_cases
 
     with user_errors():
-        settings = load_settings(config)
-        client = require_llm_client(settings, llm, model, base_url, "annotation")
-        retriever = make_retriever(settings, open_kb(settings, kb), "bm25") if kb else None
+        settings = settings_from(config, llm=llm, base_url=base_url, model=model, retrieval={"mode": "bm25"})
+        resources = Resources.open(settings, kb)
+        client = require_openai(resources, "annotation")
+        retriever = build_retriever(resources) if kb else None
         annotator = MaskingAnnotator(client, retriever)
         cases = [c for c in load_cases(dataset, data_dir, limit) if c.answer]
         counts = {"A": 0, "B": 0, "C": 0}
@@ -59,12 +69,9 @@ def train(
 ) -> None:
     """Fit the A/B/C classifier on sentence embeddings; prints held-out accuracy. Use it with [answer] gate_model."""
     from ebmrag.answer.gate_model import read_annotations, train_classifier
-    from ebmrag.models.embeddings import SentenceEmbedder
 
     with user_errors():
-        settings = load_settings(config)
-        embedder = SentenceEmbedder(settings.models.embedding_model or None, cache_dir=cache_dir(settings))
-        report = train_classifier(read_annotations(annotations), embedder, out)
+        report = train_classifier(read_annotations(annotations), Resources(load_settings(config)).embedder, out)
     console.print(f"{report.examples} sentences, {report.held_out} held out: accuracy {report.accuracy:.3f}")
     for label, scores in report.per_label.items():
         console.print(f"  {label}: {scores}")

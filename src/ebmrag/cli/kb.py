@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Annotated
 
@@ -21,19 +21,20 @@ from ebmrag.cli.common import (
     console,
     progress_bar,
     progress_callback,
+    settings_from,
     stderr,
     user_errors,
 )
+from ebmrag.compose import Resources, build_retriever, build_rewriter, build_voter, open_kb
 from ebmrag.config import load_settings
-from ebmrag.text.sentences import split_sentences
-from ebmrag.compose import cache_dir, make_llm_client, make_retriever, make_rewriter, open_kb
-from ebmrag.retrieve.query_rewrite import Rewrite
 from ebmrag.index.kb import IngestReport
 from ebmrag.index.prepare import default_workers
 from ebmrag.index.sync import ingest_paths
 from ebmrag.index.types import Filters
-from ebmrag.retrieve.vote import DocumentHit, DocumentVoter
 from ebmrag.ingest.readers import FieldMap
+from ebmrag.retrieve.query_rewrite import Rewrite
+from ebmrag.retrieve.vote import DocumentHit
+from ebmrag.text.sentences import split_sentences
 
 kb_app = typer.Typer(help="Inspect a knowledge base.", no_args_is_help=True)
 
@@ -66,13 +67,14 @@ def ingest(
     """Add or update documents; unchanged ones are skipped by content hash. Bad files are reported, not fatal."""
     with user_errors():
         settings = load_settings(config)
-        knowledge_base = open_kb(settings, kb)
+        resources = Resources.open(settings, kb)
+        knowledge_base = open_kb(settings, kb, resources)
         field_map = FieldMap.parse(field or [])
         cluster = None
         if ray:
             from ebmrag.index.distributed import RayPipeline
 
-            cluster = RayPipeline(ray, knowledge_base.config, cache_dir(settings), ray_actors)
+            cluster = RayPipeline(ray, knowledge_base.config, resources.cache_dir, ray_actors)
         with progress_bar() as bar:
             report = ingest_paths(knowledge_base, paths, sync, field_map, max_file_mb * 2**20, progress_callback(bar),
                                   source, cluster, settings.storage.workers or default_workers())
@@ -123,17 +125,21 @@ def search(
 ) -> None:
     """Search the knowledge base."""
     with user_errors():
-        settings = load_settings(config)
-        knowledge_base = open_kb(settings, kb)
-        retriever = make_retriever(settings, knowledge_base, mode, rerank_model)
+        settings = settings_from(config, llm=llm, base_url=base_url, model=model, retrieval={
+            "mode": mode, "rerank_model": rerank_model, "query_variants": expand, "hyde": hyde})
+        if settings.llm.backend == "local":
+            raise ValueError("this command needs an OpenAI-compatible endpoint (--llm openai); the local backend "
+                             "answers `ask` and `eval generation`")
+        resources = Resources.open(settings, kb)
+        retriever = build_retriever(resources)
         filters = Filters(source, section, authority, date_from, date_to)
-        rewriter = make_rewriter(settings, make_llm_client(settings, llm, model, base_url), expand, hyde)
+        rewriter = build_rewriter(resources)
         rewrite = rewriter.run(query) if rewriter else Rewrite()
         if rewrite.fault:
             stderr.print(f"[yellow]{rewrite.fault}; searching the query as written[/]")
         if by_document:
-            r = settings.retrieval
-            voter = DocumentVoter(retriever, r.vote_chunks, k if k is not None else r.vote_documents, r.vote_min_score)
+            voter = build_voter(retriever, replace(settings.retrieval, vote_documents=k if k is not None else
+                                                     settings.retrieval.vote_documents))
             sentences = [s.text for s in split_sentences(query)] or [query]
             extra = [*rewrite.variants, *([rewrite.hypothesis] if rewrite.hypothesis else [])]
             documents = voter.run([*sentences, *extra], filters)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import datetime
 from typing import Annotated
 
@@ -10,13 +11,13 @@ import typer
 from rich.table import Table
 
 from ebmrag.cli.common import ConfigOption, JsonOption, console, stderr, user_errors
-from ebmrag.config import load_settings
+from ebmrag.compose import Resources, build_packer
+from ebmrag.config import load_settings, with_overrides
 from ebmrag.demo import demo_query, demo_record_paths, load_patient
-from ebmrag.records.fragment import Tier, parse_timestamp
-from ebmrag.records.loaders import load_record
-from ebmrag.compose import build_packer
 from ebmrag.packing.packer import STRATEGIES
 from ebmrag.packing.types import PackResult
+from ebmrag.records.fragment import Tier, parse_timestamp
+from ebmrag.records.loaders import load_record
 
 TIER_STYLE = {Tier.T1: "bold red", Tier.T2: "yellow", Tier.T3: "cyan", Tier.T4: "dim"}
 
@@ -60,8 +61,9 @@ def pack(
 ) -> None:
     """Pack one patient's record into a token window and show why each fragment was kept or dropped."""
     with user_errors():
-        settings = load_settings(config)
-        packer = build_packer(settings, strategy, k_min, objective=objective)
+        settings = with_overrides(load_settings(config),
+                                  packing={"strategy": strategy, "k_min": k_min, "objective": objective})
+        packer = build_packer(Resources(settings))
         patient = load_patient(record, patient_id)
         when: datetime | None = parse_timestamp(as_of, "--as-of") if as_of else None
         result = packer.run(patient, query, window if window is not None else settings.packing.window, when)
@@ -81,9 +83,9 @@ def demo(
 ) -> None:
     """Pack the bundled synthetic patients with EBM-Pack and with FIFO truncation, side by side."""
     with user_errors():
-        settings = load_settings(config)
-        exact = build_packer(settings, "ebm-exact")
-        fifo = build_packer(settings, "fifo", embedder=exact.embedder)
+        settings = with_overrides(load_settings(config), packing={"strategy": "ebm-exact"})
+        exact = build_packer(Resources(settings))
+        fifo = exact.with_params(replace(settings.packing, strategy="fifo"))
         with stderr.status("loading the bundled embedding model..."):
             exact.warm_up()
         for path in demo_record_paths():

@@ -1,5 +1,5 @@
 """`ebmrag research "QUESTION"`: the research agent; `research export` writes fine-tuning data from its
-trajectories; `research score` scores them against gold answers (seed 004's reward parts)."""
+trajectories; `research score` scores them against gold answers (the reward's parts, research.trajectory)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from ebmrag.cli.common import (
     LlmOption,
     ModelOption,
     console,
+    settings_from,
     stderr,
     user_errors,
     write_jsonl,
@@ -53,20 +54,19 @@ def run(
     config: ConfigOption = None,
 ) -> None:
     """Research a question with the tools, then answer citing only what the tools showed. The run is logged."""
-    from ebmrag.demo import load_patient
-    from ebmrag.compose import require_llm_client
-    from ebmrag.compose.research import build_research_agent, trajectory_folder
+    from ebmrag.compose import build_research_agent, load_patient, open_resources, require_openai, trajectory_folder
     from ebmrag.research.trajectory import TrajectoryLog
 
     with user_errors():
-        settings = load_settings(config)
-        client = require_llm_client(settings, llm, model, base_url, "research")
+        settings = settings_from(config, llm=llm, base_url=base_url, model=model)
+        resources = open_resources(settings, kb)
+        client = require_openai(resources, "research")
         record = load_patient(patient) if patient else None
         with stderr.status("loading the knowledge base and the embedding model..."):
-            agent = build_research_agent(settings, client, kb, record, max_steps=max_steps)
+            agent = build_research_agent(resources, client, record, max_steps=max_steps)
         with stderr.status("researching (each step is one model call)..."):
             result = agent.run(question, record.patient_id if record else "")
-        log_file = TrajectoryLog(trajectory_folder(settings))
+        log_file = TrajectoryLog(trajectory_folder(resources))
         log_file.append(result)
     if as_json:
         typer.echo(json.dumps(result.to_json(), ensure_ascii=False, indent=1))
@@ -93,13 +93,13 @@ def export(
     config: ConfigOption = None,
 ) -> None:
     """Write fine-tuning data from logged research runs."""
-    from ebmrag.compose.research import trajectory_folder
+    from ebmrag.compose import Resources, trajectory_folder
     from ebmrag.research.trajectory import FORMATS, export_run, read_runs
 
     with user_errors():
         if format not in FORMATS:
             raise ValueError(f"--format must be one of {', '.join(FORMATS)}, got {format!r}")
-        source = trajectories or trajectory_folder(load_settings(config)) / "trajectories.jsonl"
+        source = trajectories or trajectory_folder(Resources(load_settings(config))) / "trajectories.jsonl"
         written = write_jsonl(out, (export_run(r, format) for r in read_runs(source)
                                     if include_unanswered or r.get("status") == "answered"))
     stderr.print(f"{written} runs -> {out} ({format})")
@@ -127,12 +127,12 @@ def score(
     config: ConfigOption = None,
 ) -> None:
     """Seed 004's reward parts per run: answer correctness, wasted tool calls, the total."""
-    from ebmrag.compose.research import trajectory_folder
+    from ebmrag.compose import Resources, trajectory_folder
     from ebmrag.research.trajectory import read_runs, score_run
 
     with user_errors():
         answers = _gold_answers(gold)
-        source = trajectories or trajectory_folder(load_settings(config)) / "trajectories.jsonl"
+        source = trajectories or trajectory_folder(Resources(load_settings(config))) / "trajectories.jsonl"
         scored: list[dict[str, Any]] = []
         for run_line in read_runs(source):
             key = run_line["run_id"] if run_line["run_id"] in answers else run_line["question"]

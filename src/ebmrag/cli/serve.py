@@ -75,9 +75,9 @@ def mcp(
     """Expose pack, ask, search, ddx and a patient's fragments as MCP tools, with the service's keys and scopes."""
     with user_errors():
         require_extra("mcp", "mcp", "ebmrag mcp")
-        from ebmrag.store.access import authenticate
         from ebmrag.serve.mcp import build_mcp_server, http_app
         from ebmrag.serve.service import Service
+        from ebmrag.store.access import authenticate
 
         if transport not in ("stdio", "http"):
             raise ValueError(f"--transport must be stdio or http, got {transport!r}")

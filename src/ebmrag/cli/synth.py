@@ -14,11 +14,11 @@ from ebmrag.cli.common import (
     KbOption,
     LlmOption,
     ModelOption,
+    settings_from,
     stderr,
     user_errors,
     write_jsonl,
 )
-from ebmrag.config import load_settings
 
 synth_app = typer.Typer(help="Synthesize training and evaluation data from a knowledge base.", no_args_is_help=True)
 
@@ -43,15 +43,15 @@ def questions(
     config: ConfigOption = None,
 ) -> None:
     """Rare entities -> the longest valid chunk-backed path -> a question, its gold answer and chunk chain."""
-    from ebmrag.compose import make_llm_client, make_retriever, open_kb
+    from ebmrag.compose import Resources, build_retriever, open_kb
     from ebmrag.research.synthesis import EntityGraph, chain_coverage, synthesize
 
     with user_errors():
-        settings = load_settings(config)
-        retriever = make_retriever(settings, open_kb(settings, kb))
-        client = make_llm_client(settings, llm, model, base_url)
+        resources = Resources.open(settings_from(config, llm=llm, base_url=base_url, model=model), kb)
+        retriever = build_retriever(resources)
+        client = resources.chat_client
         with stderr.status("building the entity graph..."):
-            graph = EntityGraph.from_kb(retriever)
+            graph = EntityGraph.from_kb(open_kb(resources.settings, kb, resources))
         with stderr.status("searching paths..."):
             made = synthesize(graph, n, min_hops, max_hops, rare_max, hub_max, seed=seed, bridge_max=bridge_max,
                               client=client)

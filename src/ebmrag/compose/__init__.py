@@ -1,51 +1,49 @@
-"""The composition root: settings -> a ready `Engine` or one of its parts. The CLI, the service and the
-results gateway build everything through here (the part builders live in `agent.parts`, below the
-engine, so `Engine.from_config` uses the same ones)."""
+"""The composition root: settings -> `Resources` (the shared models, built once) -> components.
 
-from __future__ import annotations
+The CLI, the service, MCP, the results gateway, the research agent, the framework drop-ins and the benchmarks
+build through here and nowhere else; command-line flags are applied once, as settings
+(`config.with_overrides`). A record is loaded at the edge by `load_patient` (a file in any format the
+record readers take, or a bundled demo name) and handed to `Engine.ask` as a `PatientRecord`.
+"""
 
-from pathlib import Path
-
-from ebmrag.answer.engine import Engine
-from ebmrag.compose.parts import (
+from ebmrag.compose.build import (
+    build_diagnoser,
+    build_engine,
+    build_engine_from,
+    build_finding_mapper,
     build_gate,
     build_packer,
-    cache_dir,
-    engine_parts,
-    make_chat_client,
-    make_llm_client,
-    make_retriever,
-    make_rewriter,
-    make_voter,
+    build_reranker,
+    build_research_agent,
+    build_retriever,
+    build_rewriter,
+    build_voter,
+    engine_from_dict,
     open_kb,
-    require_llm_client,
-    utility_params,
+    open_resources,
+    require_openai,
+    trajectory_folder,
 )
-from ebmrag.config import Settings
-from ebmrag.compose.research import build_diagnoser, build_finding_mapper, build_research_agent
+from ebmrag.compose.resources import Resources
+from ebmrag.demo import load_patient
 
 __all__ = [
+    "Resources",
     "build_diagnoser",
     "build_engine",
+    "build_engine_from",
     "build_finding_mapper",
     "build_gate",
     "build_packer",
+    "build_reranker",
     "build_research_agent",
-    "cache_dir",
-    "make_chat_client",
-    "make_llm_client",
-    "make_retriever",
-    "make_rewriter",
-    "make_voter",
+    "build_retriever",
+    "build_rewriter",
+    "build_voter",
+    "engine_from_dict",
+    "load_patient",
     "open_kb",
-    "require_llm_client",
-    "utility_params",
+    "open_resources",
+    "require_openai",
+    "trajectory_folder",
 ]
-
-
-def build_engine(settings: Settings, *, kb: str | Path | None = None, llm: str | None = None,
-                 base_url: str | None = None, model: str | None = None, window: int | None = None,
-                 retrieval: str | None = None, model_path: str | None = None) -> Engine:
-    """The answer engine the settings describe; flags override them. Without `kb`, the bundled demo KB."""
-    return Engine(**engine_parts(settings, kb=kb, llm=llm, base_url=base_url, model=model, window=window,
-                                 retrieval=retrieval, model_path=model_path))

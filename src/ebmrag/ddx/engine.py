@@ -1,4 +1,4 @@
-"""Bayesian differential diagnosis: P(D_j | s, c) ∝ Π_i P(s_i | D_j, c) · P(D_j | c)  (SPEC §6, seed 004).
+"""Bayesian differential diagnosis: P(D_j | s, c) ∝ Π_i P(s_i | D_j, c) · P(D_j | c); s the findings, c age and sex.
 
 Naive Bayes over the condition knowledge base, with the choices a plain version leaves open made explicit:
 

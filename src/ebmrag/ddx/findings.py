@@ -20,8 +20,8 @@ import numpy as np
 
 from ebmrag.ddx.knowledge import ConditionKB
 from ebmrag.evidence.entities import default_extractor
-from ebmrag.text.sentences import split_sentences
 from ebmrag.protocols import Embedder, Vectors
+from ebmrag.text.sentences import split_sentences
 
 FIRST_PERSON_NEGATION = re.compile(
     r"\b(?:i\s+(?:do|did|have|had|am|was)\s*n[o']t|i\s+(?:don't|didn't|haven't|hadn't|wasn't)|i'm\s+not|"

@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from ebmrag.errors import RecordError
+from ebmrag.evidence.tiers import TierClassifier
 from ebmrag.records.fragment import Fragment, PatientRecord, Tier
 from ebmrag.records.loaders import record_from_agentclinic
 from ebmrag.text.sentences import split_sentences
-from ebmrag.evidence.tiers import TierClassifier
 
 DATASETS = ("medqa", "agentclinic", "cmb")
 ENCOUNTER = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)

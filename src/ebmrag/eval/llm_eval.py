@@ -4,7 +4,9 @@ packed contexts on MedQA, and set-level diagnosis F1 on AgentClinic and CMB-Clin
 Nothing here runs in CI (no model on this machine); the logic is tested against a fake
 OpenAI-compatible server. Every reply is cached by the client, so rerunning a finished evaluation
 costs no tokens; `usage` in the output says what was spent.
-APR (seed 000): accuracy with the packed window / accuracy on the clean full vignette.
+APR (the EBM-Pack paper's): accuracy with the packed window / accuracy on the clean full vignette.
+The prompts are the `multiple_choice` and `diagnosis_list` steps of llm/prompts/steps/{en,zh}.toml, in a case's
+language; MIRAGE is English.
 """
 
 from __future__ import annotations
@@ -22,17 +24,13 @@ from ebmrag.errors import LLMError, RecordError
 from ebmrag.eval.diagnosis import IcdIndex, diagnosis_lines, set_scores
 from ebmrag.eval.packing_eval import PreparedCase
 from ebmrag.llm.openai import OpenAIChatClient
-from ebmrag.retrieve.search import HybridRetriever
+from ebmrag.llm.prompts import LANGUAGES, step_prompt
 from ebmrag.packing.packer import Packer
 from ebmrag.packing.utility import UtilityParams
 from ebmrag.protocols import ChatMessage
+from ebmrag.retrieve.search import HybridRetriever
 
 log = logging.getLogger(__name__)
-MC_SYSTEM = ("You are a careful physician answering a multiple-choice exam question. Use the context when it "
-             "helps. Reply with the letter of the single best option and nothing else.")
-DX_SYSTEM = {"en": "You are a diagnostician. From the patient information, list the most likely diagnoses, most "
-                   "likely first, one per line, at most three, names only.",
-             "zh": "你是一名诊断医生。根据病人资料列出最可能的诊断，按可能性排序，每行一个，最多三个，只写疾病名称。"}
 _LETTER = re.compile(r"\b([A-J])\b")
 
 
@@ -59,11 +57,12 @@ class DiagnosisRow:
     failed: int
 
 
-def choice_messages(question: str, options: Mapping[str, str], context: str = "") -> list[ChatMessage]:
-    lines = [f"Context:\n{context}\n" if context else "", f"Question: {question}", "Options:"]
-    lines += [f"{letter}. {text}" for letter, text in sorted(options.items())]
-    lines.append("Answer with one letter.")
-    return [ChatMessage("system", MC_SYSTEM), ChatMessage("user", "\n".join(x for x in lines if x))]
+def choice_messages(question: str, options: Mapping[str, str], context: str = "",
+                    language: str = "en") -> list[ChatMessage]:
+    prompt = step_prompt("multiple_choice", language)
+    block = prompt.render("context", context=context) if context else ""
+    listed = "\n".join(f"{letter}. {text}" for letter, text in sorted(options.items()))
+    return prompt.messages(context_block=block, question=question, options=listed)
 
 
 def parse_choice(reply: str, letters: Sequence[str]) -> str | None:
@@ -74,9 +73,11 @@ def parse_choice(reply: str, letters: Sequence[str]) -> str | None:
     return None
 
 
-def _ask_choice(client: OpenAIChatClient, question: str, options: Mapping[str, str], context: str) -> str | None:
+def _ask_choice(client: OpenAIChatClient, question: str, options: Mapping[str, str], context: str,
+                language: str = "en") -> str | None:
     try:
-        reply = client.complete(choice_messages(question, options, context), temperature=0.0, max_tokens=8)
+        reply = client.complete(choice_messages(question, options, context, language), temperature=0.0,
+                                max_tokens=8)
     except LLMError as exc:  # counted as unparsed in the row; the reason goes to the log
         log.warning("no answer to %r: %s", question[:60], exc)
         return None
@@ -113,7 +114,7 @@ def packing_accuracy(client: OpenAIChatClient, prepared: Sequence[PreparedCase],
     clean_correct = clean_unparsed = 0
     for item in cases:
         vignette = " ".join(f.text for f in item.case.record.fragments if f.source != "noise")
-        choice = _ask_choice(client, f"{vignette} {item.case.question}", item.case.options, "")
+        choice = _ask_choice(client, f"{vignette} {item.case.question}", item.case.options, "", _language(item))
         clean_unparsed += choice is None
         clean_correct += choice == item.case.answer
     oracle = 100.0 * clean_correct / max(len(cases), 1)
@@ -124,7 +125,7 @@ def packing_accuracy(client: OpenAIChatClient, prepared: Sequence[PreparedCase],
             correct = unparsed = 0
             for item in cases:
                 context = packer.pack(item.candidates(params), window).context
-                choice = _ask_choice(client, item.case.question, item.case.options, context)
+                choice = _ask_choice(client, item.case.question, item.case.options, context, _language(item))
                 unparsed += choice is None
                 correct += choice == item.case.answer
             accuracy = 100.0 * correct / max(len(cases), 1)
@@ -140,9 +141,9 @@ def diagnosis_f1(client: OpenAIChatClient, prepared: Sequence[PreparedCase], pac
         for window in windows:
             scores, failed = [], 0
             for item in prepared:
-                language = item.case.language if item.case.language in DX_SYSTEM else "en"
+                system = step_prompt("diagnosis_list", _language(item)).render("system")
                 context = packer.pack(item.candidates(params), window).context
-                messages = [ChatMessage("system", DX_SYSTEM[language]), ChatMessage("user", context)]
+                messages = [ChatMessage("system", system), ChatMessage("user", context)]
                 try:
                     reply = client.complete(messages, temperature=0.0, max_tokens=80).text
                 except LLMError as exc:  # counted in the row's `failed`; the reason goes to the log
@@ -155,6 +156,11 @@ def diagnosis_f1(client: OpenAIChatClient, prepared: Sequence[PreparedCase], pac
             rows.append(DiagnosisRow(prepared[0].case.dataset if prepared else "", packer.name, window, len(prepared),
                                      mean["precision"], mean["recall"], mean["f1"], failed))
     return rows
+
+
+def _language(item: PreparedCase) -> str:
+    """The case's language when there are prompts in it, else English."""
+    return item.case.language if item.case.language in LANGUAGES else "en"
 
 
 def rows_json(rows: Sequence[AccuracyRow | DiagnosisRow]) -> list[dict[str, Any]]:

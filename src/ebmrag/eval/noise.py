@@ -1,4 +1,4 @@
-"""Noise injection for packing experiments (seed 000 §3.1): an overflowing record around each case's signal.
+"""Noise injection as in the EBM-Pack paper's experiments: an overflowing record around each case's signal.
 
 Per case, N noise fragments are added (default N = 12 per signal fragment, the paper's 1:12):
 40 % templated filler (routine follow-up and administrative lines, generated here from our own

@@ -3,7 +3,7 @@
 Definitions (percentages, pooled over all critical fragments of all cases):
 - critical fragment: a signal fragment whose gold tier is T1 or T2 (gold = field label or classifier,
   see eval.cases); noise is never critical.
-- RRCE (seed 000): share of critical fragments packed in any state.
+- RRCE (the EBM-Pack paper's retention rate of critical evidence): share of critical fragments packed in any state.
 - entity RRCE: share of critical fragments packed with every key entity intact (all non-date
   entities of the fragment appear in its packed text); catches a fragment kept but cut.
 - entity ceiling: the best entity RRCE any packing can reach in the window. Every critical fragment
@@ -24,15 +24,15 @@ from dataclasses import asdict, dataclass, replace
 
 from ebmrag.eval.cases import EvalCase
 from ebmrag.evidence.entities import EntityExtractor, EntityKind, default_extractor
-from ebmrag.records.fragment import Tier
-from ebmrag.models.text_classifier import LinearTextClassifier
 from ebmrag.evidence.tiers import BUNDLED_TIER_MODEL, TierClassifier
+from ebmrag.models.text_classifier import LinearTextClassifier
 from ebmrag.packing.dedup import collapse_duplicates
 from ebmrag.packing.exact import ExactPacker
 from ebmrag.packing.packer import Packer
 from ebmrag.packing.types import Candidate, DroppedFragment, PackResult
 from ebmrag.packing.utility import CandidateBuilder, MeasuredFragment, UtilityParams, score_candidates
 from ebmrag.protocols import Progress
+from ebmrag.records.fragment import Tier
 
 
 def entity_keys(text: str, extractor: EntityExtractor | None = None) -> frozenset[tuple[str, str, bool]]:

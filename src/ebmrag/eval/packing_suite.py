@@ -1,4 +1,4 @@
-"""The EBM-Pack experiments (seed 000 §3, issue 3): one function per table, all from one prepared case set.
+"""The EBM-Pack paper's experiments (issue 3): one function per table, all from one prepared case set.
 
 (a) RRCE by window and strategy; (b) noise sweep at 512; (c) k_min; (d) tier-weight grid chosen on a
 validation split and reported on the disjoint test split; (e) ε × λ grid; (f) greedy vs exact. Each

@@ -19,11 +19,12 @@ from pathlib import Path
 import numpy as np
 
 from ebmrag.errors import EbmragError
-from ebmrag.retrieve.query_rewrite import Rewrite
 from ebmrag.index.backend import KnowledgeStore
-from ebmrag.retrieve.fusion import Ranked, fuse, top, with_focus
-from ebmrag.retrieve.search import HybridRetriever
 from ebmrag.index.types import Reranker
+from ebmrag.retrieve.fusion import Ranked, fuse, top, with_focus
+from ebmrag.retrieve.params import RetrievalParams
+from ebmrag.retrieve.query_rewrite import Rewrite
+from ebmrag.retrieve.search import HybridRetriever
 
 DATASETS = ("liveqa", "pubmedqa", "medquad")
 CHUNK_DEPTH = 100
@@ -152,7 +153,8 @@ class RouteCache:
         reader = kb.reader()
         self.unit_of_row = {c.row: (c.section_id or c.doc_id) if unit == "section" else c.doc_id
                             for c in reader.iter_chunks()}
-        retriever = HybridRetriever(kb, "hybrid", route_depth=CHUNK_DEPTH)
+        retriever = HybridRetriever(kb, RetrievalParams(mode="hybrid", fusion="rrf", bm25_weight=1.0, dense_weight=1.0,
+                                                    route_depth=CHUNK_DEPTH))
         focus = [retriever.focus_query(q.text) if with_focus else "" for q in queries]
         retriever.prepare([q.text for q in queries] + [f for f in focus if f])  # one embedding batch
         self.routes = [self._routes(retriever, q.text, f) for q, f in zip(queries, focus, strict=True)]
@@ -221,7 +223,8 @@ class RetrievalReport:
 def rewritten(cache: RouteCache, kb: KnowledgeStore, fusion: str, weights: tuple[float, float],
               rewrite: Callable[[str], Rewrite]) -> Scores:
     """Hybrid with each question's model rewordings and hypothetical passage, as `search --expand --hyde` runs."""
-    retriever = HybridRetriever(kb, "hybrid", fusion, weights)
+    retriever = HybridRetriever(kb, RetrievalParams(mode="hybrid", fusion=fusion, bm25_weight=weights[0],
+                                                dense_weight=weights[1]))
     scores = []
     for query in cache.queries:
         done = rewrite(query.text)
@@ -243,7 +246,8 @@ def evaluate_retrieval(kb: KnowledgeStore, dataset: str, queries: Sequence[Query
     modes = {"bm25": cache.evaluate(fuser(fusion, (1.0, 0.0))), "dense": cache.evaluate(fuser(fusion, (0.0, 1.0))),
              "hybrid": cache.evaluate(hybrid)}
     if reranker is not None:
-        modes["hybrid+rerank"] = cache.evaluate(reranked(hybrid, HybridRetriever(kb), reranker))
+        modes["hybrid+rerank"] = cache.evaluate(reranked(hybrid, HybridRetriever(kb, RetrievalParams(
+            fusion="rrf", bm25_weight=1.0, dense_weight=1.0)), reranker))
     if rewrite is not None:
         modes["hybrid+rewrite"] = rewritten(cache, kb, fusion, weights, rewrite)
     variants = {f"{f} bm25={w[0]} dense={w[1]}" + (f" focus={fw}" if fw else ""):

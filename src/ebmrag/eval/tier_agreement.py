@@ -19,9 +19,9 @@ from typing import Any
 
 from ebmrag.errors import RecordError
 from ebmrag.eval.cases import cmb_case, field_label
+from ebmrag.evidence.tiers import TierClassifier
 from ebmrag.records.fragment import Tier
 from ebmrag.records.loaders import load_records
-from ebmrag.evidence.tiers import TierClassifier
 
 
 @dataclass(frozen=True)

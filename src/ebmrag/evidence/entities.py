@@ -1,4 +1,4 @@
-"""Clinical entity extraction and the entity-preserving compressed state B (SPEC §2).
+"""Clinical entity extraction and the entity-preserving compressed state B of T1/T2 fragments.
 
 State B keeps the clauses that carry key entities (values with units, test names, named findings,
 drug/allergen names, positive/negative conclusions) and drops the rest. Negation is protected by
@@ -19,8 +19,8 @@ from functools import cache
 from pathlib import Path
 
 from ebmrag.errors import ConfigError
-from ebmrag.text.sentences import split_sentences
 from ebmrag.kvcache import KeyValueCache, digest
+from ebmrag.text.sentences import split_sentences
 
 DEFAULT_LEXICON_PATH = Path(__file__).parent / "rules" / "entities.toml"
 

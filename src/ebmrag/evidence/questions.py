@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from ebmrag.errors import ConfigError
-from ebmrag.records.fragment import PatientRecord
 from ebmrag.evidence.tiers import normalize_section
+from ebmrag.records.fragment import PatientRecord
 
 DEFAULT_QUESTION_RULES = Path(__file__).parent / "rules" / "questions.toml"
 

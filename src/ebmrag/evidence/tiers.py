@@ -1,4 +1,4 @@
-"""Rule-based evidence tier classifier (SPEC §2, seed 000 §2.1).
+"""Rule-based tier classifier: T1 pathology, genetics, high-risk allergy; T2 imaging, labs; T3 exam; T4 patient report.
 
 The rules live in a TOML file (`rules/tiers.toml`) that a clinician can read and extend; this
 module only loads, validates and applies them. The first matching rule wins and its id is kept
@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from ebmrag.errors import ConfigError
-from ebmrag.records.fragment import PatientRecord, Tier, TierDecision
 from ebmrag.evidence.lexicon import drug_mentions
-from ebmrag.models.text_classifier import LinearTextClassifier
 from ebmrag.kvcache import KeyValueCache, digest
+from ebmrag.models.text_classifier import LinearTextClassifier
+from ebmrag.records.fragment import PatientRecord, Tier, TierDecision
 
 DEFAULT_RULES_PATH = Path(__file__).parent / "rules" / "tiers.toml"
 MODEL_T1_MIN = 0.85  # below this the model's T1 is not taken (T1 precision; measured in docs/results/tiers.md)

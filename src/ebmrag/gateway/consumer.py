@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ebmrag.errors import require_extra
-from ebmrag.store.results import MessageError, apply_message, parse_message
 from ebmrag.store.patients import PatientStore
+from ebmrag.store.results import MessageError, apply_message, parse_message
 
 log = logging.getLogger(__name__)
 STREAM, GROUP, DEAD = "ebmrag:results", "ebmrag", "ebmrag:results:dead"

@@ -1,10 +1,10 @@
-"""Context assembly for retrieved evidence (SPEC §5, seeds 001/002).
+"""Context assembly for retrieved evidence: dedup, per-source cap, sentence-end cut, ordering.
 
 Hits are taken best first; a hit whose words overlap an already kept hit by Jaccard ≥ 0.8 is a
 near-duplicate and dropped; at most 3 chunks come from one document, so one long source cannot fill
 the window; the last chunk that does not fit is cut at a sentence end found in its last 10 % of the
 room left (a cut mid-sentence would hand the model a half-claim), or left out. The result keeps the
-fixed dict shape of the spec (`to_json`) and the reason every hit was left out.
+fixed dict shape {"context_text", "metadata", "selected_chunks"} (`to_json`) and the reason every hit was left out.
 Ordering: relevance_first, or edges_first (best at both ends, weakest in the middle, against
 "lost in the middle").
 """
@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ebmrag.text.sentences import split_sentences
 from ebmrag.index.types import SearchHit
 from ebmrag.protocols import TokenCounter
+from ebmrag.text.sentences import split_sentences
 
 ORDERINGS = ("relevance_first", "edges_first")
 _WORD = re.compile(r"\w+", re.UNICODE)

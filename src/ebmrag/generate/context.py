@@ -20,10 +20,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
-from ebmrag.records.fragment import Fragment, PatientRecord, Tier, TierDecision
 from ebmrag.generate.assembler import SelectedChunk, edges_first
-from ebmrag.packing.types import PackReason, PackResult
+from ebmrag.packing.types import EvidenceItem, PackReason, PackResult
 from ebmrag.packing.utility import fragment_header
+from ebmrag.records.fragment import Fragment, PatientRecord, Tier, TierDecision
 
 AUTHORITY_TIERS = {"guideline": Tier.T3, "systematic_review": Tier.T3}
 PATIENT, EVIDENCE = "patient", "evidence"
@@ -31,6 +31,11 @@ PATIENT, EVIDENCE = "patient", "evidence"
 
 def evidence_tier(authority: str) -> Tier:
     return AUTHORITY_TIERS.get(authority, Tier.T4)
+
+
+def evidence_decision(authority: str) -> TierDecision:
+    """Outside evidence is tiered by its authority and never decays with the patient's timeline."""
+    return TierDecision(evidence_tier(authority), f"authority:{authority}", standing=True)
 
 
 @dataclass(frozen=True)
@@ -59,23 +64,19 @@ class Numbering:
     """Citation numbers and line headers fixed before packing, keyed by packer fragment id."""
 
     patient: tuple[Fragment, ...]
-    evidence: tuple[Fragment, ...]
+    evidence: tuple[EvidenceItem, ...]
     chunks: tuple[SelectedChunk, ...]
 
     @property
-    def fragments(self) -> list[Fragment]:
-        return [*self.patient, *self.evidence]
+    def ids(self) -> list[str]:
+        """Packer ids in number order: the record's fragments, then the evidence items."""
+        return [*(f.id for f in self.patient), *(e.id for e in self.evidence)]
 
     @cached_property
     def headers(self) -> list[str]:
-        lines = []
-        for n, fragment in enumerate(self.fragments, 1):
-            if n <= len(self.patient):
-                lines.append(fragment_header(fragment, n))
-            else:
-                chunk = self.chunks[n - len(self.patient) - 1]
-                lines.append(f"[{n}|{chunk.hit.authority}]")
-        return lines
+        lines = [fragment_header(fragment, n) for n, fragment in enumerate(self.patient, 1)]
+        first = len(self.patient) + 1
+        return lines + [f"[{n}|{chunk.hit.authority}]" for n, chunk in enumerate(self.chunks, first)]
 
 
 def evidence_key(chunk_id: str) -> str:
@@ -86,9 +87,8 @@ def evidence_key(chunk_id: str) -> str:
 def number_context(record: PatientRecord, chunks: Sequence[SelectedChunk]) -> Numbering:
     """`record` must be classified (tiers set); chunks come in the assembler's order."""
     evidence = tuple(
-        Fragment(evidence_key(c.hit.chunk_id), record.patient_id, c.text, c.hit.section or None, None,
-                 c.hit.doc_id, TierDecision(evidence_tier(c.hit.authority), f"authority:{c.hit.authority}",
-                                            standing=True))
+        EvidenceItem(evidence_key(c.hit.chunk_id), c.text, evidence_decision(c.hit.authority), c.hit.section or None,
+                     c.hit.doc_id)
         for c in chunks
     )
     return Numbering(record.fragments, evidence, tuple(chunks))
@@ -97,7 +97,7 @@ def number_context(record: PatientRecord, chunks: Sequence[SelectedChunk]) -> Nu
 def context_items(numbering: Numbering, result: PackResult) -> list[ContextItem]:
     """The packed lines as citable items, patient first (record order) then evidence (rank order)."""
     headers = numbering.headers
-    position = {f.id: i for i, f in enumerate(numbering.fragments)}
+    position = {fid: i for i, fid in enumerate(numbering.ids)}
     items = []
     for packed in result.packed:
         i = position[packed.fragment_id]

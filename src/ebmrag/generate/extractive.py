@@ -14,15 +14,14 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cache
 from typing import Any
 
-from ebmrag.records.fragment import Tier
-from ebmrag.text.sentences import split_sentences
 from ebmrag.evidence.tiers import TierClassifier
 from ebmrag.generate.context import EVIDENCE, PATIENT, ContextItem
 from ebmrag.generate.injection import is_instruction
 from ebmrag.llm.prompts import with_warning
+from ebmrag.records.fragment import Tier
+from ebmrag.text.sentences import split_sentences
 
 TIER_HEADINGS = {Tier.T1: "Decisive findings (pathology, genetics, high-risk allergies)",
                  Tier.T2: "Objective results (laboratory, imaging)", Tier.T3: "Examination",
@@ -73,19 +72,14 @@ class _Candidate:
         return self.key, self.decisive, self.overlap, self.item.utility, -self.item.rank
 
 
-@cache
-def _rules() -> TierClassifier:
-    return TierClassifier()
-
-
-def _sentences(item: ContextItem, asked: set[str]) -> list[_Candidate]:
+def _sentences(item: ContextItem, asked: set[str], rules: TierClassifier) -> list[_Candidate]:
     """The item's sentences, cited and scored; instruction-like ones are not findings and stay out (see
     injection), nor are sentences that only say nothing was recorded."""
     texts = [s.text.strip() for s in split_sentences(item.body)]
     texts = [t for t in texts if t and not is_instruction(t) and not _EMPTY.search(t)]
     found = []
     for text in texts:
-        decision = _rules().rule_decision(text, item.section)  # a pathology report's every sentence is decisive
+        decision = rules.rule_decision(text, item.section)  # a pathology report's every sentence is decisive
         decisive = decision is not None and decision.tier in (Tier.T1, Tier.T2)
         words = set(_WORDS.findall(text.lower()))
         overlap = len(words & asked) / len(asked) if asked else 0.0
@@ -95,11 +89,11 @@ def _sentences(item: ContextItem, asked: set[str]) -> list[_Candidate]:
     return ranked[:1] + [c for c in ranked[1:] if c.decisive or c.overlap > 0]
 
 
-def _select(items: Sequence[ContextItem], question: str, limit: int) -> list[_Candidate]:
+def _select(items: Sequence[ContextItem], question: str, limit: int, rules: TierClassifier) -> list[_Candidate]:
     """Key facts first (must-keep items' decisive sentences), then decisive sentences, then the question's
     words, then the packer's utility, up to `limit` sentences and PER_ITEM per context line."""
     asked = set(_WORDS.findall(question.lower()))
-    pool = [c for item in items for c in _sentences(item, asked)]
+    pool = [c for item in items for c in _sentences(item, asked, rules)]
     return sorted(pool, key=lambda c: c.score, reverse=True)[:limit]
 
 
@@ -124,17 +118,18 @@ def _grouped(chosen: Sequence[_Candidate], headings: dict[Tier, str], claims: li
     return lines
 
 
-def extractive_brief(question: str, items: Sequence[ContextItem], warning: str = "",
+def extractive_brief(question: str, items: Sequence[ContextItem], rules: TierClassifier, warning: str = "",
                      patient_sentences: int = 12, evidence_sentences: int = 8) -> Brief:
     """The patient sentences most worth reading for this question (key facts, then by tier), then the
-    knowledge base's, each list capped so the brief stays short; every sentence cites its context line."""
+    knowledge base's, each list capped so the brief stays short; every sentence cites its context line.
+    `rules`: the tier rules the user configured (a decisive sentence is one they tier T1/T2)."""
     if patient_sentences < 1 or evidence_sentences < 0:
         raise ValueError("the brief needs >= 1 patient sentence and >= 0 evidence sentences")
     claims: list[str] = []
     lines = [f"Evidence brief for: {question}", ""]
-    patient = _select([i for i in items if i.kind == PATIENT], question, patient_sentences)
+    patient = _select([i for i in items if i.kind == PATIENT], question, patient_sentences, rules)
     lines += _grouped(patient, TIER_HEADINGS, claims, key_facts=True)
-    evidence = _select([i for i in items if i.kind == EVIDENCE], question, evidence_sentences)
+    evidence = _select([i for i in items if i.kind == EVIDENCE], question, evidence_sentences, rules)
     if evidence:
         lines += ["From the knowledge base:", *_grouped(evidence, EVIDENCE_HEADINGS, claims, key_facts=False)]
     shown = {c.item.n for c in (*patient, *evidence)}

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ebmrag.evidence.entities import EntityExtractor, EntityKind, default_extractor
-from ebmrag.text.sentences import split_sentences
 from ebmrag.protocols import Embedder
+from ebmrag.text.sentences import split_sentences
 
 _CITATION = re.compile(r"\s*\[\d+(?:\s*,\s*\d+)*\]")
 _TOKEN = re.compile(r"[a-z0-9]+(?:\.[0-9]+)?|[\u4e00-\u9fff]", re.IGNORECASE)

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ebmrag.text.sentences import split_sentences
 from ebmrag.generate.context import ContextItem
+from ebmrag.text.sentences import split_sentences
 
 INSTRUCTION = re.compile(
     r"\b(ignore|disregard|forget|override)\b[^.]{0,40}\b(instructions?|prompts?|rules|above|previous|prior|context)\b"

@@ -16,14 +16,14 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from ebmrag.config import KnowledgeBaseConfig, Settings
-from ebmrag.models.embeddings import SentenceEmbedder
 from ebmrag.index import store
 from ebmrag.index.analyzer import Analyzer
 from ebmrag.index.lexical import Rows, Scores
+from ebmrag.index.params import KnowledgeBaseConfig, StorageSettings
 from ebmrag.index.prepare import EmbeddingPipeline
 from ebmrag.index.types import Filters, IngestReport, KnowledgeBaseStats
 from ebmrag.ingest.documents import Document
+from ebmrag.models.embeddings import SentenceEmbedder
 from ebmrag.protocols import Progress
 
 
@@ -102,20 +102,19 @@ def knowledge_base_from_dict(data: dict[str, Any] | str, embedder: SentenceEmbed
     return KnowledgeBase.from_dict(data, embedder)
 
 
-def open_knowledge_base(settings: Settings, path: Path | None, cache_dir: Path | None = None,
-                        embedder: SentenceEmbedder | None = None) -> KnowledgeStore:
+def open_knowledge_base(config: KnowledgeBaseConfig, storage: StorageSettings, path: Path | None,
+                        cache_dir: Path | None = None, embedder: SentenceEmbedder | None = None) -> KnowledgeStore:
     """The configured backend: `[kb] backend = "milvus"` opens the collection named by the path's last part
     (default "ebmrag") on `[kb] uri`; otherwise the directory `path`."""
-    storage = settings.storage
     if storage.backend == "milvus":
         from ebmrag.index.milvus import MilvusKnowledgeBase
 
         name = path.name if path is not None else "ebmrag"
-        return MilvusKnowledgeBase(storage.uri, name, settings.kb, cache_dir=cache_dir, embedder=embedder)
+        return MilvusKnowledgeBase(storage.uri, name, config, cache_dir=cache_dir, embedder=embedder)
     from ebmrag.index.kb import KnowledgeBase
 
     if path is None:
         raise ValueError("the embedded knowledge base needs a directory (--kb DIR)")
     exists = (path / "CURRENT").exists()
-    return KnowledgeBase(path, settings.kb if not exists else None, cache_dir=cache_dir, embedder=embedder,
+    return KnowledgeBase(path, config if not exists else None, cache_dir=cache_dir, embedder=embedder,
                          storage=storage)

@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ebmrag.config import KnowledgeBaseConfig
 from ebmrag.errors import IngestError, require_extra
+from ebmrag.index.params import KnowledgeBaseConfig
 from ebmrag.index.prepare import BATCH_DOCUMENTS, Embedded, PreparedBatch, Preparer
 from ebmrag.ingest.documents import Document
 from ebmrag.ingest.pipeline import read_one

@@ -21,18 +21,18 @@ from typing import Any
 
 import numpy as np
 
-from ebmrag.config import KnowledgeBaseConfig, StorageSettings
 from ebmrag.errors import IngestError, KnowledgeBaseError
-from ebmrag.models.embeddings import SentenceEmbedder
 from ebmrag.index import generations, merge, store
 from ebmrag.index.analyzer import Analyzer
 from ebmrag.index.dense import HNSW_FILE
 from ebmrag.index.lexical import TermCounts
+from ebmrag.index.params import KnowledgeBaseConfig, StorageSettings
 from ebmrag.index.prepare import EmbeddingPipeline, LocalPipeline, PreparedBatch, index_text
 from ebmrag.index.reader import FORMAT_VERSION, MANIFEST, Reader, read_manifest
 from ebmrag.index.segment import SegmentBuilder, SegmentEntry, collect_garbage, next_name, write_deletes
 from ebmrag.index.types import IngestReport, KnowledgeBaseStats
 from ebmrag.ingest.documents import Document
+from ebmrag.models.embeddings import SentenceEmbedder
 from ebmrag.protocols import Progress
 
 __all__ = ["IngestReport", "KnowledgeBase", "Reader", "index_text", "kb_embedder"]

@@ -20,11 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from ebmrag.config import KnowledgeBaseConfig
 from ebmrag.index import store
 from ebmrag.index.dense import HNSW_FILE, VECTORS_FILE, DenseIndex
 from ebmrag.index.generations import fsync_dir
 from ebmrag.index.lexical import LexicalSegment, TermCounts
+from ebmrag.index.params import KnowledgeBaseConfig
 from ebmrag.index.segment import (
     SEGMENT_FILE,
     Segment,

@@ -34,17 +34,17 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ebmrag.config import KnowledgeBaseConfig
 from ebmrag.errors import IngestError, KnowledgeBaseError, require_extra
-from ebmrag.models.embeddings import SentenceEmbedder
 from ebmrag.index import store
 from ebmrag.index.analyzer import Analyzer
 from ebmrag.index.kb import classify, kb_embedder
 from ebmrag.index.lexical import Rows, Scores
 from ebmrag.index.milvus_schema import LIMITS, create_collections
+from ebmrag.index.params import KnowledgeBaseConfig
 from ebmrag.index.prepare import EmbeddingPipeline, LocalPipeline, PreparedBatch
 from ebmrag.index.types import Filters, IngestReport, KnowledgeBaseStats
 from ebmrag.ingest.documents import Document
+from ebmrag.models.embeddings import SentenceEmbedder
 from ebmrag.protocols import Progress
 
 MANIFEST_ID = "__ebmrag_manifest__"

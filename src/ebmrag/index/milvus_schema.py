@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ebmrag.config import KnowledgeBaseConfig
 from ebmrag.errors import require_extra
+from ebmrag.index.params import KnowledgeBaseConfig
 
 HNSW_M, HNSW_EF_CONSTRUCTION = 16, 200  # as the embedded backend's graphs
 # Milvus strings have a fixed maximum length: a document whose value exceeds one is refused, named.

@@ -21,13 +21,13 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from ebmrag.models.embeddings import SentenceEmbedder
-from ebmrag.models.tokens import HuggingFaceTokenCounter
 from ebmrag.index import store
 from ebmrag.index.analyzer import Analyzer
 from ebmrag.index.lexical import TermCounts
 from ebmrag.ingest.chunking import ChunkerBySource
 from ebmrag.ingest.documents import Document
+from ebmrag.models.embeddings import SentenceEmbedder
+from ebmrag.models.tokens import HuggingFaceTokenCounter
 
 BATCH_DOCUMENTS = 64
 MIN_DOCUMENTS_FOR_WORKERS = 256

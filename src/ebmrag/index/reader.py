@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from ebmrag.config import KnowledgeBaseConfig
 from ebmrag.errors import KnowledgeBaseError
 from ebmrag.index import store
 from ebmrag.index.dense import Vectors
 from ebmrag.index.lexical import LexicalIndex, Mask, Rows, Scores
+from ebmrag.index.params import KnowledgeBaseConfig
 from ebmrag.index.segment import Segment, SegmentEntry
 from ebmrag.index.types import Filters
 

@@ -59,7 +59,7 @@ class SearchHit:
 
 
 class Reranker(Protocol):
-    """Reorders the hits of one query, best first; may drop hits, never invents them (see index.rerank)."""
+    """Reorders the hits of one query, best first; may drop hits, never invents them (see retrieve.rerank)."""
 
     def rerank(self, query: str, hits: Sequence[SearchHit]) -> list[SearchHit]: ...
 

@@ -1,7 +1,7 @@
 """Chunkers that keep document id, section, position and exact character offsets for citations.
 
 Every chunk satisfies `document.text[chunk.char_start:chunk.char_end] == chunk.text`, so an answer
-can quote and highlight its evidence. Four strategies (SPEC §3):
+can quote and highlight its evidence. Four strategies:
 
 - fixed: windows of `size` tokens with `overlap` tokens, blind to structure;
 - recursive: split on "\\n\\n\\n", "\\n\\n", "\\n", ". ", " " until pieces fit, then merge;
@@ -18,8 +18,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ebmrag.text.sentences import split_sentences
 from ebmrag.ingest.documents import Document, Section
+from ebmrag.text.sentences import split_sentences
 
 Span = tuple[int, int]
 Measure = Callable[[str], int]

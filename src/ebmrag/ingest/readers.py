@@ -16,9 +16,9 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 from ebmrag.errors import IngestError, require_extra
-from ebmrag.records.fragment import lone_surrogate
 from ebmrag.ingest.corpora import recognise_record
 from ebmrag.ingest.documents import AUTHORITIES, Document, DocumentBuilder, Section, normalize_text
+from ebmrag.records.fragment import lone_surrogate
 
 SUFFIXES = {".txt": "txt", ".text": "txt", ".md": "markdown", ".markdown": "markdown", ".html": "html",
             ".htm": "html", ".pdf": "pdf", ".jsonl": "jsonl"}

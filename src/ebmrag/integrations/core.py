@@ -16,13 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ebmrag.config import Settings, load_settings
-from ebmrag.demo import load_patient
-from ebmrag.records.fragment import Fragment, PatientRecord, TierDecision
-from ebmrag.compose import build_packer
-from ebmrag.generate.context import evidence_key, evidence_tier
+from ebmrag.compose import Resources, build_packer, load_patient
+from ebmrag.config import Settings, load_settings, with_overrides
+from ebmrag.generate.context import evidence_decision, evidence_key
 from ebmrag.packing.packer import ContextPacker
-from ebmrag.packing.types import PackResult, validate_window
+from ebmrag.packing.types import EvidenceItem, PackResult, validate_window
+from ebmrag.records.fragment import PatientRecord
 
 PATIENT, EVIDENCE = "patient", "evidence"
 RecordSource = PatientRecord | str | Path
@@ -100,7 +99,8 @@ class EvidencePacker:
     def packer(self) -> ContextPacker:
         with self._building:
             if self._packer is None:
-                self._packer = build_packer(self.settings, self.strategy)
+                settings = with_overrides(self.settings, packing={"strategy": self.strategy})
+                self._packer = build_packer(Resources(settings))
         return self._packer
 
     def warm_up(self) -> None:
@@ -114,20 +114,19 @@ class EvidencePacker:
         if len(set(ids)) != len(ids):
             raise ValueError(f"passage ids must be unique; repeated: {sorted({i for i in ids if ids.count(i) > 1})}")
         patient = resolve_record(record) if record is not None else self.record
-        base = patient or PatientRecord("no-patient", ())
-        evidence = [Fragment(evidence_key(p.id), base.patient_id, p.text, None, None, None,
-                             TierDecision(evidence_tier(p.authority), f"authority:{p.authority or 'none'}",
-                                          standing=True)) for p in passages if p.text.strip()]
+        evidence = [EvidenceItem(evidence_key(p.id), p.text, evidence_decision(p.authority or "none"))
+                    for p in passages if p.text.strip()]
         with self._lock:
-            result = self.packer.run(base, question, self.budget, evidence=evidence)
-        return _selection(result, base, passages, self.budget)
+            result = self.packer.run(patient, question, self.budget, evidence=evidence)
+        return _selection(result, patient, passages, self.budget)
 
     def to_dict(self) -> dict[str, Any]:
         return {"budget": self.budget, "strategy": self.strategy, "packer": self.packer.to_dict()}
 
 
-def _selection(result: PackResult, record: PatientRecord, passages: Sequence[Passage], budget: int) -> Selection:
-    order = {f.id: i for i, f in enumerate(record.fragments)}
+def _selection(result: PackResult, record: PatientRecord | None, passages: Sequence[Passage],
+               budget: int) -> Selection:
+    order = {f.id: i for i, f in enumerate(record.fragments if record else ())}
     order.update({evidence_key(p.id): len(order) + i for i, p in enumerate(passages)})
     passage_of = {evidence_key(p.id): p.id for p in passages}
 

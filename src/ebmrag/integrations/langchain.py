@@ -25,9 +25,10 @@ from langchain_core.documents.compressor import BaseDocumentCompressor  # noqa: 
 from langchain_core.embeddings import Embeddings  # noqa: E402
 from pydantic import ConfigDict, PrivateAttr  # noqa: E402
 
+from ebmrag.compose import Resources  # noqa: E402
 from ebmrag.config import Settings  # noqa: E402
-from ebmrag.models.embeddings import SentenceEmbedder  # noqa: E402
 from ebmrag.integrations.core import PATIENT, EvidencePacker, Passage, Placed, RecordSource, Selection  # noqa: E402
+from ebmrag.models.embeddings import SentenceEmbedder  # noqa: E402
 from ebmrag.packing.packer import ContextPacker  # noqa: E402
 
 
@@ -75,7 +76,7 @@ class EbmragEmbeddings(Embeddings):
     """LangChain's `Embeddings` over ebmrag's embedder (the bundled MiniLM by default); nothing downloaded."""
 
     def __init__(self, embedder: SentenceEmbedder | None = None) -> None:
-        self.embedder = embedder or SentenceEmbedder()
+        self.embedder = embedder or Resources(Settings()).embedder
 
     def embed_documents(self, texts: list[str]) -> list[list[float]]:
         return [[float(x) for x in row] for row in self.embedder.embed(texts)]

@@ -23,9 +23,10 @@ from llama_index.core.postprocessor.types import BaseNodePostprocessor  # noqa: 
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode  # noqa: E402
 from pydantic import Field, PrivateAttr  # noqa: E402
 
+from ebmrag.compose import Resources  # noqa: E402
 from ebmrag.config import Settings  # noqa: E402
-from ebmrag.models.embeddings import SentenceEmbedder  # noqa: E402
 from ebmrag.integrations.core import PATIENT, EvidencePacker, Passage, Placed, RecordSource, Selection  # noqa: E402
+from ebmrag.models.embeddings import SentenceEmbedder  # noqa: E402
 from ebmrag.packing.packer import ContextPacker  # noqa: E402
 
 METADATA_KEYS = ("ebmrag_kind", "ebmrag_tier", "ebmrag_state", "ebmrag_reason")
@@ -89,7 +90,7 @@ class EbmragEmbedding(BaseEmbedding):
     _embedder: SentenceEmbedder = PrivateAttr()
 
     def __init__(self, embedder: SentenceEmbedder | None = None, **kwargs: Any) -> None:
-        embedder = embedder or SentenceEmbedder()
+        embedder = embedder or Resources(Settings()).embedder
         super().__init__(model_name=embedder.model_name, embed_batch_size=512, **kwargs)
         self._embedder = embedder
 

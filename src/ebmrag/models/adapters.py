@@ -8,7 +8,7 @@ what the base model costs. `bench/finetune_minilm.py --lora-rank` writes them. T
 A file's sha256 is part of the embedder's name, so caches and knowledge bases never mix two deltas.
 A delta may also carry whole tensors that replace the base model's (a reranker's new scoring head, its biases and
 layer norms): small next to the layers, and not low-rank. That is how a cross-encoder trained from the bundled
-MiniLM (`bench/train_reranker.py --compress`) travels as a few MB (`index.rerank`).
+MiniLM (`bench/train_reranker.py --compress`) travels as a few MB (`retrieve.rerank`).
 """
 
 from __future__ import annotations

@@ -19,12 +19,13 @@ from typing import Any
 
 import numpy as np
 
-from ebmrag.config import EMBEDDING_PRECISIONS
 from ebmrag.errors import ModelUnavailableError
+from ebmrag.kvcache import KeyValueCache
 from ebmrag.models.adapters import delta_digest, load_delta, resolve_delta
 from ebmrag.models.tokens import bundled_model_dir
-from ebmrag.kvcache import KeyValueCache
 from ebmrag.protocols import Vectors
+
+EMBEDDING_PRECISIONS = ("auto", "fp32", "bf16", "int8")  # auto: bf16 where the CPU has it natively, else fp32
 
 
 def default_cache_dir() -> Path:

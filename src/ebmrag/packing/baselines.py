@@ -1,4 +1,4 @@
-"""The three baselines EBM-Pack is measured against (SPEC §2, seed 000 §3.1).
+"""The three baselines EBM-Pack is measured against, as the EBM-Pack paper defines them.
 
 - fifo: the candidate queue in record order, full text, until the first fragment that does not fit.
 - semantic: the same, ordered by cosine similarity to the query.

@@ -1,4 +1,4 @@
-"""ebm-exact: the optimal multiple-choice knapsack under the EBM-Pack constraints (ours, SPEC §2, §7).
+"""ebm-exact: the optimal multiple-choice knapsack under the EBM-Pack constraints (ours, not the paper's).
 
 Objective "critical" (the default), lexicographic:
   (1) as many must-keep fragments as any packing can hold (T1 allergy, pathology, genetics);
@@ -27,7 +27,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ebmrag.records.fragment import Tier
 from ebmrag.packing.quota import tier_quotas, validate_k_min
 from ebmrag.packing.types import (
     Candidate,
@@ -40,6 +39,7 @@ from ebmrag.packing.types import (
     pack_entry,
     validate_window,
 )
+from ebmrag.records.fragment import Tier
 
 FloatArray = npt.NDArray[np.float64]
 OBJECTIVES = ("critical", "paper")

@@ -1,4 +1,4 @@
-"""ebm-greedy: the EBM-Pack paper's heuristic (seed 000 §2.3), kept to measure its gap to the optimum.
+"""ebm-greedy: the EBM-Pack paper's density heuristic, kept to measure its gap to the optimum.
 
 Flatten every state of every fragment, sort by density U/C descending (O(M log M)), fill each tier's
 quota with its densest fitting states, then walk the list skipping a state whose fragment is already

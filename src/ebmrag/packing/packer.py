@@ -4,28 +4,24 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
-from ebmrag.models.embeddings import SentenceEmbedder
 from ebmrag.evidence.entities import EntityCompressor
-from ebmrag.records.fragment import Fragment, PatientRecord
-from ebmrag.evidence.questions import QuestionClassifier, default_question_classifier, mark_needed
-from ebmrag.models.text_classifier import LinearTextClassifier
-from ebmrag.evidence.tiers import BUNDLED_TIER_MODEL, TierClassifier
-from ebmrag.models.tokens import make_token_counter
-from ebmrag.kvcache import KeyValueCache
+from ebmrag.evidence.questions import QuestionClassifier, QuestionType, mark_needed
+from ebmrag.evidence.tiers import TierClassifier
+from ebmrag.models.embeddings import SentenceEmbedder
 from ebmrag.packing.baselines import FifoPacker, SemanticPacker, UniformPacker
 from ebmrag.packing.dedup import pack_collapsed
 from ebmrag.packing.exact import ExactPacker
 from ebmrag.packing.greedy import GreedyPacker
-from ebmrag.packing.prefilter import Prefilter
-from ebmrag.packing.types import Candidate, DroppedFragment, Packer, PackResult, validate_window
+from ebmrag.packing.params import STRATEGIES, PackingParams
+from ebmrag.packing.types import Candidate, DroppedFragment, EvidenceItem, Packer, PackResult, validate_window
 from ebmrag.packing.utility import CandidateBuilder, TierWeights, UtilityParams, fragment_header, score_candidates
 from ebmrag.protocols import TokenCounter
+from ebmrag.records.fragment import Fragment, PatientRecord
 
-DEFAULT_PREFILTER = Prefilter()
-STRATEGIES = ("ebm-exact", "ebm-exact-paper", "ebm-greedy", "fifo", "semantic", "uniform")
+ANCHOR = datetime(2000, 1, 1, tzinfo=UTC)  # "now" of a pack without dated fragments: only differences count
 
 
 def make_packer(strategy: str, token_counter: TokenCounter | None = None, k_min: int = 1) -> Packer:
@@ -47,46 +43,32 @@ def make_packer(strategy: str, token_counter: TokenCounter | None = None, k_min:
 
 
 class ContextPacker:
-    """Classify -> score -> pack one patient's record for one query (the EBM-Pack pipeline step).
+    """Classify -> score -> pack one patient's record and any evidence items for one query (the EBM-Pack step).
 
-    `embedder` lets the caller share one model instance (the answer engine passes the knowledge
-    base's when it is the same model); without it the packer builds its own from `model_path`.
+    It receives the models it uses (the composition root builds them once and hands the same instances to
+    every component that shares them) and its `[packing]` settings.
     """
 
-    def __init__(
-        self,
-        strategy: str = "ebm-exact",
-        k_min: int = 1,
-        params: UtilityParams | None = None,
-        tokenizer: str = "bundled",
-        model_path: str | None = None,
-        cache_dir: str | None = None,
-        rules_path: str | None = None,
-        embedder: SentenceEmbedder | None = None,
-        tier_model: str | None = "bundled",
-        prefilter: Prefilter | None = DEFAULT_PREFILTER,  # None: measure every fragment however large the record
-        question_rules: str | None = None,  # rules/questions.toml when None
-    ) -> None:
-        if strategy not in STRATEGIES:
-            raise ValueError(f"unknown packing strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
-        self.strategy = strategy
-        self.k_min = k_min
-        self.prefilter = prefilter
-        self.question_rules = question_rules
-        self.questions = QuestionClassifier(question_rules) if question_rules else default_question_classifier()
-        self.params = params or UtilityParams()
-        self.tokenizer = tokenizer
-        self.embedder = embedder or SentenceEmbedder(model_path, cache_dir=cache_dir)
-        self.tier_model = tier_model or None
-        model_file = BUNDLED_TIER_MODEL if tier_model == "bundled" else tier_model
-        derived = self.embedder.cache_dir / "derived.sqlite" if self.embedder.cache_dir else None
-        self.classifier = TierClassifier(rules_path, LinearTextClassifier(model_file, self.embedder)
-                                         if model_file else None,
-                                         store=KeyValueCache(derived, "tier_rules") if derived else None)
-        self.token_counter = make_token_counter(tokenizer)
-        self.packer = make_packer(strategy, self.token_counter, k_min)
-        compressor = EntityCompressor(store=KeyValueCache(derived, "compressions") if derived else None)
-        self.builder = CandidateBuilder(self.embedder, self.token_counter, self.params, compressor)
+    def __init__(self, params: PackingParams | None = None, *, embedder: SentenceEmbedder,
+                 token_counter: TokenCounter, tier_classifier: TierClassifier, questions: QuestionClassifier,
+                 compressor: EntityCompressor) -> None:
+        self.settings = params or PackingParams()
+        self.embedder, self.token_counter, self.classifier = embedder, token_counter, tier_classifier
+        self.questions, self.compressor = questions, compressor
+        self.params = self.settings.utility
+        self.prefilter = self.settings.prefilter
+        self.packer = make_packer(self.settings.solver, token_counter, self.settings.k_min)
+        self.builder = CandidateBuilder(embedder, token_counter, self.params, compressor)
+
+    @property
+    def strategy(self) -> str:
+        return self.settings.solver
+
+    def with_params(self, params: PackingParams) -> ContextPacker:
+        """The same models under other settings (another strategy for one request, say)."""
+        return ContextPacker(params, embedder=self.embedder, token_counter=self.token_counter,
+                             tier_classifier=self.classifier, questions=self.questions,
+                             compressor=self.compressor)
 
     def warm_up(self) -> None:
         self.embedder.warm_up()
@@ -107,38 +89,43 @@ class ContextPacker:
         in one batch into the embedder's cache, so a later `run` spends its time on the question only."""
         fragments = self.classify(record).fragments
         bodies = [f.text for f in fragments]
-        compressed = self.builder.compressor.compress_many([f.text for f in fragments if f.tier.compressible])
+        compressed = self.compressor.compress_many([f.text for f in fragments if f.tier.compressible])
         bodies += [c.text for c in compressed if c.text]
         self.embedder.embed([*texts, *bodies])
 
     def candidates(self, record: PatientRecord, query: str, as_of: datetime | None = None,
-                   evidence: Sequence[Fragment] = (), evidence_similarity: Mapping[str, float] | None = None,
+                   evidence: Sequence[EvidenceItem] = (), evidence_similarity: Mapping[str, float] | None = None,
                    headers: Sequence[str] | None = None) -> list[Candidate]:
-        """Scored candidates: the record's fragments (compressible by tier), then `evidence` fragments
-        (tiered by the caller, never compressed, Sim from `evidence_similarity` when given). `headers`
-        replace the default "[id|tier|date]" line heads, one per fragment in that order."""
+        """Scored candidates: the record's fragments (compressible by tier), then the evidence items (tiered
+        by the caller or here, compressible only when the item says so, Sim from `evidence_similarity` when
+        given). `headers` replace the default "[id|tier|date]" line heads, one per fragment in that order."""
         record = self.classify(record)
-        patient_ids = {f.id for f in record.fragments}
+        as_of = as_of or record.latest_timestamp or ANCHOR
+        items = self._evidence_fragments(evidence, record.patient_id, as_of)
+        compressible = {f.id for f in record.fragments} | {e.id for e in evidence if e.compressible}
         measured = self.builder.measure_fragments(
-            [*record.fragments, *evidence], query, as_of or record.latest_timestamp, headers,
-            compressible=lambda f: f.id in patient_ids and f.tier.compressible,
+            [*record.fragments, *items], query, as_of, headers,
+            compressible=lambda f: f.id in compressible and f.tier.compressible,
             known_similarity=evidence_similarity)
         return score_candidates(measured, self.params)
 
-    def run(self, record: PatientRecord, query: str, window: int, as_of: datetime | None = None,
-            evidence: Sequence[Fragment] = (), evidence_similarity: Mapping[str, float] | None = None,
-            headers: Sequence[str] | None = None) -> PackResult:
-        """Pack the record (and any evidence fragments) into `window` tokens; see `candidates`. The sections
-        the question cannot be answered without (evidence.questions: the allergy status and kidney results
-        for a drug choice) become must-keep; a record far larger than the window is pre-filtered
-        (`packing.prefilter`, never a critical fragment), and near-copies are collapsed (`packing.dedup`)."""
+    def run(self, record: PatientRecord | None, query: str, window: int | None = None, as_of: datetime | None = None,
+            evidence: Sequence[EvidenceItem] = (), evidence_similarity: Mapping[str, float] | None = None,
+            headers: Sequence[str] | None = None, question_type: QuestionType | None = None) -> PackResult:
+        """Pack the record (None: evidence only) and the evidence items into `window` tokens (default: [packing]
+        window); see `candidates`. The sections the question cannot be answered without (evidence.questions:
+        the allergy status and kidney results for a drug choice) become must-keep; a record far larger than the
+        window is pre-filtered (`packing.prefilter`, never a critical fragment), and near-copies are collapsed
+        (`packing.dedup`). A caller that has typed the question passes `question_type`."""
+        window = self.settings.window if window is None else window
         validate_window(window)
-        question = self.questions.classify(query)
-        record = mark_needed(self.classify(record), question)
-        as_of = as_of or record.latest_timestamp
+        question = question_type or self.questions.classify(query)
+        record = mark_needed(self.classify(record or PatientRecord("", ())), question)
+        as_of = as_of or record.latest_timestamp or ANCHOR
         numbers = tuple((f.id, n) for n, f in enumerate(record.fragments, 1))
         if headers is None:  # numbered in the whole record, so a pre-filtered record keeps its numbers
-            headers = [fragment_header(f, n) for n, f in enumerate([*record.fragments, *evidence], 1)]
+            items = self._evidence_fragments(evidence, record.patient_id, as_of)
+            headers = [fragment_header(f, n) for n, f in enumerate([*record.fragments, *items], 1)]
         prefiltered: list[DroppedFragment] = []
         if self.prefilter is not None:
             kept, prefiltered = self.prefilter.select(record.fragments, query, window, as_of, self.params)
@@ -146,33 +133,28 @@ class ContextPacker:
                 kept_headers = _kept_headers(record.fragments, kept, headers)
                 record, headers = record.replace_fragments(kept), kept_headers
         candidates = self.candidates(record, query, as_of, evidence, evidence_similarity, headers)
-        patient_ids = {f.id for f in record.fragments}
-        result = pack_collapsed(self.packer, candidates, window, eligible=lambda c: c.fragment.id in patient_ids)
+        collapsible = {f.id for f in record.fragments} | {e.id for e in evidence if e.compressible}
+        result = pack_collapsed(self.packer, candidates, window, eligible=lambda c: c.fragment.id in collapsible)
         if prefiltered:
             result = replace(result, dropped=(*result.dropped, *prefiltered))
         return replace(result, record_skipped=record.skipped, question_type=question.id, numbers=numbers)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "strategy": self.strategy,
-            "k_min": self.k_min,
-            "params": self.params.to_dict(),
-            "tokenizer": self.tokenizer,
-            "model_path": self.embedder.to_dict()["model_path"],
-            "cache_dir": self.embedder.to_dict()["cache_dir"],
-            "rules_path": self.classifier.to_dict()["rules_path"],
-            "tier_model": self.tier_model,
-            "prefilter": asdict(self.prefilter) if self.prefilter else None,
-            "question_rules": self.question_rules,
-        }
+    def _evidence_fragments(self, evidence: Sequence[EvidenceItem], patient_id: str,
+                            as_of: datetime) -> list[Fragment]:
+        """Evidence items measured like fragments: undated unless they carry an age (then dated that long
+        before `as_of`, so they decay like the record), tiered here when the caller gave no decision."""
+        ids = [e.id for e in evidence]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"evidence ids must be unique; repeated: {sorted({i for i in ids if ids.count(i) > 1})}")
+        fragments = [Fragment(e.id, patient_id, e.text, e.section, None if e.age is None else as_of - e.age,
+                              e.source, e.decision) for e in evidence]
+        todo = [f for f in fragments if f.decision is None]
+        decided = iter(self.classifier.classify_many([(f.text, f.section) for f in todo]))
+        return [f if f.decision is not None else f.with_decision(next(decided)) for f in fragments]
 
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any], embedder: SentenceEmbedder | None = None) -> ContextPacker:
-        values = dict(data)
-        values["params"] = UtilityParams.from_dict(values.get("params", {}))
-        if "prefilter" in values:
-            values["prefilter"] = Prefilter(**values["prefilter"]) if values["prefilter"] else None
-        return cls(**values, embedder=embedder)
+    def to_dict(self) -> dict[str, Any]:
+        """The [packing] settings; the models are the composition root's (`compose.Resources`)."""
+        return asdict(self.settings)
 
 
 def _kept_headers(fragments: Sequence[Fragment], kept: Sequence[Fragment],
@@ -184,4 +166,5 @@ def _kept_headers(fragments: Sequence[Fragment], kept: Sequence[Fragment],
     return [by_id[f.id] for f in kept] + list(headers[len(fragments):])
 
 
-__all__ = ["STRATEGIES", "ContextPacker", "Packer", "TierWeights", "UtilityParams", "make_packer"]
+__all__ = ["STRATEGIES", "ContextPacker", "EvidenceItem", "Packer", "PackingParams", "TierWeights", "UtilityParams",
+           "make_packer"]

@@ -25,7 +25,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from ebmrag.records.fragment import Fragment, Tier
 from ebmrag.packing.types import DroppedFragment, DropReason
 from ebmrag.packing.utility import (
     UtilityParams,
@@ -34,6 +33,7 @@ from ebmrag.packing.utility import (
     hours_before,
     in_current_encounter,
 )
+from ebmrag.records.fragment import Fragment, Tier
 
 _WORD = re.compile(r"[a-z0-9]+|[\u4e00-\u9fff]")
 _CHARS_PER_TOKEN = 4  # a rough estimate: only the order of magnitude of the kept set depends on it

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from ebmrag.records.fragment import Tier
 from ebmrag.packing.types import Candidate
+from ebmrag.records.fragment import Tier
 
 
 def tier_quotas(candidates: Sequence[Candidate], k_min: int) -> dict[Tier, int]:

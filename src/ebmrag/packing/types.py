@@ -5,11 +5,13 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from enum import StrEnum
 from typing import Any, Protocol
 
-from ebmrag.config import MAX_WINDOW
-from ebmrag.records.fragment import Fragment, Tier
+from ebmrag.records.fragment import Fragment, Tier, TierDecision
+
+MAX_WINDOW = 1_000_000  # far above today's largest model windows (~200k); a guard against typos, not a tuning knob
 
 
 class State(StrEnum):
@@ -51,6 +53,27 @@ class PackOption:
     @property
     def density(self) -> float:
         return self.utility / self.tokens if self.tokens else float("inf")
+
+
+@dataclass(frozen=True)
+class EvidenceItem:
+    """Text packed beside a patient's fragments that is not part of the chart: a knowledge-base chunk, a
+    framework's passage, an observation of the research agent. It never joins the patient's record, so it
+    cannot be mistaken for (or leak into) the chart.
+
+    `decision` None: the tier classifier decides. `age` None: undated, never decays (evidence is standing);
+    otherwise it decays as a fragment that old would (the agent's memory ages its observations by step).
+    `compressible`: may take the entity-compressed state and be collapsed with near-copies, as a chart
+    fragment may (an agent's observation); a recommendation reduced to drug names would mislead, so
+    knowledge-base evidence is not."""
+
+    id: str
+    text: str
+    decision: TierDecision | None = None
+    section: str | None = None
+    source: str | None = None
+    age: timedelta | None = None
+    compressible: bool = False
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Clinical utility U_ij = F(j) · W(i) · Sim(query, q_ij) · exp(-λ·Δt_i) (SPEC §2) and candidate building.
+"""Clinical utility U_ij = F(j) · W(i) · Sim(query, q_ij) · exp(-λ·Δt_i) (the EBM-Pack paper's) and candidate building.
 
 Choices the paper leaves open, made here:
 - Δt is measured in years, from the fragment's timestamp to `as_of` (default: the record's newest
@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 
 from ebmrag.evidence.entities import EntityCompressor
-from ebmrag.records.fragment import Fragment, PatientRecord, Tier
 from ebmrag.packing.types import Candidate, PackOption, State, one_line, render_line
 from ebmrag.protocols import Embedder, TokenCounter
+from ebmrag.records.fragment import Fragment, PatientRecord, Tier
 
 SECONDS_PER_YEAR = 365.25 * 24 * 3600
 

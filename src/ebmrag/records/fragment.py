@@ -13,7 +13,10 @@ from ebmrag.errors import RecordError
 
 
 class Tier(StrEnum):
-    """Evidence tier by diagnostic objectivity (SPEC §2): T1 is the most objective and the most dangerous to lose."""
+    """Evidence tier by diagnostic objectivity: T1 is the most objective and the most dangerous to lose.
+
+    T1 pathology, genetics, high-risk allergy; T2 imaging, labs, functional tests; T3 examination; T4 patient report.
+    """
 
     T1 = "T1"
     T2 = "T2"

@@ -1,8 +1,8 @@
 """The agent's own context, kept inside the model's window by the same EBM-Pack that packs patient records.
 
 Fixed parts (system prompt, tool schemas, the question, the model's own turns) always stay. Observations are
-the packable part: while they fit, every one is sent in full; when they do not, they become fragments of a
-scratch record (one per observation, dated one `step_age` apart so older ones decay) and the packer decides,
+the packable part: while they fit, every one is sent in full; when they do not, they become evidence items
+(one per observation, aged one `step_age` per step since it arrived, so older ones decay) and the packer decides,
 for the question, which stay full, which are compressed (state B: entity-preserving) and which are dropped.
 The newest observation is always sent (cut at a line end only if it alone exceeds the room): the model must
 see the answer to the call it just made; the older ones share what is left. Every
@@ -13,16 +13,14 @@ they did appear in an observation.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
-from ebmrag.records.fragment import Fragment, PatientRecord
 from ebmrag.packing.packer import ContextPacker
-from ebmrag.packing.types import State
+from ebmrag.packing.types import EvidenceItem, State
+from ebmrag.protocols import TokenCounter
 
-SCRATCH_PATIENT = "agent-scratch"
 DROPPED_NOTE = "[observation left out of the context by EBM-Pack ({reason}); its sources remain citable]"
 CUT_NOTE = "[... cut to fit the window]"
-EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True)
@@ -36,11 +34,12 @@ class PackEvent:
 class ObservationMemory:
     """`fit(observations, fixed_tokens, question, step)` -> the text to send for each observation."""
 
-    def __init__(self, packer: ContextPacker, window: int, output_reserve: int,
+    def __init__(self, packer: ContextPacker, window: int, output_reserve: int, *, token_counter: TokenCounter,
                  step_age: timedelta = timedelta(days=30)) -> None:
         if window <= output_reserve:
             raise ValueError(f"window ({window}) must exceed output_reserve ({output_reserve})")
         self.packer, self.window, self.output_reserve, self.step_age = packer, window, output_reserve, step_age
+        self.token_counter = token_counter
         self.events: list[PackEvent] = []
         self._last: dict[str, str] = {}
 
@@ -49,7 +48,7 @@ class ObservationMemory:
         self.events, self._last = [], {}
 
     def count(self, text: str) -> int:
-        return self.packer.token_counter.count(text)
+        return self.token_counter.count(text)
 
     def fit(self, observations: list[tuple[str, str]], fixed_tokens: int, question: str, step: int) -> dict[str, str]:
         """observations: (id, text) oldest first. Returns id -> text to send (full, compressed or a drop note)."""
@@ -76,9 +75,9 @@ class ObservationMemory:
                 out[oid] = DROPPED_NOTE.format(reason="capacity")
                 self._note(step, oid, "dropped", "capacity")
             return out
-        record = PatientRecord(SCRATCH_PATIENT, tuple(self._fragment(i, oid, text) for i, (oid, text)
-                                                      in enumerate(older)))
-        result = self.packer.run(record, question, budget)
+        steps = len(older) - 1
+        items = [self._item(steps - i, oid, text) for i, (oid, text) in enumerate(older)]
+        result = self.packer.run(None, question, budget, evidence=items)
         for packed in result.packed:
             body = packed.body or packed.text
             out[packed.fragment_id] = body if packed.state == State.FULL else f"[compressed by EBM-Pack] {body}"
@@ -96,9 +95,11 @@ class ObservationMemory:
             kept.append(line)
         return "\n".join([*kept, CUT_NOTE])
 
-    def _fragment(self, index: int, observation_id: str, text: str) -> Fragment:
-        return Fragment(observation_id, SCRATCH_PATIENT, text, section="observation",
-                        timestamp=EPOCH + index * self.step_age, source="agent")
+    def _item(self, steps_ago: int, observation_id: str, text: str) -> EvidenceItem:
+        """An observation ages by the steps since it arrived; its tier is the classifier's, and like a chart
+        note it may be compressed (state B) or collapsed with a near-copy."""
+        return EvidenceItem(observation_id, text, section="observation", source="agent",
+                            age=steps_ago * self.step_age, compressible=True)
 
     def _note(self, step: int, observation: str, state: str, reason: str) -> None:
         """Record a decision when it changes (the same observation packed the same way is not repeated)."""

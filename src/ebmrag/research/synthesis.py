@@ -1,4 +1,4 @@
-"""KISA question synthesis (seed 004 §3): an entity graph from the knowledge base, rare seeds, the longest
+"""KISA question synthesis (after MedResearcher-R1): an entity graph from the knowledge base, rare seeds, the longest
 valid path, a multi-hop question with its gold answer, chunk chain and masked-trajectory guidance.
 
 Graph. A document's title is a condition node (MedQuAD-style pages: "Alport syndrome"). Each chunk of a typed
@@ -17,8 +17,9 @@ bounded: O(n_seeds · branch^max_hops) at worst.
 
 Questions. Offline, a template walks the path step by step from the seed ("Start from X. Find a condition that
 lists it among its symptoms. Then a treatment of that condition. ..."); with a model, the steps are rewritten
-into one natural question (the template stays when the reply is unusable). The gold answer is the path's last
-entity. The masked guidance replaces every entity by [MASK] and keeps the relations (seed 004 §3.2.1).
+into one natural question (the template stays when the reply is unusable; the prompt is the `question_synthesis`
+step of llm/prompts/steps/{en,zh}.toml). The gold answer is the path's last entity. The masked guidance replaces
+every entity by [MASK] and keeps the relations.
 """
 
 from __future__ import annotations
@@ -31,8 +32,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ebmrag.evidence.entities import EntityExtractor, EntityKind, default_extractor
-from ebmrag.retrieve.search import HybridRetriever
+from ebmrag.index.backend import KnowledgeStore
+from ebmrag.llm.prompts import step_prompt
 from ebmrag.protocols import ChatClient, ChatMessage
+from ebmrag.retrieve.search import HybridRetriever
 
 # section type -> (relation, forward phrase "X's ...", backward phrase "a condition with ... X", answer kind)
 RELATIONS: dict[str, tuple[str, str, str]] = {
@@ -112,8 +115,8 @@ class EntityGraph:
             self.edges += 1
 
     @classmethod
-    def from_kb(cls, retriever: HybridRetriever, extractor: EntityExtractor | None = None) -> EntityGraph:
-        reader = retriever.kb.reader()
+    def from_kb(cls, kb: KnowledgeStore, extractor: EntityExtractor | None = None) -> EntityGraph:
+        reader = kb.reader()
         titles = {d.doc_id: _norm(d.title) for d in reader.documents().values() if len(_norm(d.title)) >= 4}
         title_set = set(titles.values())
         extractor = extractor or default_extractor()
@@ -193,14 +196,10 @@ def phrase(hops: Sequence[Hop]) -> str:
     return " ".join(steps)
 
 
-REPHRASE = ("Rewrite these research steps as one natural multi-hop question a clinician might ask. Keep the first "
-            "entity named, do not name any other entity of the path, keep every step. Reply with the question "
-            "only.\n\n{steps}")
-
-
 def synthesize(graph: EntityGraph, n: int, min_hops: int = 3, max_hops: int = 6, rare_max: int = 3,
                hub_max: int = 150, branch: int = 6, seed: int = 13, bridge_max: int = 3,
-               client: ChatClient | None = None) -> list[SynthQuestion]:
+               client: ChatClient | None = None, language: str = "en") -> list[SynthQuestion]:
+    """`language` (en, zh) is the language the model is asked to phrase the questions in."""
     if n < 1 or not 1 <= min_hops <= max_hops:
         raise ValueError("n must be >= 1 and 1 <= min_hops <= max_hops")
     rng = random.Random(seed)
@@ -212,18 +211,19 @@ def synthesize(graph: EntityGraph, n: int, min_hops: int = 3, max_hops: int = 6,
             continue
         used_answers.add(path[-1].target)
         template = phrase(path)
-        question, by = _rephrased(client, template)
+        question, by = _rephrased(client, template, language)
         out.append(SynthQuestion(question, path[-1].target, tuple(path), graph.frequency[start], by))
         if len(out) == n:
             break
     return out
 
 
-def _rephrased(client: ChatClient | None, template: str) -> tuple[str, str]:
+def _rephrased(client: ChatClient | None, template: str, language: str = "en") -> tuple[str, str]:
     if client is None:
         return template, "template"
+    prompt = step_prompt("question_synthesis", language).render("user", steps=template)
     try:
-        reply = client.complete([ChatMessage("user", REPHRASE.format(steps=template))], 0.3, 200).text.strip()
+        reply = client.complete([ChatMessage("user", prompt)], 0.3, 200).text.strip()
     except Exception:  # a failing model leaves the template, never the run
         return template, "template"
     return (reply, "model") if 20 <= len(reply) <= 600 else (template, "template")

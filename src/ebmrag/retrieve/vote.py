@@ -1,4 +1,4 @@
-"""ICA-RAG's model-free document rerank (seed 003, §3.3 and appendix C.1): every key sentence of a
+"""ICA-RAG's model-free document rerank (m = 100 chunks, k = 5 documents by default): every key sentence of a
 record retrieves m chunks, chunks far below that sentence's best hit are dropped, and each distinct
 surviving chunk is one vote for its document. Many sentences agreeing on a document beat one
 sentence matching it strongly.
@@ -10,9 +10,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ebmrag.models.embeddings import SentenceEmbedder
-from ebmrag.retrieve.search import HybridRetriever
 from ebmrag.index.types import Filters, SearchHit
+from ebmrag.models.embeddings import SentenceEmbedder
+from ebmrag.retrieve.params import RetrievalParams
+from ebmrag.retrieve.search import HybridRetriever
 
 
 @dataclass(frozen=True)
@@ -39,15 +40,13 @@ class DocumentVoter:
     sentence's best hit, because BM25 and fused scores have no absolute scale.
     """
 
-    def __init__(self, retriever: HybridRetriever, chunks_per_query: int = 100, top_documents: int = 5,
-                 min_relative_score: float = 0.5) -> None:
-        if chunks_per_query < 1 or top_documents < 1:
-            raise ValueError(f"chunks_per_query and top_documents must be >= 1, got {chunks_per_query}, "
-                             f"{top_documents}")
-        if not 0.0 <= min_relative_score <= 1.0:
-            raise ValueError(f"min_relative_score must be in [0, 1], got {min_relative_score}")
-        self.retriever, self.chunks_per_query = retriever, chunks_per_query
-        self.top_documents, self.min_relative_score = top_documents, min_relative_score
+    def __init__(self, retriever: HybridRetriever, params: RetrievalParams | None = None) -> None:
+        """`params`: [retrieval] vote_chunks (m, chunks per sentence), vote_documents (k, documents kept),
+        vote_min_score (a chunk below this share of its sentence's best score does not vote)."""
+        self.retriever, self.params = retriever, params or retriever.params
+        p = self.params
+        self.chunks_per_query, self.top_documents, self.min_relative_score = \
+            p.vote_chunks, p.vote_documents, p.vote_min_score
 
     def run(self, queries: Sequence[str], filters: Filters | None = None,
             similarity_to: str | None = None) -> list[DocumentHit]:
@@ -96,10 +95,8 @@ class DocumentVoter:
         return [(hit, share) for hit, share in shares if share >= self.min_relative_score]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"retriever": self.retriever.to_dict(), "chunks_per_query": self.chunks_per_query,
-                "top_documents": self.top_documents, "min_relative_score": self.min_relative_score}
+        return {"retriever": self.retriever.to_dict()}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], embedder: SentenceEmbedder | None = None) -> DocumentVoter:
-        data = dict(data)
-        return cls(HybridRetriever.from_dict(data.pop("retriever"), embedder), **data)
+        return cls(HybridRetriever.from_dict(data["retriever"], embedder))

@@ -1,6 +1,6 @@
 """`ebmrag serve`: the HTTP service (FastAPI) over the patient store and one shared answer engine.
 
-Every route under /v1 needs a bearer key (serve.access); the key's tenant scopes every store call, and
+Every route under /v1 needs a bearer key (store.access); the key's tenant scopes every store call, and
 a patient the key may not see is answered 404 exactly like one that does not exist. Every access is
 audited (serve.audit) with the fragment ids it disclosed and no record text. Errors are RFC 9457
 problem+json with a stable `type`; nothing returns a traceback.
@@ -24,8 +24,21 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.concurrency import run_in_threadpool
 
 from ebmrag.answer.engine import Engine
+from ebmrag.compose import Resources
 from ebmrag.config import Settings
-from ebmrag.retrieve.search import HybridRetriever
+from ebmrag.serve.kb_routes import install_kb
+from ebmrag.serve.models import AskBody, PackBody, SearchBody
+from ebmrag.serve.problems import ProblemError, install_errors, install_openapi, problem_response
+from ebmrag.serve.service import (
+    Service,
+    bounded_body,
+    caller,
+    read_record,
+    stored,
+    stream_ask,
+    wait_for_results,
+)
+from ebmrag.serve.ui import install_ui
 from ebmrag.store.access import (
     ERASE,
     NAME_PATTERN,
@@ -36,22 +49,8 @@ from ebmrag.store.access import (
     require,
     valid_name,
 )
-from ebmrag.serve.kb_routes import install_kb
-from ebmrag.serve.models import AskBody, PackBody, SearchBody
-from ebmrag.serve.problems import ProblemError, install_errors, install_openapi, problem_response
-from ebmrag.store.results import MessageError, apply_message, parse_message
-from ebmrag.serve.service import (
-    Service,
-    bounded_body,
-    caller,
-    forget_fragments,
-    read_record,
-    stored,
-    stream_ask,
-    wait_for_results,
-)
 from ebmrag.store.patients import ApiKey, PatientStore
-from ebmrag.serve.ui import install_ui
+from ebmrag.store.results import MessageError, apply_message, parse_message
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +68,12 @@ RECORD_BODY = {"required": True, "content": {
                                          "description": "a FHIR R4 Bundle of one patient"}}}}
 
 
-def create_app(store: PatientStore, settings: Settings | None = None, engine: Engine | None = None) -> FastAPI:
+def create_app(store: PatientStore, settings: Settings | None = None, engine: Engine | None = None,
+               resources: Resources | None = None) -> FastAPI:
+    """`engine` and `resources`: built already (with the resources the engine was built from); without them,
+    the service builds both through the composition root on first use."""
     settings = settings or Settings()
-    service = Service(store, settings, engine)
+    service = Service(store, settings, engine, resources)
     app = FastAPI(title="ebmrag", version="1", description="Evidence-graded context for clinical assistants.")
     app.state.service = service
     install_openapi(app)
@@ -166,7 +168,7 @@ def _install_patients(app: FastAPI, service: Service) -> None:
     async def list_fragments(pid: PatientId, request: Request) -> dict[str, Any]:
         key, pid = await visible(request, pid, READ)
         record = await stored(service, key, pid)
-        classified = await service.run(lambda: service.engine().packer.classify(record))
+        classified = await service.run(lambda: service.classify(record))
         service.audit(key, pid, "read", request, tuple(f.id for f in classified.fragments))
         return {"patient": pid, "record_skipped": list(record.skipped), "fragments": [
             {"id": f.id, "text": f.text, "section": f.section,
@@ -180,7 +182,7 @@ def _install_patients(app: FastAPI, service: Service) -> None:
         erased = await run_in_threadpool(store.delete_patient, key.tenant, pid)
         if erased is None:
             raise AccessError(404, "no such patient")
-        forgotten = await service.run(lambda: forget_fragments(service.engine(), erased))
+        forgotten = await service.run(lambda: service.forget(erased))
         service.audit(key, pid, "erase", request, tuple(f.id for f in erased))
         return {"patient": pid, "erased_fragments": len(erased), "cache_entries_forgotten": forgotten}
 
@@ -247,15 +249,7 @@ def _install_answers(app: FastAPI, service: Service) -> None:
         require(key, SEARCH)
 
         def run() -> list[dict[str, Any]]:
-            voter = service.engine().voter
-            if voter is None:
-                raise ProblemError(409, "no-knowledge-base", "this server has no knowledge base")
-            retriever = voter.retriever
-            if body.mode and body.mode != retriever.mode:
-                retriever = HybridRetriever(retriever.kb, body.mode, retriever.fusion, retriever.weights,
-                                            retriever.route_depth, retriever.rrf_k, retriever.reranker,
-                                            retriever.focus_weight)
-            hits = retriever.run(body.query, body.k)
+            hits = service.retriever(body.mode or None).run(body.query, body.k)
             return [h.to_json() for h in hits]
 
         hits: list[dict[str, Any]] = await service.run(run)

@@ -10,10 +10,10 @@ from fastapi import FastAPI, Request
 
 from ebmrag.index.backend import KnowledgeStore
 from ebmrag.ingest.documents import Document, normalize_text
-from ebmrag.store.access import KB_ADMIN, AccessError, require
 from ebmrag.serve.models import UploadBody
 from ebmrag.serve.problems import ProblemError
 from ebmrag.serve.service import Service, caller
+from ebmrag.store.access import KB_ADMIN, AccessError, require
 from ebmrag.store.patients import ApiKey
 
 
@@ -22,10 +22,7 @@ def install_kb(app: FastAPI, service: Service) -> None:
     (one tenant's administrator must not rewrite every tenant's guidelines)."""
 
     def knowledge_base() -> KnowledgeStore:
-        voter = service.engine().voter
-        if voter is None:
-            raise ProblemError(409, "no-knowledge-base", "this server has no knowledge base")
-        return voter.retriever.kb
+        return service.knowledge_base()
 
     async def kb_admin(request: Request, change: bool) -> ApiKey:
         key = await caller(request, service)

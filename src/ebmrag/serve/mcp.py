@@ -24,9 +24,10 @@ from mcp.server.mcpserver.exceptions import ToolError  # noqa: E402
 from starlette.types import ASGIApp, Receive, Scope, Send  # noqa: E402
 
 from ebmrag import __version__  # noqa: E402
+from ebmrag.serve.problems import ProblemError  # noqa: E402
+from ebmrag.serve.service import Service  # noqa: E402
 from ebmrag.store import audit  # noqa: E402
 from ebmrag.store.access import READ, SEARCH, AccessError, authenticate, require, valid_name  # noqa: E402
-from ebmrag.serve.service import Service  # noqa: E402
 from ebmrag.store.patients import ApiKey  # noqa: E402
 
 INSTRUCTIONS = ("Evidence-graded context for medical questions about one stored patient: patient_fragments lists a "
@@ -55,17 +56,16 @@ class McpTools:
 
     def _ddx_parts(self) -> tuple[Any, Any]:
         """The condition knowledge base and the finding mapper, built once; the mapper shares the engine's model."""
-        from ebmrag.compose.research import build_diagnoser, build_finding_mapper
+        from ebmrag.compose import build_diagnoser, build_finding_mapper
 
         if self._ddx is None:
             diagnoser = build_diagnoser(self.service.settings)
-            embedder = self.service.engine().packer.embedder
-            self._ddx = (diagnoser, build_finding_mapper(self.service.settings, diagnoser.kb, embedder))
+            self._ddx = (diagnoser, build_finding_mapper(self.service.resources(), diagnoser))
         return self._ddx
 
     def patient_fragments(self, key: ApiKey, call: str, patient_id: str) -> dict[str, Any]:
         record = self._record(key, patient_id)
-        classified = self.service.locked(lambda: self.service.engine().packer.classify(record))()
+        classified = self.service.locked(lambda: self.service.classify(record))()
         self._audit(key, patient_id, "read", call, tuple(f.id for f in classified.fragments))
         return {"patient": patient_id, "fragments": [
             {"id": f.id, "text": f.text, "section": f.section, "tier": f.tier.value,
@@ -88,10 +88,11 @@ class McpTools:
 
     def search(self, key: ApiKey, call: str, query: str, k: int) -> list[dict[str, Any]]:
         require(key, SEARCH)
-        voter = self.service.locked(lambda: self.service.engine().voter)()
-        if voter is None:
-            raise ToolError("this server has no knowledge base")
-        hits = self.service.locked(lambda: voter.retriever.run(query, k))()
+        try:
+            retriever = self.service.locked(self.service.retriever)()
+        except ProblemError as exc:
+            raise ToolError(exc.detail) from None
+        hits = self.service.locked(lambda: retriever.run(query, k))()
         self._audit(key, "", "search", call)
         return [h.to_json() for h in hits]
 

