@@ -47,9 +47,12 @@ FOCUS_WEIGHT = 0.3  # the "hybrid+focus" latency: the focus share measured in do
 class ScaledEmbedder:
     """Real base vectors plus noise, keyed by the text's copy number: the stand-in that makes 1M chunks feasible."""
 
-    def __init__(self, base_text: dict[str, int], vectors: npt.NDArray[np.float32]) -> None:
+    def __init__(self, base_text: dict[str, int], vectors: npt.NDArray[np.float32],
+                 model_name: str = "bench-scaled") -> None:
+        """`model_name`: the base knowledge base's model, whose vectors these are (plus noise), so a reader that
+        queries with that model (bench/ask.py) is accepted."""
         self.base_text, self.vectors = base_text, vectors
-        self.model_name = "bench-scaled"
+        self.model_name = model_name
         self.dimension = int(vectors.shape[1])
 
     def embed(self, texts: list[str]) -> npt.NDArray[np.float32]:
@@ -96,7 +99,8 @@ def build_scaled_kb(base_kb: Path, size: int, root: Path) -> tuple[KnowledgeBase
     """`size` one-chunk documents scaled from the base KB (see the module note); returns the KB, report, seconds."""
     texts, vectors = base_corpus(base_kb)
     titles = base_titles(base_kb)
-    embedder = ScaledEmbedder({t: i for i, t in enumerate(texts)}, vectors)
+    model = str(KnowledgeBase(base_kb).reader().manifest["embedding_model"])
+    embedder = ScaledEmbedder({t: i for i, t in enumerate(texts)}, vectors, model)
     docs = [Document(f"d{i}", f"{texts[i % len(texts)]} copy{i // len(texts)}", "bench", "txt",
                      title=titles[i % len(texts)]) for i in range(size)]
     kb = KnowledgeBase(root, KnowledgeBaseConfig(contextual_prefix=False, chunker="fixed"),

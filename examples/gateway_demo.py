@@ -23,8 +23,8 @@ import httpx
 import uvicorn
 
 from ebmrag.demo import demo_record_paths
-from ebmrag.store.access import create_key
 from ebmrag.serve.app import create_app
+from ebmrag.store.access import create_key
 from ebmrag.store.patients import SQLiteStore
 
 PRODUCERS = (("pathology", "slide-model 2.1", 1.0, "Frozen section of the pericolic node: metastatic adenocarcinoma."),

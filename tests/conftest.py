@@ -36,8 +36,8 @@ def context_packer(resources):  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="session")
 def embedder(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     """The bundled model at the knowledge base's default profile, loaded once, with an on-disk cache."""
-    from ebmrag.index.params import KnowledgeBaseConfig
     from ebmrag.index.kb import kb_embedder
+    from ebmrag.index.params import KnowledgeBaseConfig
 
     model = kb_embedder(KnowledgeBaseConfig(), tmp_path_factory.mktemp("embedding-cache"))
     model.warm_up()
@@ -73,9 +73,9 @@ def demo_voter(tmp_path_factory: pytest.TempPathFactory, embedder):  # type: ign
     """The bundled demo corpus in a real knowledge base on disk, searched hybrid as `ask` does by default."""
     from ebmrag.demo import DEMO_CORPUS
     from ebmrag.index.kb import KnowledgeBase
+    from ebmrag.index.sync import ingest_paths
     from ebmrag.retrieve.params import RetrievalParams
     from ebmrag.retrieve.search import HybridRetriever
-    from ebmrag.index.sync import ingest_paths
     from ebmrag.retrieve.vote import DocumentVoter
 
     kb = KnowledgeBase(tmp_path_factory.mktemp("demo-kb") / "kb", embedder=embedder)

@@ -3,6 +3,8 @@ the session's packer, a test knowledge base's voter) and retrievers with the old
 
 from __future__ import annotations
 
+import copy
+from dataclasses import replace
 from typing import Any
 
 from ebmrag.answer.engine import Engine
@@ -10,6 +12,7 @@ from ebmrag.answer.gate import GateParams, RetrievalGate, RuleLabeller
 from ebmrag.answer.params import AnswerParams
 from ebmrag.answer.relevance import RelevanceFilter
 from ebmrag.compose import Resources, build_packer
+from ebmrag.config import settings_to_dict
 from ebmrag.generate.grounding import GroundingChecker
 from ebmrag.index.backend import KnowledgeStore
 from ebmrag.packing.packer import ContextPacker
@@ -36,7 +39,8 @@ def engine_from_parts(resources: Resources, params: AnswerParams | None = None, 
                       client: ChatClient | None = None, rewriter: QueryRewriter | None = None,
                       gate: RetrievalGate | None = None) -> Engine:
     """An engine over the session's models with the given parts (the rule gate of `params` unless given; the
-    relevance filter when `params` asks for it and a client is given)."""
+    relevance filter when `params` asks for it and a client is given). Its configuration is the resources'
+    settings with `params` as [answer]: a hand-plugged client or rewriter is not in it."""
     params = params or AnswerParams()
     gate = gate or RetrievalGate(RuleLabeller(resources.tier_classifier, resources.extractor),
                                  GateParams(params.gate_alpha, params.gate_beta, params.gate_gamma,
@@ -46,4 +50,12 @@ def engine_from_parts(resources: Resources, params: AnswerParams | None = None, 
                   grounding=GroundingChecker(resources.embedder, params.grounding_threshold, resources.extractor),
                   token_counter=resources.token_counter, questions=resources.questions,
                   tier_classifier=resources.tier_classifier, voter=voter, client=client, rewriter=rewriter,
-                  relevance=relevance)
+                  relevance=relevance, configuration=settings_to_dict(replace(resources.settings, answer=params)))
+
+
+def over_knowledge_base(resources: Resources, kb: KnowledgeStore) -> Resources:
+    """The same shared models over `kb`: the resources a hand-built engine whose voter searches `kb` was built
+    from (what a service given that engine needs, so erasure reaches the caches the engine fills)."""
+    out = copy.copy(resources)
+    out.knowledge_base = kb
+    return out

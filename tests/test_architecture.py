@@ -83,10 +83,10 @@ ALLOWED: dict[str, set[str]] = {
     # Each component owns its params (answer.params, index.params, ...); config composes them into Settings.
     "config": {"answer", "errors", "index", "llm", "packing", "research", "retrieve"},
     "compose": {
-        "answer", "config", "ddx", "demo", "index", "llm", "models", "packing", "protocols", "records", "research",
-        "retrieve",
+        "answer", "config", "ddx", "demo", "evidence", "generate", "index", "kvcache", "llm", "models", "packing",
+        "protocols", "records", "research", "retrieve",
     },
-    "integrations": {"compose", "config", "demo", "errors", "generate", "models", "packing", "records"},
+    "integrations": {"compose", "config", "errors", "generate", "models", "packing", "records"},
     "serve": {
         PACKAGE_ROOT, "answer", "compose", "config", "ddx", "errors", "generate", "index", "ingest", "packing",
         "records", "retrieve", "store",
@@ -94,7 +94,7 @@ ALLOWED: dict[str, set[str]] = {
     "gateway": {"errors", "store"},
     "cli": {
         PACKAGE_ROOT, "answer", "compose", "config", "ddx", "demo", "errors", "eval", "gateway", "index", "ingest",
-        "llm", "models", "packing", "protocols", "records", "research", "retrieve", "serve", "store", "text",
+        "llm", "packing", "protocols", "records", "research", "retrieve", "serve", "store", "text",
     },
     "__main__": {"cli"},
     # bench measures the parts it names, so it imports more than compose and config; the list is what the

@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ebmrag.errors import EbmragError
-from ebmrag.records.loaders import load_records
 from ebmrag.ingest.readers import read_file
+from ebmrag.records.loaders import load_records
 
 FUZZ = settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6), st.floats(allow_nan=False),

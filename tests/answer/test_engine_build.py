@@ -1,8 +1,9 @@
-"""Building the engine: `factory.build_engine`, `Engine.from_config`, the dict round trip, one shared embedder."""
+"""Building the engine: `compose.build_engine`, flags as settings, the dict round trip, one shared embedder."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -11,10 +12,10 @@ import pytest
 from ebmrag.answer.engine import Engine
 from ebmrag.answer.gate import Label
 from ebmrag.answer.gate_model import AnnotatedSentence, ClassifierLabeller, train_classifier
-from ebmrag.config import load_settings
+from ebmrag.compose import build_engine, engine_from_dict
+from ebmrag.config import load_settings, with_overrides
 from ebmrag.demo import demo_record_path
 from ebmrag.records.loaders import load_record
-from ebmrag.compose import build_engine
 from ebmrag.retrieve.vote import DocumentVoter
 
 QUESTION = "Which antibiotic is safe for his wound infection, given his allergy and kidney function?"
@@ -63,13 +64,14 @@ def test_the_engine_round_trips_through_its_dict_with_a_trained_gate(config: Pat
     engine = build_engine(load_settings(config), kb=kb_root(demo_voter))
     data = json.loads(json.dumps(engine.to_dict()))  # plain JSON, as a service would store it
     assert data["gate"]["labeller"] == {"type": "classifier", "path": str(config.parent / "gate.npz")}
-    rebuilt = Engine.from_dict(data)
+    rebuilt = engine_from_dict(data)
     assert rebuilt.to_dict() == engine.to_dict()
     assert rebuilt.shares_embedder and isinstance(rebuilt.gate.labeller, ClassifierLabeller)
     assert comparable(rebuilt) == comparable(engine)
 
 
 def test_from_config_is_build_engine(config: Path, demo_voter: DocumentVoter) -> None:
-    by_path = Engine.from_config(config, kb=kb_root(demo_voter), window=1200)
-    by_factory = build_engine(load_settings(config), kb=kb_root(demo_voter), window=1200)
+    settings = load_settings(config)
+    by_path = build_engine(with_overrides(settings, answer={"window": 1200}), kb_root(demo_voter))
+    by_factory = build_engine(replace(settings, answer=replace(settings.answer, window=1200)), kb_root(demo_voter))
     assert by_path.to_dict() == by_factory.to_dict() and by_path.settings.window == 1200

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 
 from ebmrag.answer.engine import Engine
-from ebmrag.demo import demo_record_path
-from ebmrag.records.fragment import Fragment, PatientRecord
-from ebmrag.records.loaders import load_record
+from ebmrag.demo import demo_record_path, load_patient
 from ebmrag.generate.budget import BudgetError
 from ebmrag.llm.openai import OpenAIChatClient
+from ebmrag.records.fragment import Fragment, PatientRecord
+from ebmrag.records.loaders import load_record
 from tests.fake_openai import FakeOpenAI, serve
 
 QUESTION = "Which antibiotic is safe for his wound infection, given his allergy and kidney function?"
@@ -65,7 +65,7 @@ def ask(make_engine: Callable[..., Engine], fake: FakeOpenAI, tmp_path: Path | N
     with serve(fake) as url:
         client = OpenAIChatClient(url, "tiny", timeout=options.pop("timeout", 5.0), max_retries=0, backoff=0.0,
                                   cache_dir=tmp_path)
-        return make_engine(client, retrieval="always", **options).ask(QUESTION, colon(), window=6000)
+        return make_engine(client, retrieval="always", **options).ask(QUESTION, colon(), prompt_window=6000)
 
 
 def test_four_stages_run_in_order_with_their_settings(make_engine: Callable[..., Engine]) -> None:
@@ -146,7 +146,7 @@ def test_chinese_questions_use_the_chinese_prompts(make_engine: Callable[..., En
     zh = load_record(demo_record_path("demo-zh"))  # type: ignore[arg-type]
     with serve(fake) as url:
         client = OpenAIChatClient(url, "tiny", timeout=5, max_retries=0)
-        make_engine(client).ask("用药有何禁忌？", zh, window=6000)
+        make_engine(client).ask("用药有何禁忌？", zh, prompt_window=6000)
     assert "临床证据评估员" in fake.requests[0]["messages"][0]["content"]
 
 
@@ -154,7 +154,7 @@ def test_a_window_below_the_fixed_prompt_is_refused(make_engine: Callable[..., E
     with serve(FakeOpenAI()) as url:
         engine = make_engine(OpenAIChatClient(url, "tiny", max_retries=0))
         with pytest.raises(BudgetError, match=r"window 1200 is too small: the fixed parts of the answer_generator"):
-            engine.ask(QUESTION, colon(), window=1200)
+            engine.ask(QUESTION, colon(), prompt_window=1200)
 
 
 def test_the_relevance_filter_drops_documents_the_model_rejects(make_engine: Callable[..., Engine]) -> None:
@@ -225,7 +225,7 @@ def test_an_outside_model_never_sees_the_patients_identifiers(make_engine: Calla
     fake = FakeOpenAI(model)
     with serve(fake) as url:
         result = make_engine(OpenAIChatClient(url, "tiny", max_retries=0), redact="always").ask(
-            "Which antibiotic is safe for him?", chart, window=6000)
+            "Which antibiotic is safe for him?", load_patient(chart), prompt_window=6000)
     sent = json.dumps(fake.requests)
     for value in ("Lindsay928", "Gerlach374", "MRN-7765123", "1950-10-24", "555-867-5309", "2026-03-14"):
         assert value not in sent, value
@@ -245,7 +245,7 @@ def test_record_text_reaches_the_model_fenced_as_data_with_instructions_removed(
     fake = FakeOpenAI(clinician())
     with serve(fake) as url:
         result = make_engine(OpenAIChatClient(url, "tiny", max_retries=0)).ask("Which antibiotic is safe?", record,
-                                                                             window=6000)
+                                                                             prompt_window=6000)
     sent = json.dumps(fake.requests)
     assert planted not in sent and "<|im_start|>" not in sent
     assert "<data>" in sent and "instruction-like text removed" in sent and "Wound looks red." in sent

@@ -16,8 +16,8 @@ from ebmrag.answer.gate_model import (
     train_classifier,
 )
 from ebmrag.errors import ConfigError
-from ebmrag.records.fragment import Fragment, PatientRecord
 from ebmrag.llm.openai import OpenAIChatClient
+from ebmrag.records.fragment import Fragment, PatientRecord
 from ebmrag.retrieve.vote import DocumentVoter
 from tests.fake_openai import FakeOpenAI, serve
 

@@ -6,8 +6,8 @@ from dataclasses import replace
 
 from ebmrag.eval.cases import EvalCase
 from ebmrag.eval.packing_eval import PreparedCase, entity_keys
-from ebmrag.records.fragment import Fragment, PatientRecord, Tier, TierDecision
 from ebmrag.packing.utility import MeasuredFragment
+from ebmrag.records.fragment import Fragment, PatientRecord, Tier, TierDecision
 
 
 def measured(fid: str, tier: Tier, text: str, tokens: int, compressed: tuple[str, int] | None = None,

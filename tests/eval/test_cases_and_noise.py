@@ -11,8 +11,8 @@ import pytest
 from ebmrag.errors import RecordError
 from ebmrag.eval.cases import ENCOUNTER, agentclinic_cases, cmb_cases, load_cases, medqa_case, medqa_cases
 from ebmrag.eval.noise import NoiseConfig, filler_line, inject_noise, noisy_cases
-from ebmrag.records.fragment import Tier
 from ebmrag.evidence.tiers import TierClassifier
+from ebmrag.records.fragment import Tier
 
 
 def test_medqa_vignette_becomes_modality_fragments_and_a_question(shared_data: Path) -> None:

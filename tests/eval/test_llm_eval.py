@@ -11,13 +11,13 @@ from typer.testing import CliRunner
 from ebmrag.cli import app
 from ebmrag.eval.diagnosis import IcdIndex, diagnosis_lines, set_scores
 from ebmrag.eval.llm_eval import diagnosis_f1, mirage_accuracy, parse_choice
-from ebmrag.records.fragment import Tier
-from ebmrag.llm.openai import OpenAIChatClient
 from ebmrag.index.kb import KnowledgeBase
-from ebmrag.retrieve.search import HybridRetriever
 from ebmrag.ingest.documents import Document
+from ebmrag.llm.openai import OpenAIChatClient
 from ebmrag.packing.exact import ExactPacker
 from ebmrag.packing.utility import UtilityParams
+from ebmrag.records.fragment import Tier
+from ebmrag.retrieve.search import HybridRetriever
 from tests.eval.helpers import measured, prepared_case
 from tests.fake_openai import FakeOpenAI, serve
 

@@ -13,11 +13,11 @@ from ebmrag.eval.noise import NoiseConfig
 from ebmrag.eval.packing_eval import entity_ceiling, evaluate, score_pack
 from ebmrag.eval.packing_report import dataset_dir, prepare_cases, run_suite
 from ebmrag.eval.packing_suite import NEUTRAL, Suite, split_of, tier_weight_grid
-from ebmrag.records.fragment import Tier
 from ebmrag.models.tokens import make_token_counter
 from ebmrag.packing.exact import ExactPacker
 from ebmrag.packing.packer import STRATEGIES, make_packer
 from ebmrag.packing.utility import CandidateBuilder, UtilityParams
+from ebmrag.records.fragment import Tier
 from tests.eval.helpers import measured, prepared_case
 
 ROW_KEYS = {"dataset", "strategy", "window", "cases", "rrce", "entity_rrce", "entity_ceiling", "t1_retention",

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from ebmrag.records.fhir_notes import html_to_text, note_sections
-from ebmrag.records.loaders import load_record
 from ebmrag.evidence.questions import QuestionClassifier
 from ebmrag.evidence.tiers import TierClassifier
 from ebmrag.packing.packer import ContextPacker
 from ebmrag.packing.types import PackResult
+from ebmrag.records.fhir_notes import html_to_text, note_sections
+from ebmrag.records.loaders import load_record
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from ebmrag.errors import RecordError
-from ebmrag.records.loaders import load_record, load_records
 from ebmrag.evidence.tiers import TierClassifier
+from ebmrag.records.loaders import load_record, load_records
 
 
 def _write(tmp_path: Path, data: Any, name: str = "record.json") -> Path:

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from ebmrag.errors import ConfigError
-from ebmrag.records.fragment import Tier
 from ebmrag.evidence.tiers import DEFAULT_RULES_PATH, TierClassifier
+from ebmrag.records.fragment import Tier
 
 
 @pytest.fixture(scope="module")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from ebmrag.records.fragment import Tier
 from ebmrag.evidence.lexicon import drug_mentions
 from ebmrag.evidence.tiers import TierClassifier
+from ebmrag.records.fragment import Tier
 
 RULES = TierClassifier()
 

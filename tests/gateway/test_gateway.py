@@ -23,8 +23,8 @@ import redis
 from ebmrag.gateway.consumer import ResultConsumer
 from ebmrag.gateway.publish import publish
 from ebmrag.store.access import create_key
-from ebmrag.store.results import MessageError, ResultMessage, messages_from_hl7, parse_message
 from ebmrag.store.patients import SQLiteStore
+from ebmrag.store.results import MessageError, ResultMessage, messages_from_hl7, parse_message
 from tests.serve.conftest import free_port
 
 REDIS_URL = os.environ.get("EBMRAG_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from ebmrag.models.tokens import make_token_counter
 from ebmrag.generate.assembler import ContextAssembler, edges_first, jaccard, word_set
 from ebmrag.index.types import SearchHit
+from ebmrag.models.tokens import make_token_counter
 
 COUNTER = make_token_counter("bundled")
 

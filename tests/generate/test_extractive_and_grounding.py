@@ -5,11 +5,11 @@ from typing import Any
 
 import pytest
 
-from ebmrag.records.fragment import Tier
+from ebmrag.evidence.tiers import TierClassifier
 from ebmrag.generate.context import EVIDENCE, PATIENT, ContextItem, evidence_tier
 from ebmrag.generate.extractive import extractive_brief
-from ebmrag.evidence.tiers import TierClassifier
 from ebmrag.generate.grounding import GroundingChecker
+from ebmrag.records.fragment import Tier
 
 RULES = TierClassifier()  # the bundled tier rules
 

@@ -12,15 +12,15 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from ebmrag.answer.engine import Engine
-from ebmrag.cli import app
 from ebmrag.answer.params import AnswerParams
+from ebmrag.cli import app
 from ebmrag.demo import load_patient
 from ebmrag.errors import ModelUnavailableError
 from ebmrag.eval.generation import GenerationJudge
-from ebmrag.llm.local import LlamaCppChatClient
 from ebmrag.generate.staged import STAGE_ORDER, STAGE_SCHEMAS, check_citations, stage_schema
+from ebmrag.llm.local import LlamaCppChatClient
 from ebmrag.protocols import ChatMessage, SchemaChatClient
+from tests.engines import engine_from_parts
 
 pytest.importorskip("llama_cpp", reason="the [local] extra is not installed")
 pytestmark = pytest.mark.model
@@ -63,9 +63,9 @@ def test_schema_decoding_holds_a_tiny_model_to_the_shape(local: LlamaCppChatClie
                for f in value["findings"])
 
 
-def test_ask_runs_every_stage_with_schema_valid_replies(local: LlamaCppChatClient, context_packer: Any,
-                                                        demo_voter: Any) -> None:
-    engine = Engine(context_packer, demo_voter, local)
+def test_ask_runs_every_stage_with_schema_valid_replies(local: LlamaCppChatClient, resources: Any,
+                                                        context_packer: Any, demo_voter: Any) -> None:
+    engine = engine_from_parts(resources, packer=context_packer, voter=demo_voter, client=local)
     result = engine.ask("Which antibiotic is safe for his wound infection?", load_patient("demo-colon"), 2048)
     stages = {s.name: s for s in result.stages}
     assert [s.name for s in result.stages] == list(STAGE_ORDER)
@@ -75,14 +75,15 @@ def test_ask_runs_every_stage_with_schema_valid_replies(local: LlamaCppChatClien
     assert stages["final_assembler"].status in ("ok", "skipped")
     assert result.answer.strip() and result.backend == "local"
     assert result.redacted == {}  # nothing leaves the machine: no redaction under "auto"
-    judged = GenerationJudge(engine, local).run(result)  # a verdict per context line, exactly as many as lines
+    # a verdict per context line, exactly as many as lines
+    judged = GenerationJudge(engine, local, embedder=resources.embedder).run(result)
     assert judged["context_relevancy"].method == "model" and judged["faithfulness"].method == "model"
 
 
-def test_the_relevance_filter_gets_a_verdict_per_document(local: LlamaCppChatClient, context_packer: Any,
-                                                          demo_voter: Any) -> None:
-    engine = Engine(context_packer, demo_voter, local, answer=AnswerParams(retrieval="always",
-                                                                             relevance_filter=True))
+def test_the_relevance_filter_gets_a_verdict_per_document(local: LlamaCppChatClient, resources: Any,
+                                                          context_packer: Any, demo_voter: Any) -> None:
+    engine = engine_from_parts(resources, AnswerParams(retrieval="always", relevance_filter=True),
+                               packer=context_packer, voter=demo_voter, client=local)
     result = engine.ask("Which antibiotic is safe for his wound infection?", load_patient("demo-colon"), 2048)
     verdicts = result.retrieval.verdicts
     assert verdicts and all(v.status is not None and not v.fault for v in verdicts)  # every reply in its shape

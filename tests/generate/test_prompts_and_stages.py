@@ -5,10 +5,10 @@ from pathlib import Path
 import pytest
 
 from ebmrag.errors import ConfigError
-from ebmrag.models.tokens import make_token_counter
 from ebmrag.generate.budget import BudgetError, extractive_budget, staged_budget
-from ebmrag.llm.prompts import STAGE_ORDER, PromptStage, load_prompts
 from ebmrag.generate.staged import AnswerText, EvidenceEvaluation, Review, cited_numbers, parse_reply
+from ebmrag.llm.prompts import STAGE_ORDER, PromptStage, load_prompts
+from ebmrag.models.tokens import make_token_counter
 
 
 @pytest.mark.parametrize("language", ["en", "zh"])

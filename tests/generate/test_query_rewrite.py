@@ -10,13 +10,14 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from ebmrag.answer.engine import Engine
-from ebmrag.cli import app
 from ebmrag.answer.params import AnswerParams
+from ebmrag.cli import app
+from ebmrag.compose import engine_from_dict
 from ebmrag.demo import load_patient
 from ebmrag.llm.openai import OpenAIChatClient
 from ebmrag.retrieve.query_rewrite import QueryExpander, QueryRewriter
 from ebmrag.retrieve.search import HybridRetriever
+from tests.engines import engine_from_parts, rrf_retriever
 from tests.fake_openai import FakeOpenAI, serve
 
 pytestmark = pytest.mark.model
@@ -49,11 +50,12 @@ def test_variants_and_a_hypothesis_move_the_ranking(demo_voter: Any) -> None:
     assert "penicillin-allergy-review" in expanded
     passage = ("A rise in creatinine of 0.3 mg/dL within 48 hours defines acute kidney injury; stop nephrotoxic "
                "drugs and review fluid balance.")
-    dense = HybridRetriever(retriever.kb, "dense")
+    dense = rrf_retriever(retriever.kb, "dense")
     assert dense.run("what is wrong with my blood test", k=1, hypothesis=passage)[0].doc_id == "aki-management"
 
 
-def test_ask_votes_with_the_rewordings_and_records_a_failure(context_packer: Any, demo_voter: Any) -> None:
+def test_ask_votes_with_the_rewordings_and_records_a_failure(resources: Any, context_packer: Any,
+                                                             demo_voter: Any) -> None:
     def rewriter_reply(request: dict[str, Any]) -> str:
         prompt = request["messages"][-1]["content"]
         if '"queries"' in prompt:
@@ -62,21 +64,23 @@ def test_ask_votes_with_the_rewordings_and_records_a_failure(context_packer: Any
 
     record = load_patient("demo-colon")
     with serve(FakeOpenAI(default=rewriter_reply)) as url:
-        engine = Engine(context_packer, demo_voter, rewriter=QueryRewriter(client(url), 1, hyde=True))
+        engine = engine_from_parts(resources, packer=context_packer, voter=demo_voter,
+                                   rewriter=QueryRewriter(client(url), 1, hyde=True))
         result = engine.ask("Which antibiotic now?", record, 900)
-        assert Engine.from_dict(engine.to_dict()).rewriter is None  # no client in the dict: nothing to call
+        assert engine_from_dict(engine.to_dict()).rewriter is None  # no client in the dict: nothing to call
     queries = result.retrieval.queries
     assert queries[:3] == ("Which antibiotic now?", "penicillin anaphylaxis which antibiotic",
                            "Patients with penicillin anaphylaxis can receive aztreonam.")
     fake = FakeOpenAI(default=rewriter_reply)  # redacting (as for a remote endpoint): identifiers never reach it
     with serve(fake) as url:
-        engine = Engine(context_packer, demo_voter, answer=AnswerParams(redact="always"),
-                        rewriter=QueryRewriter(client(url), 1))
+        engine = engine_from_parts(resources, AnswerParams(redact="always"), packer=context_packer, voter=demo_voter,
+                                   rewriter=QueryRewriter(client(url), 1))
         engine.ask("Which antibiotic now for MRN12345678, phone 555-123-4567?", record, 900)
     sent = json.dumps(fake.requests)
     assert "MRN12345678" not in sent and "555-123-4567" not in sent and re.search(r"\[[A-Z_]+-1\]", sent)
     with serve(FakeOpenAI(default=("text", "sorry"))) as url:
-        engine = Engine(context_packer, demo_voter, rewriter=QueryRewriter(client(url), 1))
+        engine = engine_from_parts(resources, packer=context_packer, voter=demo_voter,
+                                   rewriter=QueryRewriter(client(url), 1))
         failed = engine.ask("Which antibiotic now?", record, 900)
     assert "query expansion failed" in failed.retrieval.reason and failed.answer
 

@@ -106,23 +106,32 @@ def test_the_query_rewriter_sends_the_english_text_byte_for_byte() -> None:
                                       'real sources, never shown). Reply {"passage": "..."}.')]]
 
 
+def hit(text: str) -> SearchHit:
+    return SearchHit(chunk_id="d1#0", doc_id="d1", score=1.0, section="", text=text, source="", section_id="",
+                     char_start=0, char_end=0, authority="", date="")
+
+
 def test_a_chinese_question_gets_the_chinese_prompt_and_the_same_json() -> None:
+    question = "青霉素过敏的患者现在可以用哪种抗生素？"
     client = RecordingClient('{"queries": ["青霉素过敏 头孢菌素 交叉过敏"]}')
-    done = QueryRewriter(client, 1).run("青霉素过敏的患者现在可以用哪种抗生素？")
+    done = QueryRewriter(client, 1).run(question, language="zh")
     assert done.variants == ("青霉素过敏 头孢菌素 交叉过敏",)
     (_, system), (_, user) = client.sent[0]
     assert system == step_prompt("query_rewrite", "zh").render("system")
     assert user.startswith("问题：青霉素过敏") and '{"queries": [...]}' in user
     english = RecordingClient()
-    QueryRewriter(english, 1).run("青霉素过敏的患者现在可以用哪种抗生素？", language="en")
+    QueryRewriter(english, 1).run(question)  # the caller names the language; English when it does not
     assert english.sent[0][1][1].startswith("Question: ")
+    judged = RecordingClient('{"status": true}')  # the relevance filter reads the language off the question
+    RelevanceFilter(judged).run(question, ["青霉素过敏性休克"], [DocumentHit("d1", 1, 1.0, (hit("氨曲南可用。"),))])
+    sent = judged.sent[0][1][1]
+    assert sent.startswith("患者的临床发现：\n- 青霉素过敏性休克") and '{"status": true}' in sent
 
 
 def test_the_relevance_filter_the_exam_and_synthesis_send_the_english_text() -> None:
     client = RecordingClient("not json", '{"status": false}')
-    hit = SearchHit(chunk_id="d1#0", doc_id="d1", score=1.0, section="", text="Aztreonam is safe in penicillin "
-                    "anaphylaxis.", source="", section_id="", char_start=0, char_end=0, authority="", date="")
-    RelevanceFilter(client).run("Which antibiotic?", [], [DocumentHit("d1", 1, 1.0, (hit,))])
+    document = DocumentHit("d1", 1, 1.0, (hit("Aztreonam is safe in penicillin anaphylaxis."),))
+    RelevanceFilter(client).run("Which antibiotic?", [], [document])
     first, retry = client.sent
     assert first == [
         ("system", "You are a physician building a differential diagnosis. You decide whether a retrieved medical "

@@ -4,11 +4,11 @@ from pathlib import Path
 
 import pytest
 
-from ebmrag.retrieve.focus import FocusExtractor
 from ebmrag.index.kb import KnowledgeBase
-from ebmrag.retrieve.search import HybridRetriever
 from ebmrag.ingest.documents import Document
+from ebmrag.retrieve.focus import FocusExtractor
 from ebmrag.retrieve.params import RetrievalParams
+from ebmrag.retrieve.search import HybridRetriever
 from tests.engines import rrf_params
 
 TITLES = ["Sciatica", "Low back pain", "Back pain", "Gout", "Celiac disease", "Pain", "Zolmitriptan"]

@@ -10,11 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ebmrag.index.params import KnowledgeBaseConfig
 from ebmrag.errors import KnowledgeBaseError
 from ebmrag.index import store
 from ebmrag.index.kb import KnowledgeBase, index_text
-from ebmrag.retrieve.search import HybridRetriever
+from ebmrag.index.params import KnowledgeBaseConfig
 from ebmrag.index.sync import ingest_paths
 from ebmrag.index.types import Filters
 from ebmrag.ingest.documents import Document

@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from ebmrag.index.params import KnowledgeBaseConfig
 from ebmrag.errors import KnowledgeBaseError
 from ebmrag.index.kb import KnowledgeBase
-from ebmrag.retrieve.search import HybridRetriever
+from ebmrag.index.params import KnowledgeBaseConfig
 from ebmrag.index.types import Filters
 from ebmrag.ingest.documents import Document
 from tests.engines import rrf_retriever

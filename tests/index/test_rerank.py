@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 
 from ebmrag.errors import ModelUnavailableError
+from ebmrag.index.kb import KnowledgeBase
+from ebmrag.index.types import SearchHit
+from ebmrag.ingest.documents import Document, DocumentBuilder
 from ebmrag.models.adapters import NAMED_DELTAS, save_delta
 from ebmrag.models.tokens import bundled_model_dir
-from ebmrag.index.kb import KnowledgeBase
 from ebmrag.retrieve.rerank import CrossEncoderReranker, reranker_from_dict, shown_text
 from ebmrag.retrieve.search import HybridRetriever
-from ebmrag.index.types import SearchHit
 from ebmrag.retrieve.vote import DocumentVoter
-from ebmrag.ingest.documents import Document, DocumentBuilder
 from tests.engines import rrf_params, rrf_retriever
 
 pytestmark = pytest.mark.model
@@ -68,8 +68,7 @@ def test_retriever_applies_a_pluggable_reranker_to_the_route_depth(kb: Knowledge
 
 
 def test_document_vote_counts_distinct_chunks_across_sentences(kb: KnowledgeBase) -> None:
-    voter = DocumentVoter(rrf_retriever(kb, "bm25"), rrf_params("bm25", vote_chunks=10, vote_documents=2,
-                                                                     vote_min_score=0.5))
+    voter = DocumentVoter(rrf_retriever(kb, "bm25", vote_chunks=10, vote_documents=2, vote_min_score=0.5))
     sentences = ["Hypotension with a raised lactate.", "Which vasopressor in shock?", "Antibiotics within an hour.",
                  "Creatinine rose over 48 hours."]
     documents = voter.run(sentences)
@@ -82,10 +81,8 @@ def test_document_vote_counts_distinct_chunks_across_sentences(kb: KnowledgeBase
 
 
 def test_document_vote_floor_drops_weak_chunks(kb: KnowledgeBase) -> None:
-    strict = DocumentVoter(rrf_retriever(kb, "bm25"), rrf_params("bm25", vote_chunks=10, vote_documents=3,
-                                                                      vote_min_score=1.0))
-    loose = DocumentVoter(rrf_retriever(kb, "bm25"), rrf_params("bm25", vote_chunks=10, vote_documents=3,
-                                                                     vote_min_score=0.0))
+    strict = DocumentVoter(rrf_retriever(kb, "bm25", vote_chunks=10, vote_documents=3, vote_min_score=1.0))
+    loose = DocumentVoter(rrf_retriever(kb, "bm25", vote_chunks=10, vote_documents=3, vote_min_score=0.0))
     query = ["septic shock antibiotics and penicillin anaphylaxis"]
     assert sum(d.votes for d in strict.run(query)) == 1
     assert sum(d.votes for d in loose.run(query)) > 1

@@ -13,11 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ebmrag.index.params import KnowledgeBaseConfig, StorageSettings
 from ebmrag.index import merge
 from ebmrag.index.kb import KnowledgeBase
+from ebmrag.index.params import KnowledgeBaseConfig, StorageSettings
 from ebmrag.index.prepare import prepare_batches
-from ebmrag.retrieve.search import HybridRetriever
 from ebmrag.index.segment import SegmentEntry
 from ebmrag.index.types import Filters, SearchHit
 from ebmrag.ingest.documents import Document

@@ -5,7 +5,6 @@ from pathlib import Path
 
 import pytest
 
-from ebmrag.models.tokens import HuggingFaceTokenCounter
 from ebmrag.ingest.chunking import (
     ChunkerBySource,
     FixedChunker,
@@ -16,6 +15,7 @@ from ebmrag.ingest.chunking import (
 )
 from ebmrag.ingest.corpora import recognise_record
 from ebmrag.ingest.documents import Document, DocumentBuilder
+from ebmrag.models.tokens import HuggingFaceTokenCounter
 
 COUNTER = HuggingFaceTokenCounter()
 

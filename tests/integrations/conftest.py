@@ -8,9 +8,9 @@ from collections.abc import Sequence
 import pytest
 
 from ebmrag.demo import demo_guidelines
-from ebmrag.records.fragment import PatientRecord
 from ebmrag.integrations.core import EvidencePacker, resolve_record
 from ebmrag.packing.packer import ContextPacker
+from ebmrag.records.fragment import PatientRecord
 
 QUESTION = "Which antibiotic should treat his post-operative wound infection?"
 BUDGET = 420

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from ebmrag.errors import EbmragError
-from ebmrag.records.fragment import PatientRecord
 from ebmrag.packing.packer import ContextPacker
+from ebmrag.records.fragment import PatientRecord
 from tests.integrations.conftest import ALLERGY, BUDGET, QUESTION, first_that_fit
 
 pytest.importorskip("haystack", reason="the [haystack] extra is not installed")

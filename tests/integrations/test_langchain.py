@@ -4,8 +4,8 @@ from typing import Any
 
 import pytest
 
-from ebmrag.records.fragment import PatientRecord
 from ebmrag.packing.packer import ContextPacker
+from ebmrag.records.fragment import PatientRecord
 from tests.integrations.conftest import ALLERGY, BUDGET, QUESTION, first_that_fit
 
 pytest.importorskip("langchain_classic", reason="the [langchain] extra is not installed")

@@ -4,9 +4,9 @@ from typing import Any
 
 import pytest
 
-from ebmrag.records.fragment import PatientRecord
 from ebmrag.integrations.core import EvidencePacker
 from ebmrag.packing.packer import ContextPacker
+from ebmrag.records.fragment import PatientRecord
 from tests.integrations.conftest import ALLERGY, BUDGET, QUESTION, first_that_fit
 
 pytest.importorskip("llama_index.core", reason="the [llamaindex] extra is not installed")

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from ebmrag.records.fragment import Fragment, Tier, TierDecision
 from ebmrag.packing.types import Candidate, PackOption, State
+from ebmrag.records.fragment import Fragment, Tier, TierDecision
 
 
 def make_candidate(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from ebmrag.records.fragment import Fragment, Tier, TierDecision
 from ebmrag.packing.types import Candidate, PackOption, State
+from ebmrag.records.fragment import Fragment, Tier, TierDecision
 
 
 @st.composite

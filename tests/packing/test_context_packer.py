@@ -9,11 +9,11 @@ import pytest
 
 from ebmrag.demo import demo_query, demo_record_paths
 from ebmrag.models.embeddings import SentenceEmbedder
-from ebmrag.records.fragment import Tier
-from ebmrag.records.loaders import load_record
 from ebmrag.packing.packer import STRATEGIES, ContextPacker, make_packer
 from ebmrag.packing.params import PackingParams
 from ebmrag.packing.types import State
+from ebmrag.records.fragment import Tier
+from ebmrag.records.loaders import load_record
 
 pytestmark = pytest.mark.model
 COLON = next(p for p in demo_record_paths() if "colon" in p.name)

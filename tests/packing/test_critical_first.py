@@ -11,9 +11,9 @@ from typer.testing import CliRunner
 
 from ebmrag.cli import app
 from ebmrag.evidence.entities import EntityCompressor
+from ebmrag.packing.utility import MeasuredFragment, UtilityParams, current_encounter_id, is_current
 from ebmrag.records.fragment import Fragment, Tier, TierDecision
 from ebmrag.records.loaders import load_record
-from ebmrag.packing.utility import MeasuredFragment, UtilityParams, current_encounter_id, is_current
 
 NOW = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 

@@ -7,10 +7,10 @@ from datetime import UTC, datetime
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ebmrag.records.fragment import Fragment, Tier, TierDecision
 from ebmrag.packing.dedup import collapse_duplicates, numbers, pack_collapsed, shingles
 from ebmrag.packing.exact import ExactPacker
 from ebmrag.packing.types import Candidate, DropReason, PackOption, State
+from ebmrag.records.fragment import Fragment, Tier, TierDecision
 
 NURSING = "Patient resting comfortably in bed, call bell within reach, side rails up, no complaints voiced overnight."
 

@@ -9,12 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ebmrag.records.fragment import Fragment, PatientRecord, Tier, TierDecision
 from ebmrag.packing.packer import ContextPacker
 from ebmrag.packing.params import PackingParams
 from ebmrag.packing.prefilter import Prefilter, estimated_tokens
 from ebmrag.packing.types import DropReason
 from ebmrag.packing.utility import UtilityParams
+from ebmrag.records.fragment import Fragment, PatientRecord, Tier, TierDecision
 
 NOW = datetime(2026, 3, 1, tzinfo=UTC)
 PARAMS = UtilityParams()

@@ -5,15 +5,15 @@ from typing import Any
 
 import pytest
 
-from ebmrag.research.params import DEFAULT_AUTHORITY
 from ebmrag.ddx.engine import DifferentialDiagnoser
 from ebmrag.ddx.findings import FindingMapper
 from ebmrag.ddx.knowledge import load_kb
 from ebmrag.demo import demo_record_path
-from ebmrag.records.loaders import load_record
 from ebmrag.llm.openai import OpenAIChatClient
+from ebmrag.records.loaders import load_record
 from ebmrag.research.agent import ResearchAgent
 from ebmrag.research.memory import ObservationMemory
+from ebmrag.research.params import DEFAULT_AUTHORITY
 from ebmrag.research.tools import (
     DdxTool,
     Icd10LookupTool,
@@ -36,10 +36,10 @@ def research_tools(context_packer: Any, demo_voter: Any, embedder: Any) -> list[
 
 
 @pytest.fixture
-def make_agent(research_tools: list[Tool], context_packer: Any) -> Callable[..., ResearchAgent]:
+def make_agent(research_tools: list[Tool], resources: Any, context_packer: Any) -> Callable[..., ResearchAgent]:
     def build(base_url: str, window: int = 8192, reserve: int = 512, **options: Any) -> ResearchAgent:
         client = OpenAIChatClient(base_url, "fake", max_retries=0, breaker_seconds=0)
-        return ResearchAgent(client, research_tools, ObservationMemory(context_packer, window, reserve,
-                                                                       token_counter=context_packer.token_counter), **options)
+        memory = ObservationMemory(context_packer, window, reserve, token_counter=resources.token_counter)
+        return ResearchAgent(client, research_tools, memory, **options)
 
     return build

@@ -12,9 +12,10 @@ from typer.testing import CliRunner
 
 from ebmrag.cli import app
 from ebmrag.index.kb import KnowledgeBase
-from ebmrag.retrieve.search import HybridRetriever
 from ebmrag.index.sync import ingest_paths
 from ebmrag.research.synthesis import EntityGraph, chain_coverage, synthesize
+from ebmrag.retrieve.params import RetrievalParams
+from ebmrag.retrieve.search import HybridRetriever
 
 pytestmark = pytest.mark.model
 
@@ -41,7 +42,7 @@ def small_kb(tmp_path_factory: pytest.TempPathFactory, embedder: Any) -> HybridR
                               for i, t, s, x in PAGES), encoding="utf-8")
     kb = KnowledgeBase(folder / "kb", embedder=embedder)
     assert not ingest_paths(kb, [corpus]).errors
-    return HybridRetriever(kb, "hybrid", "score", (0.3, 0.7))
+    return HybridRetriever(kb, RetrievalParams(mode="hybrid", fusion="score", bm25_weight=0.3, dense_weight=0.7))
 
 
 def test_longest_backed_path_becomes_a_question(small_kb: HybridRetriever) -> None:

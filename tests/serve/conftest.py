@@ -23,10 +23,12 @@ import pytest
 import uvicorn
 
 from ebmrag.answer.engine import Engine
+from ebmrag.compose import Resources
 from ebmrag.config import Settings
-from ebmrag.store.access import create_key
 from ebmrag.serve.app import create_app
+from ebmrag.store.access import create_key
 from ebmrag.store.patients import PatientStore, PostgresStore, SQLiteStore
+from tests.engines import engine_from_parts, over_knowledge_base
 
 POSTGRES_URL = os.environ.get("EBMRAG_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 
@@ -65,11 +67,11 @@ class Live:
         return httpx.Client(base_url=self.url, headers=headers, timeout=60)
 
 
-def start_server(store: PatientStore, engine: Engine, **serve_settings: Any) -> tuple[Live, uvicorn.Server,
-                                                                                      threading.Thread]:
+def start_server(store: PatientStore, engine: Engine, resources: Resources,
+                 **serve_settings: Any) -> tuple[Live, uvicorn.Server, threading.Thread]:
     settings = Settings()
     settings = replace(settings, serve=replace(settings.serve, **serve_settings))
-    app = create_app(store, settings, engine)
+    app = create_app(store, settings, engine, resources)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -82,8 +84,9 @@ def start_server(store: PatientStore, engine: Engine, **serve_settings: Any) -> 
 
 
 @contextmanager
-def running(store: PatientStore, engine: Engine, **serve_settings: Any) -> Iterator[Live]:
-    live, server, thread = start_server(store, engine, **serve_settings)
+def running(store: PatientStore, engine: Engine, resources: Resources, **serve_settings: Any) -> Iterator[Live]:
+    """`resources`: the ones `engine` was built from (`demo_engine` gives both)."""
+    live, server, thread = start_server(store, engine, resources, **serve_settings)
     try:
         yield live
     finally:
@@ -91,7 +94,17 @@ def running(store: PatientStore, engine: Engine, **serve_settings: Any) -> Itera
         thread.join(timeout=10)
 
 
+def demo_engine(resources: Resources, context_packer: Any, demo_voter: Any,
+                client: Any = None) -> tuple[Engine, Resources]:
+    """An engine over the session's packer and the demo knowledge base's voter, and the resources it was built
+    from (over that knowledge base)."""
+    engine = engine_from_parts(resources, packer=context_packer, voter=demo_voter, client=client)
+    return engine, over_knowledge_base(resources, demo_voter.retriever.kb)
+
+
 @pytest.fixture
-def serve(store: PatientStore, context_packer: Any, demo_voter: Any) -> Iterator[Callable[..., Live]]:
+def serve(store: PatientStore, resources: Resources, context_packer: Any,
+          demo_voter: Any) -> Iterator[Callable[..., Live]]:
     with ExitStack() as stack:
-        yield lambda **settings: stack.enter_context(running(store, Engine(context_packer, demo_voter), **settings))
+        yield lambda **settings: stack.enter_context(running(store, *demo_engine(resources, context_packer,
+                                                                                 demo_voter), **settings))

@@ -20,14 +20,15 @@ import pytest
 import uvicorn
 
 from ebmrag.answer.engine import Engine
+from ebmrag.compose import Resources
 from ebmrag.config import Settings
 from ebmrag.demo import load_patient
 from ebmrag.records.fragment import PatientRecord
+from ebmrag.serve.service import Service
 from ebmrag.store import audit
 from ebmrag.store.access import create_key
-from ebmrag.serve.service import Service
 from ebmrag.store.patients import SQLiteStore
-from tests.serve.conftest import free_port
+from tests.serve.conftest import demo_engine, free_port
 
 pytest.importorskip("mcp", reason="the [mcp] extra is not installed")
 
@@ -56,9 +57,11 @@ def seeded_store(path: Path) -> tuple[SQLiteStore, str]:
 
 
 @contextmanager
-def running_mcp(tmp_path: Path, engine: Engine, settings: Settings) -> Iterator[tuple[str, SQLiteStore, str]]:
+def running_mcp(tmp_path: Path, engine: tuple[Engine, Resources],
+                settings: Settings) -> Iterator[tuple[str, SQLiteStore, str]]:
+    """`engine`: an engine and the resources it was built from (`demo_engine`)."""
     store, key = seeded_store(tmp_path / "store.sqlite")
-    service = Service(store, settings, engine)
+    service = Service(store, settings, *engine)
     server = uvicorn.Server(uvicorn.Config(http_app(service), host="127.0.0.1", port=free_port(),
                                            log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -75,15 +78,17 @@ def running_mcp(tmp_path: Path, engine: Engine, settings: Settings) -> Iterator[
 
 
 @pytest.fixture
-def mcp_url(tmp_path: Path, context_packer: Any, demo_voter: Any) -> Iterator[tuple[str, SQLiteStore, str]]:
-    with running_mcp(tmp_path, Engine(context_packer, demo_voter), Settings()) as running:
+def mcp_url(tmp_path: Path, resources: Resources, context_packer: Any,
+            demo_voter: Any) -> Iterator[tuple[str, SQLiteStore, str]]:
+    with running_mcp(tmp_path, demo_engine(resources, context_packer, demo_voter), Settings()) as running:
         yield running
 
 
-def test_calls_beyond_the_keys_rate_are_refused(tmp_path: Path, context_packer: Any, demo_voter: Any) -> None:
+def test_calls_beyond_the_keys_rate_are_refused(tmp_path: Path, resources: Resources, context_packer: Any,
+                                                demo_voter: Any) -> None:
     settings = Settings()
     settings = replace(settings, serve=replace(settings.serve, rate_per_second=0.01, rate_burst=2))
-    with running_mcp(tmp_path, Engine(context_packer, demo_voter), settings) as (url, _, key):
+    with running_mcp(tmp_path, demo_engine(resources, context_packer, demo_voter), settings) as (url, _, key):
         _, results = asyncio.run(http_calls(url, key, [("patient_fragments", {"patient_id": "p1"})] * 3))
     assert [r.is_error for r in results] == [False, False, True] and "429" in text(results[2])
 

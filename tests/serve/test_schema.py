@@ -9,19 +9,18 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 
-from ebmrag.answer.engine import Engine
 from ebmrag.store.patients import SQLiteStore
-from tests.serve.conftest import Live, running
+from tests.serve.conftest import Live, demo_engine, running
 from tests.serve.test_service import RECORD
 
 pytestmark = pytest.mark.model
 
 
-def test_no_server_error_and_responses_match_the_schema(tmp_path: Path, context_packer: Any,
+def test_no_server_error_and_responses_match_the_schema(tmp_path: Path, resources: Any, context_packer: Any,
                                                         demo_voter: Any) -> None:
     """One store is enough for the schema (the behaviour tests run on both)."""
-    with running(SQLiteStore(tmp_path / "s.sqlite"), Engine(context_packer, demo_voter), rate_per_second=1000,
-                 rate_burst=1000) as live:
+    with running(SQLiteStore(tmp_path / "s.sqlite"), *demo_engine(resources, context_packer, demo_voter),
+                 rate_per_second=1000, rate_burst=1000) as live:
         check_schema(live)
 
 

@@ -177,16 +177,17 @@ def test_postgresql_row_security_hides_other_tenants_rows_even_without_a_where_c
         store.drop()
 
 
-def test_the_shared_knowledge_base_changes_only_through_its_admin_tenant(tmp_path: Any, store: Any,
+def test_the_shared_knowledge_base_changes_only_through_its_admin_tenant(tmp_path: Any, store: Any, resources: Any,
                                                                        context_packer: Any, embedder: Any) -> None:
-    from ebmrag.answer.engine import Engine
     from ebmrag.index.kb import KnowledgeBase
-    from ebmrag.retrieve.search import HybridRetriever
     from ebmrag.retrieve.vote import DocumentVoter
+    from tests.engines import engine_from_parts, over_knowledge_base, rrf_retriever
     from tests.serve.conftest import running
 
-    voter = DocumentVoter(HybridRetriever(KnowledgeBase(tmp_path / "kb", embedder=embedder)))
-    with running(store, Engine(context_packer, voter, answer=AnswerParams(retrieval="never"))) as live:
+    kb = KnowledgeBase(tmp_path / "kb", embedder=embedder)
+    voter = DocumentVoter(rrf_retriever(kb))
+    engine = engine_from_parts(resources, AnswerParams(retrieval="never"), packer=context_packer, voter=voter)
+    with running(store, engine, over_knowledge_base(resources, kb)) as live:
         docs = {"documents": [
             {"doc_id": "g1", "title": "Penicillin allergy", "authority": "guideline",
              "text": "After anaphylaxis to penicillin avoid all penicillins; a cephalosporin with a dissimilar "
@@ -205,19 +206,20 @@ def test_the_shared_knowledge_base_changes_only_through_its_admin_tenant(tmp_pat
             problem(clinician.get("/v1/kb/stats"), 403, "forbidden")
 
 
-def test_ask_streams_stage_events_then_the_answer(store: Any, context_packer: Any, demo_voter: Any) -> None:
+def test_ask_streams_stage_events_then_the_answer(store: Any, resources: Any, context_packer: Any,
+                                                  demo_voter: Any) -> None:
     """Accept: text/event-stream on the model path: one event per stage as it ends, then the answer text,
     then the ask JSON (a real fake model server on 127.0.0.1)."""
-    from ebmrag.answer.engine import Engine
     from ebmrag.llm.openai import OpenAIChatClient
     from tests.answer.test_engine_llm import clinician
     from tests.fake_openai import FakeOpenAI
     from tests.fake_openai import serve as serve_model
-    from tests.serve.conftest import running
+    from tests.serve.conftest import demo_engine, running
 
     with serve_model(FakeOpenAI(clinician())) as url:
-        engine = Engine(context_packer, demo_voter, OpenAIChatClient(url, "tiny", max_retries=0))
-        with running(store, engine) as live, live.client(live.key("t", "service")) as http:
+        engine, built_from = demo_engine(resources, context_packer, demo_voter,
+                                         OpenAIChatClient(url, "tiny", max_retries=0))
+        with running(store, engine, built_from) as live, live.client(live.key("t", "service")) as http:
             http.put("/v1/patients/p1", json=RECORD)
             with http.stream("POST", "/v1/patients/p1/ask", json={"question": "Which antibiotic is safe?",
                                                                   "window": 6000},

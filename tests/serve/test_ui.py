@@ -13,9 +13,8 @@ from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 
-from ebmrag.answer.engine import Engine
 from ebmrag.store.patients import SQLiteStore
-from tests.serve.conftest import Live, running
+from tests.serve.conftest import Live, demo_engine, running
 from tests.serve.test_service import RECORD
 
 pytestmark = pytest.mark.model
@@ -39,10 +38,10 @@ def browser() -> Iterator[webdriver.Chrome]:
         chrome.quit()
 
 
-def test_sign_in_open_a_patient_ask_and_follow_a_citation(tmp_path: Path, context_packer: Any, demo_voter: Any,
-                                                          browser: webdriver.Chrome) -> None:
+def test_sign_in_open_a_patient_ask_and_follow_a_citation(tmp_path: Path, resources: Any, context_packer: Any,
+                                                          demo_voter: Any, browser: webdriver.Chrome) -> None:
     """One store is enough here: the viewer reads through the same store calls as the JSON routes."""
-    with running(SQLiteStore(tmp_path / "s.sqlite"), Engine(context_packer, demo_voter)) as live:
+    with running(SQLiteStore(tmp_path / "s.sqlite"), *demo_engine(resources, context_packer, demo_voter)) as live:
         walk_through(live, browser)
 
 

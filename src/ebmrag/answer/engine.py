@@ -150,7 +150,7 @@ class Engine:
             record = self.packer.classify(record)
             decision = self.gate.run(record, question, asked)
         with _timed(timings, "retrieval"):
-            retrieval = self._retrieve(question, decision, record, redactor)
+            retrieval = self._retrieve(question, decision, record, redactor, language)
         prompts = self._prompts(language) if self.client else None
         prompt_window = prompt_window if prompt_window is not None else self.settings.window
         validate_window(prompt_window)
@@ -173,13 +173,13 @@ class Engine:
                          tuple(instruction_sentences(items)), dict(answer.redacted), answer.claims)
 
     def _retrieve(self, question: str, decision: GateDecision, record: PatientRecord,
-                  redactor: Redactor | None) -> RetrievalTrace:
+                  redactor: Redactor | None, language: str) -> RetrievalTrace:
         if self.voter is None or not self._may_retrieve:
             return RetrievalTrace(False, "retrieval is off (no knowledge base or retrieval = never)")
         if self.settings.retrieval == "auto" and decision.action is Action.ANSWER:
             return RetrievalTrace(False, f"the gate answers directly ({decision.reason})")
         queries = self._queries(question, decision)
-        rewrite = self._rewrite(question, redactor) if self.rewriter else None
+        rewrite = self._rewrite(question, redactor, language) if self.rewriter else None
         voting = queries if rewrite is None else tuple(dict.fromkeys(
             [question, *rewrite.variants, *([rewrite.hypothesis] if rewrite.hypothesis else []), *queries[1:]]))
         if self.shares_embedder:  # one model call for the vote's queries and the packer's fragments
@@ -195,13 +195,13 @@ class Engine:
             reason += f"; {rewrite.fault} (the question searched as written)"
         return RetrievalTrace(True, reason, voting, tuple(documents), verdicts)
 
-    def _rewrite(self, question: str, redactor: Redactor | None) -> Rewrite:
+    def _rewrite(self, question: str, redactor: Redactor | None, language: str) -> Rewrite:
         """Query expansion / HyDE on the question as the model may see it (identifiers redacted like the answer's
         prompt); the rewordings come back restored, since they only search the local knowledge base."""
         assert self.rewriter is not None
         if redactor is None:
-            return self.rewriter.run(question)
-        done = self.rewriter.run(redactor.apply(question))
+            return self.rewriter.run(question, language)
+        done = self.rewriter.run(redactor.apply(question), language)
         return Rewrite(tuple(redactor.restore(v) for v in done.variants), redactor.restore(done.hypothesis),
                        done.fault)
 

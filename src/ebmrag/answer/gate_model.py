@@ -31,10 +31,11 @@ from pydantic import BaseModel, StrictStr
 from ebmrag.answer.gate import Label
 from ebmrag.errors import ConfigError, LLMError, require_extra
 from ebmrag.llm.completion import complete_json
-from ebmrag.llm.prompts import question_language, step_prompt
+from ebmrag.llm.prompts import step_prompt
 from ebmrag.models.text_classifier import LinearTextClassifier, fit_linear_classifier
 from ebmrag.protocols import ChatClient, Embedder
 from ebmrag.retrieve.search import HybridRetriever
+from ebmrag.text.language import prompt_language
 
 log = logging.getLogger(__name__)
 _WORD = re.compile(r"[a-z0-9]+|[\u4e00-\u9fff]")
@@ -77,7 +78,7 @@ class MaskingAnnotator:
         """The model's diagnosis; a reply that is not the JSON asked for is retried once, then taken as text.
         `language` picks the prompt (en, zh); without it, the sentences' own."""
         summary = " ".join(sentences)
-        prompt = step_prompt("masking_diagnosis", language or question_language(summary))
+        prompt = step_prompt("masking_diagnosis", language or prompt_language(summary))
         done = complete_json(self.client, prompt.messages(summary=summary), DiagnosisReply, max_tokens=64,
                              retry_hint=prompt.render("retry_hint"))
         if done.status == "failed":
@@ -89,7 +90,7 @@ class MaskingAnnotator:
         """`language` picks the prompt for every call of the case (en, zh); without it, the whole record's."""
         if not sentences or not gold.strip():
             raise ValueError(f"case {case_id}: annotation needs sentences and a gold diagnosis")
-        language = language or question_language(" ".join(sentences))
+        language = language or prompt_language(" ".join(sentences))
         try:
             correct = same_diagnosis(self.diagnose(sentences, language), gold)
             if correct:

@@ -17,9 +17,10 @@ from pydantic import BaseModel, StrictBool
 
 from ebmrag.generate.injection import neutralise
 from ebmrag.llm.completion import complete_json
-from ebmrag.llm.prompts import question_language, step_prompt
+from ebmrag.llm.prompts import step_prompt
 from ebmrag.protocols import ChatClient
 from ebmrag.retrieve.vote import DocumentHit
+from ebmrag.text.language import prompt_language
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ class RelevanceFilter:
     def run(self, question: str, findings: Sequence[str], documents: Sequence[DocumentHit],
             language: str | None = None) -> tuple[list[DocumentHit], list[RelevanceVerdict]]:
         """`language` picks the prompt (en, zh); without it, the question's own."""
-        language = language or question_language(question)
+        language = language or prompt_language(question)
         verdicts = [self._judge(question, findings, document, language) for document in documents]
         return [d for d, v in zip(documents, verdicts, strict=True) if v.keep], verdicts
 

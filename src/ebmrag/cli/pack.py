@@ -15,6 +15,7 @@ from ebmrag.compose import Resources, build_packer
 from ebmrag.config import load_settings, with_overrides
 from ebmrag.demo import demo_query, demo_record_paths, load_patient
 from ebmrag.packing.packer import STRATEGIES
+from ebmrag.packing.params import OBJECTIVES
 from ebmrag.packing.types import PackResult
 from ebmrag.records.fragment import Tier, parse_timestamp
 from ebmrag.records.loaders import load_record
@@ -61,6 +62,8 @@ def pack(
 ) -> None:
     """Pack one patient's record into a token window and show why each fragment was kept or dropped."""
     with user_errors():
+        if objective not in (None, *OBJECTIVES):
+            raise ValueError(f"--objective must be 'critical' or 'paper', got {objective!r}")
         settings = with_overrides(load_settings(config),
                                   packing={"strategy": strategy, "k_min": k_min, "objective": objective})
         packer = build_packer(Resources(settings))

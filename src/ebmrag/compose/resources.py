@@ -107,7 +107,7 @@ def chat_client(settings: Settings, cache_dir: Path) -> ChatClient | None:
         return None
     if s.backend == "local":
         if not s.model_path:
-            raise ValueError('[llm] backend = "local" needs model_path = "FILE.gguf" (or --model-path)')
+            raise ValueError("--llm local needs --model-path FILE.gguf (or [llm] model_path)")
         return LlamaCppChatClient(s.model_path, s.context_tokens)
     return openai_client(settings, cache_dir)
 
@@ -116,5 +116,6 @@ def openai_client(settings: Settings, cache_dir: Path) -> OpenAIChatClient:
     s = settings.llm
     missing = [name for name, value in (("base_url", s.base_url), ("model", s.model)) if not value]
     if missing:
-        raise ValueError(f'[llm] backend = "openai" needs {" and ".join(missing)} (or --base-url / --model)')
+        raise ValueError(f'the openai backend needs --base-url and --model ([llm] base_url and model); missing: '
+                         f'{", ".join(missing)}')
     return OpenAIChatClient(s.base_url, s.model, s.api_key or None, s.timeout, s.max_retries, cache_dir=cache_dir)

@@ -24,7 +24,6 @@ from typing import Any
 
 from ebmrag.errors import ConfigError
 from ebmrag.protocols import ChatMessage
-from ebmrag.text.language import UnsupportedLanguageError, detect_language
 
 PROMPTS_DIR = Path(__file__).parent / "prompts"
 LANGUAGES = ("en", "zh")
@@ -126,14 +125,6 @@ STEP_TEMPLATES: dict[str, dict[str, frozenset[str]]] = {
                          "answer_relevancy": frozenset({"question", "answer"}),
                          "context_relevancy": frozenset({"question", "context", "count"})},
 }
-
-
-def question_language(text: str) -> str:
-    """The prompt language for a question: `detect_language`'s, English for text it cannot place."""
-    try:
-        return detect_language(text)
-    except UnsupportedLanguageError:
-        return "en"
 
 
 @dataclass(frozen=True)

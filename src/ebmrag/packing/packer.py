@@ -22,6 +22,7 @@ from ebmrag.protocols import TokenCounter
 from ebmrag.records.fragment import Fragment, PatientRecord
 
 ANCHOR = datetime(2000, 1, 1, tzinfo=UTC)  # "now" of a pack without dated fragments: only differences count
+NO_PATIENT = "no-patient"  # the empty record of an evidence-only pack (a framework's passages, an agent's memory)
 
 
 def make_packer(strategy: str, token_counter: TokenCounter | None = None, k_min: int = 1) -> Packer:
@@ -120,7 +121,7 @@ class ContextPacker:
         window = self.settings.window if window is None else window
         validate_window(window)
         question = question_type or self.questions.classify(query)
-        record = mark_needed(self.classify(record or PatientRecord("", ())), question)
+        record = mark_needed(self.classify(record or PatientRecord(NO_PATIENT, ())), question)
         as_of = as_of or record.latest_timestamp or ANCHOR
         numbers = tuple((f.id, n) for n, f in enumerate(record.fragments, 1))
         if headers is None:  # numbered in the whole record, so a pre-filtered record keeps its numbers

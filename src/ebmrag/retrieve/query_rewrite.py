@@ -9,8 +9,8 @@ Both are typed JSON steps (`llm.completion`): one retry with the problem fed bac
 recorded fault with the plain question searched, never an exception. Replies are cached by the client like every
 model reply, so the same question costs no second call. Neither runs without a model; neither is on by default
 (`[retrieval] expansion`, `hyde`); on LiveQA-Med they were not measured here (no model on this machine).
-The prompts are the `query_rewrite` step of llm/prompts/steps/{en,zh}.toml, in the question's language unless the
-caller names one.
+The prompts are the `query_rewrite` step of llm/prompts/steps/{en,zh}.toml, in the language the caller names
+(English by default: the caller knows the question's language, this layer does not detect it).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, Field
 
 from ebmrag.llm.completion import Completion, T, complete_json
-from ebmrag.llm.prompts import question_language, step_prompt
+from ebmrag.llm.prompts import step_prompt
 from ebmrag.protocols import ChatClient
 
 
@@ -53,9 +53,8 @@ class QueryExpander:
             raise ValueError(f"the number of query variants must be 1 to 8, got {n}")
         self.client, self.n = client, n
 
-    def run(self, question: str, language: str | None = None) -> Rewrite:
-        reply = _ask(self.client, "expansion", language or question_language(question), Variants, 300,
-                     question=question, n=self.n)
+    def run(self, question: str, language: str = "en") -> Rewrite:
+        reply = _ask(self.client, "expansion", language, Variants, 300, question=question, n=self.n)
         if reply.value is None:
             return Rewrite(fault=f"query expansion failed: {reply.error}")
         kept = [q.strip() for q in reply.value.queries if q.strip() and q.strip() != question.strip()]
@@ -68,9 +67,8 @@ class HypotheticalAnswer:
             raise ValueError(f"max_tokens must be >= 32, got {max_tokens}")
         self.client, self.max_tokens = client, max_tokens
 
-    def run(self, question: str, language: str | None = None) -> Rewrite:
-        reply = _ask(self.client, "hyde", language or question_language(question), Passage, self.max_tokens,
-                     question=question)
+    def run(self, question: str, language: str = "en") -> Rewrite:
+        reply = _ask(self.client, "hyde", language, Passage, self.max_tokens, question=question)
         if reply.value is None:
             return Rewrite(fault=f"HyDE failed: {reply.error}")
         return Rewrite(hypothesis=reply.value.passage.strip())
@@ -86,9 +84,8 @@ class QueryRewriter:
         self.expander = QueryExpander(client, variants) if variants else None
         self.hypothesis = HypotheticalAnswer(client) if hyde else None
 
-    def run(self, question: str, language: str | None = None) -> Rewrite:
-        """`language` picks the prompts (en, zh); without it, the question's own."""
-        language = language or question_language(question)
+    def run(self, question: str, language: str = "en") -> Rewrite:
+        """`language` (en, zh): the question's, which picks the prompts."""
         expanded = self.expander.run(question, language) if self.expander else Rewrite()
         imagined = self.hypothesis.run(question, language) if self.hypothesis else Rewrite()
         fault = "; ".join(f for f in (expanded.fault, imagined.fault) if f)

@@ -7,7 +7,7 @@ sentence matching it strongly.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from ebmrag.index.types import Filters, SearchHit
@@ -95,8 +95,9 @@ class DocumentVoter:
         return [(hit, share) for hit, share in shares if share >= self.min_relative_score]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"retriever": self.retriever.to_dict()}
+        return {"retriever": self.retriever.to_dict(), "params": asdict(self.params)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], embedder: SentenceEmbedder | None = None) -> DocumentVoter:
-        return cls(HybridRetriever.from_dict(data["retriever"], embedder))
+        params = RetrievalParams(**data["params"]) if data.get("params") else None
+        return cls(HybridRetriever.from_dict(data["retriever"], embedder), params)

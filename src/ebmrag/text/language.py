@@ -53,3 +53,11 @@ def detect_language(text: str) -> str:
         raise UnsupportedLanguageError("the question looks like a European language other than English; ebmrag "
                                        "supports English and Chinese questions")
     return "en"
+
+
+def prompt_language(text: str) -> str:
+    """The language of `text` for picking a prompt: `detect_language`'s, English for text it cannot place."""
+    try:
+        return detect_language(text)
+    except UnsupportedLanguageError:
+        return "en"
