@@ -5,17 +5,11 @@ from __future__ import annotations
 
 import json
 import re
-import socket
-import threading
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
 from ebmrag.compose import Resources, build_engine_from, engine_from_dict, load_patient
 from ebmrag.config import Settings, with_overrides
@@ -24,6 +18,7 @@ from ebmrag.serve.app import create_app
 from ebmrag.store.access import create_key
 from ebmrag.store.patients import SQLiteStore
 from tests.fake_openai import FakeOpenAI, serve
+from tests.serve.conftest import serving
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = [*sorted((ROOT / "src" / "ebmrag").rglob("*.py")), *sorted((ROOT / "bench").glob("*.py")),
@@ -93,26 +88,6 @@ def test_resources_are_shared_and_the_engine_round_trips(demo_voter: Any) -> Non
     assert rebuilt.voter is not None and str(rebuilt.voter.retriever.kb.root) == str(kb.root)
 
 
-@contextmanager
-def running_app(app: Any) -> Iterator[str]:
-    """A real uvicorn on a free port of 127.0.0.1; yields its base URL."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline, "the test server did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-
-
 def test_an_http_ask_that_sets_retrieval_keeps_the_query_rewriter(tmp_path: Path, demo_voter: Any) -> None:
     """The service's engine variant for another retrieval mode shares every part, the rewriter too: the model's
     rewording votes in an HTTP ask with "retrieval": "always"."""
@@ -130,7 +105,7 @@ def test_an_http_ask_that_sets_retrieval_keeps_the_query_rewriter(tmp_path: Path
         app = create_app(store, settings, engine, resources)
         record = load_patient("demo-colon")
         key = create_key(store, "t", "service")[0]
-        with running_app(app) as base, httpx.Client(base_url=base, timeout=60,
+        with serving(app) as (base, _), httpx.Client(base_url=base, timeout=60,
                                                     headers={"Authorization": f"Bearer {key}"}) as http:
             http.put("/v1/patients/p1", json={"patient_id": "p1", "fragments": [
                 {"id": f.id, "text": f.text, "section": f.section} for f in record.fragments]})

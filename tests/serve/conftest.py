@@ -67,11 +67,9 @@ class Live:
         return httpx.Client(base_url=self.url, headers=headers, timeout=60)
 
 
-def start_server(store: PatientStore, engine: Engine, resources: Resources,
-                 **serve_settings: Any) -> tuple[Live, uvicorn.Server, threading.Thread]:
-    settings = Settings()
-    settings = replace(settings, serve=replace(settings.serve, **serve_settings))
-    app = create_app(store, settings, engine, resources)
+@contextmanager
+def serving(app: Any) -> Iterator[tuple[str, Any]]:
+    """`app` on a real uvicorn at a free port of 127.0.0.1: yields its base URL and the app, stops it after."""
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -80,18 +78,20 @@ def start_server(store: PatientStore, engine: Engine, resources: Resources,
         if time.monotonic() > deadline:
             raise RuntimeError("the test server did not start")
         time.sleep(0.02)
-    return Live(f"http://127.0.0.1:{server.config.port}", store, app), server, thread
+    try:
+        yield f"http://127.0.0.1:{server.config.port}", app
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
 
 
 @contextmanager
 def running(store: PatientStore, engine: Engine, resources: Resources, **serve_settings: Any) -> Iterator[Live]:
     """`resources`: the ones `engine` was built from (`demo_engine` gives both)."""
-    live, server, thread = start_server(store, engine, resources, **serve_settings)
-    try:
-        yield live
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+    settings = Settings()
+    settings = replace(settings, serve=replace(settings.serve, **serve_settings))
+    with serving(create_app(store, settings, engine, resources)) as (url, app):
+        yield Live(url, store, app)
 
 
 def demo_engine(resources: Resources, context_packer: Any, demo_voter: Any,

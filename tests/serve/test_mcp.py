@@ -7,8 +7,6 @@ import asyncio
 import json
 import os
 import sys
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -17,7 +15,6 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
 from ebmrag.answer.engine import Engine
 from ebmrag.compose import Resources
@@ -28,7 +25,7 @@ from ebmrag.serve.service import Service
 from ebmrag.store import audit
 from ebmrag.store.access import create_key
 from ebmrag.store.patients import SQLiteStore
-from tests.serve.conftest import demo_engine, free_port
+from tests.serve.conftest import demo_engine, serving
 
 pytest.importorskip("mcp", reason="the [mcp] extra is not installed")
 
@@ -62,19 +59,8 @@ def running_mcp(tmp_path: Path, engine: tuple[Engine, Resources],
     """`engine`: an engine and the resources it was built from (`demo_engine`)."""
     store, key = seeded_store(tmp_path / "store.sqlite")
     service = Service(store, settings, *engine)
-    server = uvicorn.Server(uvicorn.Config(http_app(service), host="127.0.0.1", port=free_port(),
-                                           log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline, "the MCP server did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{server.config.port}/mcp", store, key
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+    with serving(http_app(service)) as (url, _):
+        yield f"{url}/mcp", store, key
 
 
 @pytest.fixture

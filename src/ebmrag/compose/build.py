@@ -13,7 +13,7 @@ from ebmrag.answer.engine import Engine
 from ebmrag.answer.gate import GateParams, RetrievalGate, RuleLabeller
 from ebmrag.answer.gate_model import ClassifierLabeller
 from ebmrag.answer.relevance import RelevanceFilter
-from ebmrag.compose.resources import Resources, openai_client
+from ebmrag.compose.resources import Resources, cache_dir_of, chat_client, openai_client
 from ebmrag.config import Settings, settings_from_dict, settings_to_dict
 from ebmrag.ddx.engine import DifferentialDiagnoser
 from ebmrag.ddx.findings import FindingMapper
@@ -23,7 +23,7 @@ from ebmrag.generate.grounding import GroundingChecker
 from ebmrag.index.backend import KnowledgeStore
 from ebmrag.llm.openai import OpenAIChatClient
 from ebmrag.packing.packer import ContextPacker
-from ebmrag.protocols import ToolChatClient
+from ebmrag.protocols import ChatClient, ToolChatClient
 from ebmrag.records.fragment import PatientRecord
 from ebmrag.research.agent import ResearchAgent
 from ebmrag.research.memory import ObservationMemory
@@ -111,14 +111,14 @@ def build_engine_from(resources: Resources) -> Engine:
                   configuration=settings_to_dict(s))
 
 
-def open_resources(settings: Settings, kb: str | Path | None = None, *, retrieval: bool = True) -> Resources:
+def open_resources(settings: Settings, kb: str | Path | None = None, *, retrieval: bool = True,
+                   chat_client: ChatClient | None = None) -> Resources:
     """Resources with the knowledge base at `kb` (without it, the bundled demo knowledge base, built on first
-    use), or none when `retrieval` is off."""
+    use), or none when `retrieval` is off; `chat_client`: one built already."""
     if not retrieval:
-        return Resources(settings)
-    cache = Path(settings.models.cache_dir) if settings.models.cache_dir else None
-    path = Path(kb) if kb else ensure_demo_kb(cache or Resources(settings).cache_dir)
-    return Resources.open(settings, path)
+        return Resources(settings, chat_client=chat_client)
+    path = Path(kb) if kb else ensure_demo_kb(cache_dir_of(settings))
+    return Resources.open(settings, path, chat_client)
 
 
 def open_kb(settings: Settings, kb: Path, resources: Resources | None = None) -> KnowledgeStore:
@@ -133,9 +133,9 @@ def build_engine(settings: Settings | None = None, kb: str | Path | None = None)
     """The answer engine the settings describe (apply command-line flags first: `config.with_overrides`).
     Without `kb`, the bundled demo knowledge base; with [answer] retrieval = "never", none."""
     settings = settings or Settings()
-    resources = open_resources(settings, kb, retrieval=settings.answer.retrieval != "never")
-    resources.chat_client  # noqa: B018 - a bad [llm] fails before the knowledge base is embedded
-    return build_engine_from(resources)
+    client = chat_client(settings, cache_dir_of(settings))  # first: a bad [llm] fails before a KB is opened
+    return build_engine_from(open_resources(settings, kb, retrieval=settings.answer.retrieval != "never",
+                                            chat_client=client))
 
 
 def engine_from_dict(data: dict[str, Any]) -> Engine:

@@ -35,10 +35,13 @@ class Resources:
     on-disk caches under `cache_dir`, for one process. Cheap to build: the embedding model loads in `warm_up`
     (or on first use), the chat client and the knowledge base when first asked for."""
 
-    def __init__(self, settings: Settings, knowledge_base: KnowledgeStore | None = None) -> None:
+    def __init__(self, settings: Settings, knowledge_base: KnowledgeStore | None = None,
+                 chat_client: ChatClient | None = None) -> None:
+        """`chat_client`: one built already (a model loaded in this process, a test's fake); otherwise [llm]'s is
+        built on first use."""
         m = settings.models
         self.settings = settings
-        self.cache_dir = Path(m.cache_dir) if m.cache_dir else default_cache_dir()
+        self.cache_dir = cache_dir_of(settings)
         self.knowledge_base = knowledge_base
         shared = knowledge_base is not None and (m.embedding_model or "") == (knowledge_base.config.embedding_model
                                                                              or "")
@@ -53,19 +56,16 @@ class Resources:
         self.questions = QuestionClassifier(m.question_rules) if m.question_rules else default_question_classifier()
         self.extractor = default_extractor()
         self.compressor = EntityCompressor(self.extractor, store=KeyValueCache(derived, "compressions"))
-        self._client: ChatClient | None = None
-        self._client_built = False
+        self._client = chat_client
+        self._client_built = chat_client is not None
 
     @classmethod
-    def open(cls, settings: Settings, kb: Path | None) -> Resources:
+    def open(cls, settings: Settings, kb: Path | None, chat_client: ChatClient | None = None) -> Resources:
         """With the knowledge base at `kb` (the configured backend; None: no knowledge base)."""
         if kb is None:
-            return cls(settings)
-        return cls(settings, open_knowledge_base(settings.kb, settings.storage, kb, cls._cache(settings)))
-
-    @staticmethod
-    def _cache(settings: Settings) -> Path:
-        return Path(settings.models.cache_dir) if settings.models.cache_dir else default_cache_dir()
+            return cls(settings, chat_client=chat_client)
+        return cls(settings, open_knowledge_base(settings.kb, settings.storage, kb, cache_dir_of(settings)),
+                   chat_client)
 
     @property
     def shares_embedder(self) -> bool:
@@ -98,6 +98,11 @@ class Resources:
         if cache is not None:
             forgotten += cache.forget_quoting(texts)
         return forgotten
+
+
+def cache_dir_of(settings: Settings) -> Path:
+    """[models] cache_dir, or $XDG_CACHE_HOME/ebmrag."""
+    return Path(settings.models.cache_dir) if settings.models.cache_dir else default_cache_dir()
 
 
 def chat_client(settings: Settings, cache_dir: Path) -> ChatClient | None:

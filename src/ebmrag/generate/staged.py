@@ -67,8 +67,9 @@ STAGE_SCHEMAS: dict[str, type[BaseModel]] = {"evidence_evaluator": EvidenceEvalu
 
 def stage_schema(name: str, numbers: Collection[int], max_chars: int = 600, max_items: int = 6) -> dict[str, Any]:
     """The stage's JSON schema as a decoder can enforce it (`SchemaChatClient`): citation lists hold only the
-    context's numbers, strings end within `max_chars` and lists within `max_items`, so a small model neither cites
-    what is not there nor runs on until the token limit cuts the JSON."""
+    context's numbers (at most as many as there are: a repeated number adds nothing), strings end within
+    `max_chars` and lists within `max_items`, so a small model neither cites what is not there nor runs on until
+    the token limit cuts the JSON."""
     schema: dict[str, Any] = json.loads(json.dumps(STAGE_SCHEMAS[name].model_json_schema()))
     allowed = sorted(numbers) or [0]
 
@@ -85,6 +86,7 @@ def stage_schema(name: str, numbers: Collection[int], max_chars: int = 600, max_
             node["maxItems"] = max_items
             if field == "citations":
                 node["items"] = {"type": "integer", "enum": allowed}
+                node["maxItems"] = min(max_items, len(allowed))
         for key, child in node.items():
             if key == "properties":
                 for name_of_field, sub in child.items():
