@@ -52,7 +52,7 @@ def main() -> None:
                               llm={"backend": "openai", "base_url": args.base_url, "model": args.model})
     engine = build_engine(settings, args.kb)
     resources = open_resources(settings, args.kb)  # the agent's own models and knowledge base (not the engine's)
-    client = require_openai(resources, "research")
+    client = require_openai(settings, "research")
     base = build_research_agent(resources, client, max_steps=args.max_steps)  # loads the model once
     r = settings.research
     correct = {"ask": 0, "research": 0}

@@ -73,13 +73,14 @@ def with_overrides(settings: Settings, **tables: dict[str, Any]) -> Settings:
     means "not given" and keeps the file's; an unknown key is a programming error, not a user's."""
     for table, values in tables.items():
         given = {k: v for k, v in values.items() if v is not None}
-        if not given:
-            continue
-        target = "storage" if table == "kb" and set(given) <= {f.name for f in fields(StorageSettings)} else table
-        try:
-            settings = replace(settings, **{target: replace(getattr(settings, target), **given)})
-        except ValueError as exc:
-            raise ConfigError(f"[{table}]: {exc}") from exc
+        parts = dict(zip(("kb", "storage"), _split_kb_table(given), strict=True)) if table == "kb" else {table: given}
+        for target, changes in parts.items():
+            if not changes:
+                continue
+            try:
+                settings = replace(settings, **{target: replace(getattr(settings, target), **changes)})
+            except ValueError as exc:
+                raise ConfigError(f"[{table}]: {exc}") from exc
     return settings
 
 

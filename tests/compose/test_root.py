@@ -72,6 +72,8 @@ def test_flags_are_settings_applied_once() -> None:
                               answer={"window": 900, "retrieval": None})
     assert settings.llm.model == "m" and settings.llm.base_url == "" and settings.answer.window == 900
     assert settings.answer.retrieval == "auto"
+    split = with_overrides(Settings(), kb={"workers": 2, "chunker": "fixed"})  # [kb]: what it is and how it is stored
+    assert split.storage.workers == 2 and split.kb.chunker == "fixed"
     with pytest.raises(ConfigError, match=r"\[packing\]: unknown packing strategy"):
         with_overrides(Settings(), packing={"strategy": "random"})
     with pytest.raises(ValueError, match="needs --base-url and --model"):

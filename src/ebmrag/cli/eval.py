@@ -110,7 +110,7 @@ def eval_packing(
             raise ValueError(f"unknown strategies {unknown}; choose from {', '.join(STRATEGIES)}")
         suite = make_suite(settings, NoiseConfig(ratio=noise_ratio, recent_share=recent_share, seed=seed))
         params = settings.packing.utility
-        client = require_openai(Resources(settings), "eval packing") if settings.llm.backend != "extractive" \
+        client = require_openai(settings, "eval packing") if settings.llm.backend != "extractive" \
             else None
         index = None
         if client and dataset != "medqa":
@@ -150,7 +150,7 @@ def eval_mirage(
     with user_errors():
         settings = settings_from(config, llm=llm or "openai", base_url=base_url, model=model)
         resources = Resources.open(settings, kb)
-        client = require_openai(resources, "eval mirage")
+        client = require_openai(settings, "eval mirage")
         retriever = build_retriever(resources) if kb else None
         names = [s.strip() for s in subsets.split(",") if s.strip()]
         rows = rows_json(mirage_accuracy(client, benchmark, names, limit, retriever, k))
@@ -220,8 +220,8 @@ def eval_retrieval(
 
     with user_errors():
         settings = settings_from(config, llm=llm, base_url=base_url, model=model, model_path=model_path)
-        resources = Resources.open(settings, kb)
-        knowledge_base = open_kb(settings, kb, resources)
+        knowledge_base = open_kb(settings, kb)
+        resources = Resources(settings, knowledge_base)
         if not knowledge_base.exists:
             if not corpus:
                 raise ValueError(f"{kb} does not exist yet: give the corpus files with --corpus")

@@ -44,7 +44,7 @@ def annotate(
     with user_errors():
         settings = settings_from(config, llm=llm, base_url=base_url, model=model, retrieval={"mode": "bm25"})
         resources = Resources.open(settings, kb)
-        client = require_openai(resources, "annotation")
+        client = require_openai(settings, "annotation")
         retriever = build_retriever(resources) if kb else None
         annotator = MaskingAnnotator(client, retriever)
         cases = [c for c in load_cases(dataset, data_dir, limit) if c.answer]

@@ -25,7 +25,7 @@ from ebmrag.cli.common import (
     stderr,
     user_errors,
 )
-from ebmrag.compose import Resources, build_retriever, build_rewriter, build_voter, open_kb
+from ebmrag.compose import Resources, build_retriever, build_rewriter, build_voter, cache_dir_of, open_kb
 from ebmrag.config import load_settings
 from ebmrag.index.kb import IngestReport
 from ebmrag.index.prepare import default_workers
@@ -67,14 +67,13 @@ def ingest(
     """Add or update documents; unchanged ones are skipped by content hash. Bad files are reported, not fatal."""
     with user_errors():
         settings = load_settings(config)
-        resources = Resources.open(settings, kb)
-        knowledge_base = open_kb(settings, kb, resources)
+        knowledge_base = open_kb(settings, kb)
         field_map = FieldMap.parse(field or [])
         cluster = None
         if ray:
             from ebmrag.index.distributed import RayPipeline
 
-            cluster = RayPipeline(ray, knowledge_base.config, resources.cache_dir, ray_actors)
+            cluster = RayPipeline(ray, knowledge_base.config, cache_dir_of(settings), ray_actors)
         with progress_bar() as bar:
             report = ingest_paths(knowledge_base, paths, sync, field_map, max_file_mb * 2**20, progress_callback(bar),
                                   source, cluster, settings.storage.workers or default_workers())

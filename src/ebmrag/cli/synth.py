@@ -43,7 +43,7 @@ def questions(
     config: ConfigOption = None,
 ) -> None:
     """Rare entities -> the longest valid chunk-backed path -> a question, its gold answer and chunk chain."""
-    from ebmrag.compose import Resources, build_retriever, open_kb
+    from ebmrag.compose import Resources, build_retriever
     from ebmrag.research.synthesis import EntityGraph, chain_coverage, synthesize
 
     with user_errors():
@@ -51,7 +51,7 @@ def questions(
         retriever = build_retriever(resources)
         client = resources.chat_client
         with stderr.status("building the entity graph..."):
-            graph = EntityGraph.from_kb(open_kb(resources.settings, kb, resources))
+            graph = EntityGraph.from_kb(retriever.kb)
         with stderr.status("searching paths..."):
             made = synthesize(graph, n, min_hops, max_hops, rare_max, hub_max, seed=seed, bridge_max=bridge_max,
                               client=client)

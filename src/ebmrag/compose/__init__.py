@@ -19,12 +19,11 @@ from ebmrag.compose.build import (
     build_rewriter,
     build_voter,
     engine_from_dict,
-    open_kb,
     open_resources,
     require_openai,
     trajectory_folder,
 )
-from ebmrag.compose.resources import Resources
+from ebmrag.compose.resources import Resources, cache_dir_of, open_kb
 from ebmrag.demo import load_patient
 
 __all__ = [
@@ -40,6 +39,7 @@ __all__ = [
     "build_retriever",
     "build_rewriter",
     "build_voter",
+    "cache_dir_of",
     "engine_from_dict",
     "load_patient",
     "open_kb",

@@ -121,14 +121,6 @@ def open_resources(settings: Settings, kb: str | Path | None = None, *, retrieva
     return Resources.open(settings, path, chat_client)
 
 
-def open_kb(settings: Settings, kb: Path, resources: Resources | None = None) -> KnowledgeStore:
-    """The knowledge base at `kb` (the configured backend), or the one `resources` already opened there."""
-    store = resources.knowledge_base if resources is not None else Resources.open(settings, kb).knowledge_base
-    if store is None:
-        raise ValueError(f"no knowledge base at {kb}")
-    return store
-
-
 def build_engine(settings: Settings | None = None, kb: str | Path | None = None) -> Engine:
     """The answer engine the settings describe (apply command-line flags first: `config.with_overrides`).
     Without `kb`, the bundled demo knowledge base; with [answer] retrieval = "never", none."""
@@ -149,13 +141,10 @@ def engine_from_dict(data: dict[str, Any]) -> Engine:
         settings, answer=replace(settings.answer, retrieval="never")))
 
 
-def require_openai(resources: Resources, purpose: str) -> OpenAIChatClient:
+def require_openai(settings: Settings, purpose: str) -> OpenAIChatClient:
     """For commands that cannot run offline: an OpenAI-compatible client, or an error saying what is missing."""
-    settings = resources.settings
-    if settings.llm.backend != "openai":
-        settings = replace(settings, llm=replace(settings.llm, backend="openai"))
     try:
-        return openai_client(settings, resources.cache_dir)
+        return openai_client(settings, cache_dir_of(settings))
     except ValueError as exc:
         raise ValueError(f"{purpose} needs a model: {exc}") from None
 

@@ -62,10 +62,7 @@ class Resources:
     @classmethod
     def open(cls, settings: Settings, kb: Path | None, chat_client: ChatClient | None = None) -> Resources:
         """With the knowledge base at `kb` (the configured backend; None: no knowledge base)."""
-        if kb is None:
-            return cls(settings, chat_client=chat_client)
-        return cls(settings, open_knowledge_base(settings.kb, settings.storage, kb, cache_dir_of(settings)),
-                   chat_client)
+        return cls(settings, open_kb(settings, kb) if kb is not None else None, chat_client)
 
     @property
     def shares_embedder(self) -> bool:
@@ -103,6 +100,11 @@ class Resources:
 def cache_dir_of(settings: Settings) -> Path:
     """[models] cache_dir, or $XDG_CACHE_HOME/ebmrag."""
     return Path(settings.models.cache_dir) if settings.models.cache_dir else default_cache_dir()
+
+
+def open_kb(settings: Settings, kb: Path) -> KnowledgeStore:
+    """The knowledge base at `kb` on the configured backend ([kb] build settings apply when it is created)."""
+    return open_knowledge_base(settings.kb, settings.storage, kb, cache_dir_of(settings))
 
 
 def chat_client(settings: Settings, cache_dir: Path) -> ChatClient | None:

@@ -103,6 +103,12 @@ class ContextPacker:
         record = self.classify(record)
         as_of = as_of or record.latest_timestamp or ANCHOR
         items = self._evidence_fragments(evidence, record.patient_id, as_of)
+        return self._scored(record, query, as_of, evidence, items, evidence_similarity, headers)
+
+    def _scored(self, record: PatientRecord, query: str, as_of: datetime, evidence: Sequence[EvidenceItem],
+                items: Sequence[Fragment], evidence_similarity: Mapping[str, float] | None,
+                headers: Sequence[str] | None) -> list[Candidate]:
+        """`items`: the evidence as measured fragments (`_evidence_fragments`), built once per pack."""
         compressible = {f.id for f in record.fragments} | {e.id for e in evidence if e.compressible}
         measured = self.builder.measure_fragments(
             [*record.fragments, *items], query, as_of, headers,
@@ -124,8 +130,8 @@ class ContextPacker:
         record = mark_needed(self.classify(record or PatientRecord(NO_PATIENT, ())), question)
         as_of = as_of or record.latest_timestamp or ANCHOR
         numbers = tuple((f.id, n) for n, f in enumerate(record.fragments, 1))
+        items = self._evidence_fragments(evidence, record.patient_id, as_of)  # tiered once, measured below
         if headers is None:  # numbered in the whole record, so a pre-filtered record keeps its numbers
-            items = self._evidence_fragments(evidence, record.patient_id, as_of)
             headers = [fragment_header(f, n) for n, f in enumerate([*record.fragments, *items], 1)]
         prefiltered: list[DroppedFragment] = []
         if self.prefilter is not None:
@@ -133,7 +139,7 @@ class ContextPacker:
             if prefiltered:
                 kept_headers = _kept_headers(record.fragments, kept, headers)
                 record, headers = record.replace_fragments(kept), kept_headers
-        candidates = self.candidates(record, query, as_of, evidence, evidence_similarity, headers)
+        candidates = self._scored(record, query, as_of, evidence, items, evidence_similarity, headers)
         collapsible = {f.id for f in record.fragments} | {e.id for e in evidence if e.compressible}
         result = pack_collapsed(self.packer, candidates, window, eligible=lambda c: c.fragment.id in collapsible)
         if prefiltered:
