@@ -1,4 +1,5 @@
-"""Patient record loaders: ebmrag JSON, AgentClinic OSCE cases, FHIR R4 Bundles and plain clinical text.
+"""Patient record loaders: ebmrag JSON, AgentClinic OSCE cases, FHIR R4 Bundles, FHIR Bulk Data NDJSON,
+C-CDA R2.1 documents and plain clinical text.
 
 Every loader returns `PatientRecord`s whose fragments all carry the record's patient id; a fragment
 that names another patient is an error, never silently merged. Errors name the file and the field
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -118,9 +120,12 @@ def record_from_text(text: str, origin: str, patient_id: str) -> PatientRecord:
 # --------------------------------------------------------------------------- dispatch
 def records_from_data(data: Any, origin: str, default_id: str) -> Iterator[PatientRecord]:
     if isinstance(data, Mapping) and data.get("resourceType") == "Bundle":
-        from ebmrag.records.fhir import record_from_fhir_bundle
+        from ebmrag.records.fhir.bundle import record_from_fhir_bundle
 
         yield record_from_fhir_bundle(data, origin)
+    elif isinstance(data, Mapping) and isinstance(data.get("resourceType"), str):
+        raise RecordError(origin, f"a single FHIR {data['resourceType']} resource, not a chart: give a Bundle, "
+                                  "a Bulk Data NDJSON export (one resource per line) or a folder of them")
     elif isinstance(data, Mapping) and "OSCE_Examination" in data:
         case_id = data.get("case_index", default_id)
         yield record_from_agentclinic(data, origin, f"agentclinic-{case_id}")
@@ -133,17 +138,21 @@ def records_from_data(data: Any, origin: str, default_id: str) -> Iterator[Patie
         raise RecordError(
             origin,
             "unrecognised record: expected an ebmrag record {patient_id, fragments}, "
-            "a FHIR Bundle, or an AgentClinic case with OSCE_Examination",
+            "a FHIR Bundle, or an AgentClinic case with OSCE_Examination (or give a C-CDA .xml file or a "
+            "FHIR Bulk Data .ndjson file or folder)",
         )
 
 
 def load_records(path: str | Path) -> list[PatientRecord]:
-    """All patient records in a file (.json, .jsonl, or .txt/.md free text)."""
+    """All patient records in a file or export: .json (ebmrag, FHIR Bundle, AgentClinic), .jsonl, .ndjson or a
+    folder of them (FHIR Bulk Data), .xml (C-CDA), .txt/.md free text."""
     path = Path(path)
-    if path.is_dir():
-        raise RecordError(str(path), "is a folder: give one record file (.json, .jsonl, .txt, .md)")
+    if path.is_dir() or path.suffix.lower() == ".ndjson":
+        return _bulk(path)
     if not path.is_file():
         raise RecordError(str(path), "file not found")
+    if path.suffix.lower() == ".xml":
+        return [_ccda(path)]
     try:
         raw = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
@@ -151,6 +160,8 @@ def load_records(path: str | Path) -> list[PatientRecord]:
     if path.suffix.lower() in {".txt", ".md", ".text"}:
         return [record_from_text(raw, str(path), path.stem)]
     if path.suffix.lower() == ".jsonl":
+        if _is_bulk_export(raw):
+            return _bulk(path)
         records: list[PatientRecord] = []
         for number, line in enumerate(raw.splitlines(), 1):
             if line.strip():
@@ -161,6 +172,34 @@ def load_records(path: str | Path) -> list[PatientRecord]:
                 )
         return records
     return list(records_from_data(_parse_json(raw, str(path)), str(path), path.stem))
+
+
+def _is_bulk_export(raw: str) -> bool:
+    """A .jsonl whose lines are FHIR resources other than Bundles is a Bulk Data export."""
+    first = next((line for line in raw.splitlines() if line.strip()), "")
+    try:
+        data = json.loads(first)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(data, Mapping) and isinstance(data.get("resourceType"), str) and data["resourceType"] != "Bundle"
+
+
+def _bulk(path: Path) -> list[PatientRecord]:
+    from ebmrag.records.fhir.bulk import records_from_ndjson
+
+    if not path.exists():
+        raise RecordError(str(path), "file not found")
+    return records_from_ndjson(path)
+
+
+def _ccda(path: Path) -> PatientRecord:
+    from ebmrag.records.ccda import bundle_from_ccda
+    from ebmrag.records.fhir.bundle import record_from_fhir_bundle
+
+    bundle = bundle_from_ccda(path.read_bytes(), str(path))
+    notes = [str(n) for n in bundle.get("ccda_notes") or []]
+    record = record_from_fhir_bundle(bundle, str(path))
+    return replace(record, skipped=record.skipped + tuple(f"C-CDA: {n}" for n in notes))
 
 
 def _parse_json(raw: str, origin: str) -> Any:

@@ -1,7 +1,6 @@
-"""Clinical notes inside FHIR attachments -> one fragment per note section.
+"""Clinical notes -> one fragment per note section.
 
-EHR exports carry the clinician's notes as base64 attachments (`DiagnosticReport.presentedForm`,
-`DocumentReference.content[].attachment`), as plain text or HTML. A note is long and mixes the allergy
+Notes arrive as attachments (records.attachments decodes them) and as document narratives. A note is long and mixes the allergy
 status, the assessment and the social history, so it is split at its headings ("# Allergies", "<h2>")
 and each section becomes a fragment named after its heading: the tier rules then see "clinical note >
 allergies" and the packer can keep the allergy line without the rest of the note.
@@ -9,15 +8,11 @@ allergies" and the packer can keep the allergy line without the rest of the note
 
 from __future__ import annotations
 
-import base64
-import binascii
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from html.parser import HTMLParser
-from typing import Any
 
-_READABLE = ("text/plain", "text/markdown", "text/html", "application/xhtml")
 _HEADING = re.compile(r"^\s{0,3}(#{1,6})\s+(.+?)\s*#*\s*$")
 _DATE_LINE = re.compile(r"^\s*\d{4}-\d{2}-\d{2}(?:[T ][\d:.+-]+)?\s*$")
 _BLOCK_TAGS = {"p", "div", "br", "li", "tr", "section", "article", "table", "ul", "ol", "pre"}
@@ -44,12 +39,16 @@ class _HtmlText(HTMLParser):
             self.parts.append("\n" + "#" * int(tag[1]) + " ")
         elif tag in _BLOCK_TAGS:
             self.parts.append("\n")
+        elif tag in ("td", "th"):
+            self.parts.append(" ")
 
     def handle_endtag(self, tag: str) -> None:
         if tag in ("script", "style"):
             self._skip = max(0, self._skip - 1)
         elif re.fullmatch(r"h[1-6]", tag) or tag in _BLOCK_TAGS:
             self.parts.append("\n")
+        elif tag in ("td", "th"):
+            self.parts.append(";")
 
     def handle_data(self, data: str) -> None:
         if not self._skip:
@@ -61,24 +60,6 @@ def html_to_text(html: str) -> str:
     parser.feed(html)
     parser.close()
     return "".join(parser.parts)
-
-
-def attachment_text(attachment: Mapping[str, Any]) -> tuple[str | None, str]:
-    """(the attachment's text, "") or (None, why it cannot be read). Only inline data is read: a `url`
-    would need a fetch, which an air-gapped loader never does."""
-    content_type = str(attachment.get("contentType") or "text/plain").split(";")[0].strip().lower()
-    if not content_type.startswith(_READABLE):
-        return None, f"attachment of type {content_type} (not text)"
-    if not attachment.get("data"):
-        return None, "attachment without inline data" + (" (a url only)" if attachment.get("url") else "")
-    try:
-        raw = base64.b64decode(str(attachment["data"]), validate=True)
-    except (binascii.Error, ValueError):
-        return None, "attachment data is not valid base64"
-    text = raw.decode("utf-8", errors="replace")
-    if content_type in ("text/html", "application/xhtml"):
-        text = html_to_text(text)
-    return text, ""
 
 
 def note_sections(text: str) -> list[NoteSection]:

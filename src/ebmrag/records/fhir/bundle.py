@@ -1,0 +1,306 @@
+"""A FHIR R4/R4B chart -> one patient's fragments, read leniently, one resource at a time.
+
+Real exports break the base specification everywhere (a missing status, a reaction without a
+manifestation, a year-only date, ids missing, references in three styles), so nothing is validated as a
+whole: each resource is read for what it does say, and what could not be read is reported per resource
+in `record.skipped` (the trace shows it), never silently and never by refusing the chart. A chart is
+refused only when it holds no patient or two patients: one record, one patient. A resource that names a
+different patient than the chart's is not read (and its patient is not named in the report).
+
+The flow: index every resource (fhir.index), find the patient, reconcile medications
+(fhir.medications), render each clinical resource (fhir.resources), read the document's section
+narratives (fhir.composition), then build the face sheet (fhir.facts).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from ebmrag.errors import RecordError
+from ebmrag.records.dates import partial_timestamp
+from ebmrag.records.fhir import facts
+from ebmrag.records.fhir.composition import section_notes
+from ebmrag.records.fhir.index import ChartIndex, Entry, Resource, bundle_entries, reference_of, type_id
+from ebmrag.records.fhir.medications import MEDICATION_TYPES, current_names, reconcile
+from ebmrag.records.fhir.resources import (
+    Rendered,
+    Skip,
+    allergy,
+    care_plan,
+    condition,
+    document,
+    encounter,
+    flag,
+    imaging_study,
+    immunization,
+    medication,
+    observation,
+    procedure,
+    report,
+    summary_of,
+)
+from ebmrag.records.fragment import Fragment, PatientRecord
+
+log = logging.getLogger(__name__)
+
+DEFAULT_STALE_AFTER = timedelta(days=730)
+# Billing, workflow and directory resources: not clinical evidence; counted in the trace, never packed.
+ADMINISTRATIVE = {
+    "Claim", "ExplanationOfBenefit", "Coverage", "Provenance", "CareTeam", "SupplyDelivery", "Organization",
+    "Practitioner", "PractitionerRole", "Location", "Device", "Account", "Invoice", "PaymentNotice",
+    "AuditEvent", "Consent", "Group", "Endpoint", "HealthcareService", "Medication", "RelatedPerson",
+    "MessageHeader", "OperationOutcome", "Specimen", "Substance",
+}
+Renderer = Callable[[Resource, ChartIndex], Sequence[Rendered] | Skip]
+_RENDERERS: dict[str, tuple[Renderer, tuple[str, ...]]] = {
+    "AllergyIntolerance": (allergy, ("recordedDate", "onsetDateTime")),
+    "Condition": (condition, ("onsetDateTime", "recordedDate")),
+    "Observation": (observation, ("effectiveDateTime", "issued")),
+    "DiagnosticReport": (report, ("effectiveDateTime", "issued")),
+    "DocumentReference": (document, ("date",)),
+    "Procedure": (procedure, ("performedDateTime",)),
+    "ImagingStudy": (imaging_study, ("started",)),
+    "MedicationRequest": (medication("MedicationRequest"), ("authoredOn",)),
+    "MedicationStatement": (medication("MedicationStatement"), ("effectiveDateTime", "dateAsserted")),
+    "MedicationAdministration": (medication("MedicationAdministration"), ("effectiveDateTime",)),
+    "Immunization": (immunization, ("occurrenceDateTime",)),
+    "CarePlan": (care_plan, ("created",)),
+    "Encounter": (encounter, ()),
+    "Flag": (flag, ()),
+}
+_READ_ELSEWHERE = {"Composition", "List"}  # narratives (fhir.composition); medication lists (fhir.medications)
+
+
+@dataclass
+class _Chart:
+    """What one reading accumulates: the index, the patient, what was passed over."""
+
+    origin: str
+    index: ChartIndex
+    patient: Resource | None
+    subject: str
+    aliases: frozenset[str]
+    unused: Counter[str]
+
+
+def record_from_fhir_bundle(bundle: Any, origin: str, *, stale_after: timedelta = DEFAULT_STALE_AFTER
+                            ) -> PatientRecord:
+    """A Bundle of any type (document, collection, batch, transaction, searchset, message, history)."""
+    if not isinstance(bundle, Mapping) or bundle.get("resourceType") != "Bundle":
+        raise RecordError(origin, "not a FHIR Bundle (resourceType must be \"Bundle\")")
+    problems: list[str] = []
+    return record_from_entries(bundle_entries(bundle, origin, problems), origin, problems, stale_after=stale_after)
+
+
+def record_from_entries(entries: Sequence[Entry], origin: str, problems: Sequence[str] = (), *,
+                        stale_after: timedelta = DEFAULT_STALE_AFTER) -> PatientRecord:
+    index = ChartIndex()
+    for entry in entries:
+        index.add(entry)
+    chart = _identify(entries, origin, index)
+    clinical = [e for e in entries if e.resource.get("resourceType") != "Patient" and _is_this_patients(e, chart)]
+    _mark_panels(clinical, index)
+    medications = [e.resource for e in clinical if e.resource.get("resourceType") in MEDICATION_TYPES]
+    lists = [e.resource for e in clinical if e.resource.get("resourceType") == "List"]
+    newest_recorded = max((t for e in clinical if (t := _time(e.resource)) is not None), default=None)
+    reconcile(medications, lists, index, newest_recorded, stale_after)
+    fragments = _fragments(clinical, chart)
+    fragments += _narratives(clinical, chart)
+    summary = _face_sheet(chart, fragments, medications, clinical)
+    skipped = _skipped(chart, problems)
+    for note in skipped:
+        log.info("%s: %s", origin, note)
+    if not fragments and not summary:
+        raise RecordError(origin, "the chart holds no clinical resource that could be read"
+                                  + (f" ({'; '.join(skipped[:3])})" if skipped else ""))
+    return PatientRecord(chart.subject, tuple(summary) + tuple(_unique_ids(fragments)), origin, tuple(skipped),
+                         facts.identifiers(chart.patient))
+
+
+def _identify(entries: Sequence[Entry], origin: str, index: ChartIndex) -> _Chart:
+    """The one patient of the chart: its Patient resource, else the one patient every resource names."""
+    patients: dict[str, Entry] = {}
+    for entry in entries:
+        if entry.resource.get("resourceType") == "Patient":
+            key = _patient_key(entry)
+            if key in patients and patients[key].resource != entry.resource:
+                raise RecordError(origin, f"{patients[key].where} and {entry.where} are two Patient resources "
+                                          f"named {key!r}: one record must hold exactly one patient")
+            patients.setdefault(key, entry)
+    if len(patients) > 1:
+        where = ", ".join(e.where for e in patients.values())
+        raise RecordError(origin, f"the chart holds {len(patients)} Patient resources ({where}); "
+                                  "one record must hold exactly one patient")
+    if patients:
+        (key, entry), = patients.items()
+        names = {key, entry.full_url, type_id(entry.full_url)} - {""}
+        return _Chart(origin, index, entry.resource, key, frozenset(names), Counter())
+    named = {type_id(ref) or ref for e in entries if (ref := reference_of(_subject_link(e.resource)))}
+    if len(named) != 1:
+        raise RecordError(origin, "the chart holds no patient (no Patient resource and no patient reference)"
+                          if not named else f"the chart's resources name {len(named)} different patients; "
+                                            "one record must hold exactly one patient")
+    subject = named.pop()
+    return _Chart(origin, index, None, subject, frozenset({subject}), Counter())
+
+
+def _patient_key(entry: Entry) -> str:
+    rid = entry.resource.get("id")
+    if isinstance(rid, str) and rid:
+        return f"Patient/{rid}"
+    if entry.full_url:
+        return f"Patient/{entry.full_url.rsplit(':', 1)[-1].rsplit('/', 1)[-1]}"
+    return "Patient/unidentified"
+
+
+def _subject_link(resource: Resource) -> Any:
+    return resource.get("subject") or resource.get("patient")
+
+
+def _is_this_patients(entry: Entry, chart: _Chart) -> bool:
+    """Read a resource only when it is this patient's: it names the patient (in any reference style) or names
+    nobody. A resource naming another patient is left out, and that patient is not named in the report."""
+    kind = str(entry.resource.get("resourceType"))
+    if kind in ADMINISTRATIVE:
+        return True
+    link = _subject_link(entry.resource)
+    reference = reference_of(link)
+    if not reference:
+        if kind in _RENDERERS and kind not in ("Encounter",):
+            chart.unused[f"{kind}: names no patient; read as this chart's patient's"] += 1
+        return True
+    if reference in chart.aliases or type_id(reference) in chart.aliases:
+        return True
+    chart.unused[f"{kind}: names a different patient than the chart's; not read"] += 1
+    return False
+
+
+def _mark_panels(entries: Sequence[Entry], index: ChartIndex) -> None:
+    """Observations a report or a panel Observation lists are read into it, not packed twice."""
+    for entry in entries:
+        resource = entry.resource
+        links = resource.get("result") if resource.get("resourceType") == "DiagnosticReport" else \
+            resource.get("hasMember") if resource.get("resourceType") == "Observation" else None
+        for link in links if isinstance(links, list) else []:
+            member = index.resolve(link)
+            if member is not None and member.get("resourceType") == "Observation" and member is not resource:
+                index.in_panel.add(id(member))
+
+
+def _time(resource: Resource) -> datetime | None:
+    kind = str(resource.get("resourceType"))
+    keys = _RENDERERS[kind][1] if kind in _RENDERERS else ()
+    for key in keys:
+        if resource.get(key):
+            return partial_timestamp(resource[key])
+    return None
+
+
+def _fragments(entries: Sequence[Entry], chart: _Chart) -> list[Fragment]:
+    fragments: list[Fragment] = []
+    for entry in entries:
+        kind = str(entry.resource.get("resourceType"))
+        if kind in _RENDERERS:
+            fragments += _render(entry, chart)
+        elif kind not in _READ_ELSEWHERE:
+            chart.unused[f"{kind}: " + ("billing or administrative, not clinical evidence" if kind in ADMINISTRATIVE
+                                        else "resource type not used for packing")] += 1
+    return fragments
+
+
+def _render(entry: Entry, chart: _Chart) -> list[Fragment]:
+    """One resource's fragments; a resource no renderer can read still yields what can be said of it."""
+    resource = entry.resource
+    kind = str(resource.get("resourceType"))
+    render, time_keys = _RENDERERS[kind]
+    try:
+        rendered = render(resource, chart.index)
+    except (KeyError, TypeError, AttributeError, ValueError, IndexError) as exc:
+        said = summary_of(resource)
+        chart.unused[f"{kind}: could not be read as a whole ({type(exc).__name__}); "
+                     + ("its main concept was kept" if said else "not read")] += 1
+        rendered = [Rendered("Allergy" if kind == "AllergyIntolerance" else kind, said)] if said else Skip("")
+    if isinstance(rendered, Skip):
+        if rendered.reason:
+            chart.unused[f"{kind}: {rendered.reason}"] += 1
+        return []
+    base = f"{kind}/{resource.get('id') if isinstance(resource.get('id'), str) else entry.where}"
+    visit = _encounter_of(resource, chart.index)
+    default = next((resource[k] for k in time_keys if resource.get(k)), None)
+    found = []
+    for part in rendered:
+        raw = part.timestamp or default
+        stamp = partial_timestamp(raw)
+        if raw and stamp is None:
+            chart.unused[f"{kind}: a date that is not a date ({str(raw)[:30]!r}); read undated"] += 1
+        found.append(Fragment(base + part.id_suffix, chart.subject, part.text, part.section, stamp, source="fhir",
+                              encounter=visit))
+    return found
+
+
+def _encounter_of(resource: Resource, index: ChartIndex) -> str | None:
+    if resource.get("resourceType") == "Encounter" and isinstance(resource.get("id"), str):
+        return f"Encounter/{resource['id']}"
+    link = resource.get("encounter") or resource.get("context")
+    reference = reference_of(link)
+    if not reference:
+        return None
+    found = index.resolve(link)
+    if found is not None and isinstance(found.get("id"), str):
+        return f"Encounter/{found['id']}"
+    return type_id(reference) or reference
+
+
+def _narratives(entries: Sequence[Entry], chart: _Chart) -> list[Fragment]:
+    fragments: list[Fragment] = []
+    for entry in entries:
+        if entry.resource.get("resourceType") != "Composition":
+            continue
+        resource = entry.resource
+        stamp = partial_timestamp(resource.get("date"))
+        base = f"Composition/{resource.get('id') if isinstance(resource.get('id'), str) else entry.where}"
+        fragments += [Fragment(base + note.id_suffix, chart.subject, note.text, note.section, stamp, source="fhir")
+                      for note in section_notes(resource, chart.index, chart.unused)]
+    return fragments
+
+
+def _face_sheet(chart: _Chart, fragments: Sequence[Fragment], medications: Sequence[Resource],
+                clinical: Sequence[Entry]) -> list[Fragment]:
+    newest = max((f.timestamp for f in fragments if f.timestamp), default=None)
+    current, unknown = current_names(medications, chart.index)
+    stated_none = any(f.section == "Medication status" for f in fragments)
+    conditions = [e.resource for e in clinical if e.resource.get("resourceType") == "Condition"]
+    sheet = (facts.demographics(chart.patient, chart.subject, newest),
+             facts.allergy_status(chart.subject, fragments, newest),
+             facts.problem_summary(chart.subject, fragments, newest),
+             facts.medication_summary(chart.subject, current, unknown, stated_none, newest),
+             facts.drug_facts(chart.subject, chart.index, conditions),
+             facts.latest_results(chart.subject, chart.index))
+    return [f for f in sheet if f is not None]
+
+
+def _unique_ids(fragments: Sequence[Fragment]) -> list[Fragment]:
+    """Two resources with one id (a searchset's repeats, producers without ids) keep both, told apart."""
+    seen: Counter[str] = Counter()
+    unique = []
+    for fragment in fragments:
+        seen[fragment.id] += 1
+        if seen[fragment.id] > 1:
+            fragment = Fragment(f"{fragment.id}~{seen[fragment.id]}", fragment.patient_id, fragment.text,
+                                fragment.section, fragment.timestamp, fragment.source, encounter=fragment.encounter)
+        unique.append(fragment)
+    return unique
+
+
+def _skipped(chart: _Chart, problems: Sequence[str]) -> list[str]:
+    lines = [f"{kind.split(': ')[0]} x{n}: {kind.split(': ', 1)[1]}" for kind, n in sorted(chart.unused.items())]
+    if chart.index.dangling:
+        kinds = Counter(type_id(r).split("/")[0] or "unnamed" for r in chart.index.dangling)
+        lines.append(f"references x{len(chart.index.dangling)}: point outside the chart ("
+                     + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())) + "); those links not followed")
+    return lines + list(problems)

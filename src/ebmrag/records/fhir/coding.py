@@ -1,0 +1,94 @@
+"""Reading coded values the way real charts write them, and never trusting an element's shape.
+
+`text_of` gives a CodeableConcept's words in the chart's own language: its `text`, else the first
+coding that has a display (a German chart stays German), else the code named with its system, never a
+bare number. `obj`/`objects`/`concepts` read an element that should be an object or a list and return
+an empty one when the chart wrote something else, so one malformed element costs that element only.
+`states_absence` recognises statements of absence ("no known allergy") by code system and code, with the
+phrase as fallback (vocab/absent.toml).
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Mapping
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+_SEMANTIC_TAG = re.compile(r"\s+\((?:disorder|finding|situation|procedure|qualifier value|physical object|"
+                           r"record artifact|regime/therapy|observable entity|morphologic abnormality|"
+                           r"clinical drug|substance|event|body structure|product|medicinal product)\)")
+_SYSTEMS = {"http://snomed.info/sct": "SNOMED CT", "http://loinc.org": "LOINC",
+            "http://www.nlm.nih.gov/research/umls/rxnorm": "RxNorm", "http://www.whocc.no/atc": "ATC",
+            "http://hl7.org/fhir/sid/icd-10": "ICD-10", "http://hl7.org/fhir/sid/icd-10-cm": "ICD-10-CM"}
+_VOCAB = Path(__file__).resolve().parent.parent / "vocab"
+_IPS_ABSENT = "absent-unknown"
+
+
+def obj(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def objects(value: Any) -> list[Mapping[str, Any]]:
+    """A list of objects (a single object is read as a list of one; anything else as empty)."""
+    if isinstance(value, Mapping):
+        return [value]
+    return [v for v in value if isinstance(v, Mapping)] if isinstance(value, list) else []
+
+
+def concepts(value: Any) -> list[Mapping[str, Any]]:
+    return objects(value)
+
+
+def codings(concept: Any) -> list[tuple[str, str, str]]:
+    """(system, code, display) of each coding."""
+    return [(str(c.get("system") or ""), str(c.get("code") or ""), str(c.get("display") or ""))
+            for c in objects(obj(concept).get("coding"))]
+
+
+def has_code(concept: Any, system_part: str, codes: set[str] | frozenset[str]) -> bool:
+    return any(system_part in system and code in codes for system, code, _ in codings(concept))
+
+
+def text_of(concept: Any) -> str:
+    """CodeableConcept -> its text, else a coding's display, else "<code> (<system>)"; SNOMED semantic tags
+    ("(disorder)") dropped: they cost tokens and tell a reader nothing."""
+    concept = obj(concept)
+    text = concept.get("text")
+    if isinstance(text, str) and text.strip():
+        return _SEMANTIC_TAG.sub("", text.strip())
+    found = codings(concept)
+    display = next((d for _, _, d in found if d.strip()), "")
+    if display:
+        return _SEMANTIC_TAG.sub("", display.strip())
+    system, code, _ = next((c for c in found if c[1]), ("", "", ""))
+    if not code:
+        return ""
+    named = _SYSTEMS.get(system) or system.rstrip("/").rsplit("/", 1)[-1].removeprefix("urn:oid:")
+    return f"{code} ({named})" if named else code
+
+
+@cache
+def _absent() -> dict[str, dict[str, Any]]:
+    with open(_VOCAB / "absent.toml", "rb") as handle:
+        raw = tomllib.load(handle)
+    return {kind: {"snomed": frozenset(v.get("snomed", [])), "ips": frozenset(v.get("ips", [])),
+                   "text": re.compile(v["text"], re.IGNORECASE), "statement": v["statement"]}
+            for kind, v in raw.items()}
+
+
+def states_absence(concept: Any, kind: str) -> bool:
+    """True when the concept states an absence of this kind ("allergy", "medication", "problem", "procedure",
+    "immunization"): by code first, by the phrase when the chart gave no code."""
+    vocab = _absent()[kind]
+    for system, code, _ in codings(concept):
+        if ("snomed" in system and code in vocab["snomed"]) or (_IPS_ABSENT in system and code in vocab["ips"]):
+            return True
+    words = text_of(concept).lower()
+    return bool(words and vocab["text"].search(words))
+
+
+def absent_statement(kind: str) -> str:
+    return str(_absent()[kind]["statement"])

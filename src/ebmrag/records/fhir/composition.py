@@ -1,0 +1,98 @@
+"""A document's Composition: its section narratives as notes of their section.
+
+Patient-summary documents (IPS, C-CDA conversions, case reports) carry each section twice: as structured
+entries and as the XHTML narrative a person reads. Often the narrative only repeats the entries (a table
+of the same allergies); sometimes it is the only place a fact is written (a resolved problem, a comment,
+a section without entries). So a narrative becomes a note of its section unless its words are already in
+the section's entries, or it is a placeholder ("To be populated", the same stock sentence in every
+section, an empty div). Every narrative read or passed over is counted for the trace.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ebmrag.records.fhir.coding import obj, objects, text_of
+from ebmrag.records.fhir.index import ChartIndex, Resource
+from ebmrag.records.notes import html_to_text, note_sections, slug
+
+_WORD = re.compile(r"[^\W\d_]{3,}", re.UNICODE)
+# Stock text a producer writes where a narrative should be (any language's would be added here).
+_PLACEHOLDER = re.compile(r"^(?:to be (?:populated|generated|completed)|narrative (?:needs to be|to be|will be) "
+                          r"generated|not (?:yet )?(?:available|populated|generated)|no (?:information|narrative|"
+                          r"data)(?: available)?|n/?a|none|not applicable)\b", re.IGNORECASE)
+_NOVEL_SHARE = 0.35  # below this share of words not found in its entries, a narrative repeats them
+
+
+@dataclass(frozen=True)
+class SectionNote:
+    section: str  # "Clinical note > Allergies and intolerances"
+    text: str
+    id_suffix: str
+
+
+def _sections(sections: Any, depth: int = 0) -> Iterator[Mapping[str, Any]]:
+    for section in objects(sections):
+        yield section
+        if depth < 4:
+            yield from _sections(section.get("section"), depth + 1)
+
+
+def _strings(value: Any, depth: int = 0) -> Iterator[str]:
+    """Every string in a resource (its displays, dates, statuses): what a table narrative would render."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, Mapping) and depth < 8:
+        for item in value.values():
+            yield from _strings(item, depth + 1)
+    elif isinstance(value, list) and depth < 8:
+        for item in value:
+            yield from _strings(item, depth + 1)
+
+
+def _words(text: str) -> set[str]:
+    return {w.lower() for w in _WORD.findall(text)}
+
+
+def _repeats_entries(text: str, section: Mapping[str, Any], index: ChartIndex) -> bool:
+    entries = [found for link in objects(section.get("entry")) if (found := index.resolve(link)) is not None]
+    if not entries:
+        return False
+    known = _words(" ".join(s for r in entries for s in _strings(r)) + " " + str(section.get("title") or ""))
+    words = _words(text)
+    return bool(words) and len(words - known) / len(words) < _NOVEL_SHARE
+
+
+def section_notes(composition: Resource, index: ChartIndex, unused: Counter[str]) -> list[SectionNote]:
+    """The narratives worth reading as notes; what was passed over is counted in `unused` with the reason."""
+    found: list[tuple[str, str, Mapping[str, Any]]] = []
+    for section in _sections(composition.get("section")):
+        div = obj(section.get("text")).get("div")
+        text = " ".join(html_to_text(div).split()) if isinstance(div, str) else ""
+        title = section.get("title") if isinstance(section.get("title"), str) else text_of(section.get("code"))
+        if text:
+            found.append((title or "section", text, section))
+    stock = {t for t, n in Counter(text for _, text, _ in found).items() if n >= 2 and len(t) < 200}
+    notes: list[SectionNote] = []
+    for title, text, section in found:
+        if text in stock or _PLACEHOLDER.match(text) or len(_words(text)) == 0:
+            unused["Composition: section narrative that is a placeholder"] += 1
+        elif _repeats_entries(text, section, index):
+            unused["Composition: section narrative that repeats its entries"] += 1
+        elif text in index.notes_seen:
+            unused["Composition: section narrative already read (read once)"] += 1
+        else:
+            index.notes_seen.add(text)
+            notes += _as_notes(title, obj(section.get("text")).get("div"))
+    return notes
+
+
+def _as_notes(title: str, div: Any) -> Sequence[SectionNote]:
+    text = html_to_text(str(div))
+    parts = note_sections(text)
+    return [SectionNote(f"Clinical note > {title}" + (f" > {p.heading}" if p.heading else ""), p.text,
+                        f"#{slug(title)}" + (f"-{slug(p.heading)}" if p.heading else "")) for p in parts]

@@ -1,0 +1,261 @@
+"""The face sheet: the few lines every answer about this patient may need, built from the whole chart.
+
+- who: age and sex (the Patient, its sex extension when `gender` is absent);
+- the allergy status: the recorded allergies, else a "no known allergy" statement, else what the newest
+  note says, else that nothing is recorded (not the same as "no known allergies");
+- the active problem list and the current medications (after reconciliation), one line each;
+- the drug-decision facts: pregnancy status with the due date, lactation, renal function (creatinine,
+  eGFR, potassium), hepatic function, weight, found by LOINC code (vocab/drug_facts.toml), each the
+  newest value with its unit and date;
+- the latest value of other key results.
+The tier rules make these must-keep when a question needs them (evidence/rules/questions.toml).
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Sequence
+from datetime import date, datetime
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from ebmrag.records.dates import as_written, partial_timestamp
+from ebmrag.records.fhir.coding import codings, has_code, obj, objects, text_of
+from ebmrag.records.fhir.index import ChartIndex, Resource
+from ebmrag.records.fhir.resources import value_of
+from ebmrag.records.fragment import Fragment
+
+_VOCAB = Path(__file__).resolve().parent.parent / "vocab"
+_SEX_EXTENSIONS = ("us-core-birthsex", "individual-genderIdentity", "patient-sexParameterForClinicalUse")
+# Other results worth one line in any question's context, by the start of their display name.
+_OTHER_RESULTS = (("sodium", r"^(serum |plasma )?sodium"), ("hemoglobin", r"^ha?emoglobin(?!.*a1c)"),
+                  ("platelets", r"^platelet"), ("HbA1c", r"hemoglobin a1c|hba1c|glycated"),
+                  ("glucose", r"^glucose"))
+
+
+@cache
+def _vocab() -> dict[str, Any]:
+    with open(_VOCAB / "drug_facts.toml", "rb") as handle:
+        raw = tomllib.load(handle)
+    for fact in raw["fact"]:
+        fact["pattern"] = re.compile(fact["display"], re.IGNORECASE)
+        fact["codes"] = frozenset(fact["loinc"])
+    return raw
+
+
+def identifiers(patient: Resource | None) -> tuple[tuple[str, str], ...]:
+    """What identifies the person (name, MRN and other identifiers, birth date, address, telecom): never
+    packed as such, kept so everything sent to an outside model can be redacted (generate.redact)."""
+    if patient is None:
+        return ()
+    found: list[tuple[str, str]] = []
+    for name in objects(patient.get("name")):
+        given = [str(g) for g in name.get("given") or [] if isinstance(g, str)]
+        parts = [*(str(p) for p in name.get("prefix") or [] if isinstance(p, str)), *given,
+                 str(name.get("family") or "")]
+        found += [("name", p) for p in (str(name.get("text") or ""), " ".join(x for x in parts if x).strip(),
+                                        *given, str(name.get("family") or "")) if p]
+    found += [("id", str(i["value"])) for i in objects(patient.get("identifier")) if i.get("value")]
+    found += [("birth_date", str(patient["birthDate"]))] if isinstance(patient.get("birthDate"), str) else []
+    for address in objects(patient.get("address")):
+        found += [("address", str(v)) for v in (*(address.get("line") or []), address.get("city"),
+                                                address.get("postalCode")) if isinstance(v, str) and v]
+    found += [("contact", str(t["value"])) for t in objects(patient.get("telecom")) if t.get("value")]
+    return tuple(dict.fromkeys(found))
+
+
+def _sex(patient: Resource) -> str:
+    gender = patient.get("gender")
+    if isinstance(gender, str) and gender in ("male", "female", "other"):
+        return gender
+    for extension in objects(patient.get("extension")):
+        if any(name in str(extension.get("url") or "") for name in _SEX_EXTENSIONS):
+            code = str(extension.get("valueCode") or text_of(extension.get("valueCodeableConcept")))
+            sex = {"F": "female", "M": "male"}.get(code, code.lower())
+            if sex in ("female", "male"):
+                return f"{sex} (recorded {'birth sex' if 'birthsex' in str(extension.get('url')) else 'sex'})"
+    return "sex not recorded" if not gender else f"gender {gender}"
+
+
+def demographics(patient: Resource | None, subject: str, newest: datetime | None) -> Fragment | None:
+    """Age and sex as one must-keep line ("Patient summary" in the tier rules), dated with the newest
+    fragment so its age is the age at the time of the question."""
+    if patient is None:
+        return None
+    born = as_written(patient.get("birthDate"))
+    deceased = as_written(patient.get("deceasedDateTime"))
+    age = ""
+    birth = partial_timestamp(born)
+    if birth is not None and len(born) >= 4 and (newest or deceased):
+        until = (partial_timestamp(deceased) or newest or birth).date()
+        first = birth.date()
+        years = until.year - first.year - ((until.month, until.day) < (first.month, first.day) if len(born) >= 10
+                                           else 0)
+        age = f"{years}-year-old"
+    words = " ".join(w for w in (age, _sex(patient)) if w)
+    extra = f" (born {born}" + (f", died {deceased}" if deceased else "") + ")" if born else ""
+    return Fragment(f"Patient/{patient.get('id') or 'patient'}", subject, f"Patient: {words}{extra}.",
+                    "Patient summary", newest, source="fhir")
+
+
+def allergy_status(subject: str, fragments: Sequence[Fragment], newest: datetime | None) -> Fragment:
+    """The allergy banner: the recorded allergies, else the chart's statement of none, else what the newest
+    note says, else that nothing is recorded (which is not "no known allergies")."""
+    recorded = list(dict.fromkeys(f.text.rstrip(".") for f in fragments if (f.section or "").startswith("Allergy")
+                                  and f.section != "Allergy status"))
+    stated = [f for f in fragments if f.section == "Allergy status"]
+    noted = [f for f in fragments if f.timestamp and (f.section or "").lower() == "clinical note > allergies"]
+    if recorded:
+        text = f"Allergies ({len(recorded)}): " + "; ".join(recorded) + "."
+        if stated:
+            text += f" (The chart also holds a statement of no known allergy: {stated[0].text.rstrip('.')}.)"
+    elif stated:
+        text = "Allergy status: " + "; ".join(dict.fromkeys(f.text.removeprefix("Allergy status: ").rstrip(".")
+                                                            for f in stated)) + " (stated in the chart)."
+    elif noted:
+        latest = max(noted, key=lambda f: f.timestamp or datetime.min)
+        stamp = latest.timestamp.date().isoformat() if latest.timestamp else "undated"
+        text = f"Allergy status (clinical note of {stamp}): {latest.text}"
+    else:
+        text = "Allergy status: no allergy or allergy statement is recorded in this chart."
+    return Fragment("summary/allergies", subject, text, "Patient summary", newest, source="fhir")
+
+
+def problem_summary(subject: str, fragments: Sequence[Fragment], newest: datetime | None) -> Fragment | None:
+    active = [re.sub(r"^Active problem: | \((?:since|unconfirmed|clinical status)[^)]*\)\.?$|\.$", "", f.text)
+              for f in fragments if f.section == "Problem list > active"]
+    stated = [f.text.rstrip(".") for f in fragments if f.section == "Problem list > status"]
+    if len(active) >= 2:
+        names = list(dict.fromkeys(active))
+        text = f"Active problems ({len(names)}): {'; '.join(names)}."
+    elif stated and not active:
+        text = f"{stated[0]} (stated in the chart)."
+    else:
+        return None
+    return Fragment("summary/active-problems", subject, text, "Problem list > active summary", newest, source="fhir")
+
+
+def medication_summary(subject: str, current: Sequence[str], unknown: Sequence[str], stated: bool,
+                       newest: datetime | None) -> Fragment | None:
+    parts = []
+    if current:
+        parts.append(f"Active medications ({len(current)}): {'; '.join(current)}.")
+    elif stated:
+        parts.append("Active medications: none (the chart states no current medications).")
+    if unknown:
+        parts.append(f"Medications whose status is not recorded ({len(unknown)}): {'; '.join(unknown)}.")
+    if not parts:
+        return None
+    return Fragment("summary/active-medications", subject, " ".join(parts), "Active medications", newest,
+                    source="fhir")
+
+
+def _observations(index: ChartIndex) -> list[Resource]:
+    return [r for r in index.unique() if r.get("resourceType") == "Observation"
+            and r.get("status") not in ("entered-in-error", "cancelled")]
+
+
+def _stamp(r: Resource) -> datetime | None:
+    return partial_timestamp(r.get("effectiveDateTime") or obj(r.get("effectivePeriod")).get("start")
+                             or r.get("issued"))
+
+
+def _newest(found: list[tuple[datetime, str]]) -> tuple[datetime, str] | None:
+    return max(found, key=lambda item: item[0]) if found else None
+
+
+def _lab_facts(observations: Sequence[Resource]) -> dict[str, tuple[datetime, str]]:
+    """Newest value of each drug-decision result: by LOINC code, else by display name when the result has
+    no LOINC coding at all (a local lab code)."""
+    newest: dict[str, tuple[datetime, str]] = {}
+    for r in observations:
+        when, value = _stamp(r), value_of(r)
+        if when is None or not value:
+            continue
+        loinc = {code for system, code, _ in codings(r.get("code")) if "loinc" in system}
+        name = text_of(r.get("code"))
+        for fact in _vocab()["fact"]:
+            if loinc & fact["codes"] or (not loinc and fact["pattern"].search(name)):
+                if fact["name"] not in newest or when > newest[fact["name"]][0]:
+                    newest[fact["name"]] = (when, f"{fact['name']} {value}")
+                break
+    return newest
+
+
+def _pregnancy(observations: Sequence[Resource], conditions: Sequence[Resource]) -> list[str]:
+    """Pregnancy status (with the estimated due date) and lactation, newest first; an active pregnancy
+    Condition counts when no status was observed."""
+    vocab = _vocab()["pregnancy"]
+    said: list[str] = []
+    status = _newest([(w, _answer(r, vocab)) for r in observations if (w := _stamp(r)) is not None
+                      and (has_code(r.get("code"), "loinc", frozenset(vocab["status_loinc"]))
+                           or has_code(r.get("code"), "snomed", frozenset(vocab["status_snomed"])))])
+    if status is None:
+        active = [r for r in conditions if has_code(r.get("code"), "snomed", frozenset(vocab["pregnant_conditions"]))
+                  and str(obj(r.get("clinicalStatus")).get("coding", [{}])[0].get("code", "active")) == "active"]
+        if active:
+            said.append(f"pregnant ({text_of(active[0].get('code'))}, recorded "
+                        f"{as_written(active[0].get('onsetDateTime') or active[0].get('recordedDate')) or 'undated'})")
+    else:
+        said.append(f"pregnancy status {status[1]} ({status[0].date().isoformat()})")
+    for key, label in (("due_date_loinc", "estimated due date"), ("gestational_age_loinc", "gestational age"),
+                       ("lactation_loinc", "lactation")):
+        found = _newest([(w, value_of(r)) for r in observations if (w := _stamp(r)) is not None and value_of(r)
+                         and has_code(r.get("code"), "loinc", frozenset(vocab[key]))])
+        if found and (key == "lactation_loinc" or said):
+            said.append(f"{label} {found[1]}")
+    return said
+
+
+def _answer(r: Resource, vocab: dict[str, Any]) -> str:
+    value = r.get("valueCodeableConcept")
+    if has_code(value, "", frozenset(vocab["pregnant_answers"])):
+        return "pregnant"
+    if has_code(value, "", frozenset(vocab["not_pregnant_answers"])):
+        return "not pregnant"
+    return value_of(r) or "not stated"
+
+
+def drug_facts(subject: str, index: ChartIndex, conditions: Sequence[Resource]) -> Fragment | None:
+    """One line with everything a drug choice or dose turns on, each fact dated."""
+    observations = _observations(index)
+    labs = _lab_facts(observations)
+    groups: list[str] = []
+    pregnancy = _pregnancy(observations, conditions)
+    if pregnancy:
+        groups.append("Pregnancy and lactation: " + "; ".join(pregnancy))
+    for group, title in (("renal", "Renal function"), ("hepatic", "Hepatic function"), ("body", "Body")):
+        names = [f["name"] for f in _vocab()["fact"] if f["group"] == group and f["name"] in labs]
+        if names:
+            groups.append(f"{title}: " + "; ".join(f"{labs[n][1]} ({labs[n][0].date().isoformat()})" for n in names))
+    if not groups:
+        return None
+    stamps = [when for when, _ in labs.values()]
+    return Fragment("summary/drug-facts", subject, "Drug decision facts: " + ". ".join(groups) + ".",
+                    "Drug decision facts", max(stamps) if stamps else None, source="fhir")
+
+
+def latest_results(subject: str, index: ChartIndex) -> Fragment | None:
+    """The newest value of other key results (sodium, hemoglobin, platelets, HbA1c, glucose), one dated line."""
+    newest: dict[str, tuple[datetime, str]] = {}
+    for r in _observations(index):
+        name, when, value = text_of(r.get("code")), _stamp(r), value_of(r)
+        label = next((label for label, pattern in _OTHER_RESULTS if re.search(pattern, name, re.IGNORECASE)), None)
+        if label and when and value and (label not in newest or when > newest[label][0]):
+            newest[label] = (when, f"{label} {value}")
+    if not newest:
+        return None
+    by_day: dict[date, list[str]] = {}
+    for label, _ in _OTHER_RESULTS:
+        if label in newest:
+            by_day.setdefault(newest[label][0].date(), []).append(newest[label][1])
+    groups = [f"{'; '.join(values)} ({day.isoformat()})" for day, values in sorted(by_day.items(), reverse=True)]
+    return Fragment("summary/latest-results", subject, "Latest results: " + "; ".join(groups) + ".",
+                    "Latest results", max(when for when, _ in newest.values()), source="fhir")
+
+
+def condition_resources(index: ChartIndex) -> list[Resource]:
+    return [r for r in index.unique() if r.get("resourceType") == "Condition"]
+

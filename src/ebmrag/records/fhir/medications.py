@@ -1,0 +1,157 @@
+"""Medication reconciliation: which of a chart's medication records are current.
+
+EHR exports keep every order ever written, and orders are rarely closed out: a statin ordered in 2008 is
+still `active` in 2024 though a newer list stopped it. A drug question needs what the patient takes now,
+so each medication record gets a state, with the reason a reader can check:
+- the newest reconciled medication `List` wins: an active record it does not hold (made before it), or one
+  it marks deleted or stopped, is not current;
+- a record whose status is stopped, cancelled, completed, not-taken, entered-in-error or draft is never
+  current, nor is an order replaced by a newer one (`priorPrescription`) or followed by a newer record of
+  the same drug that ends it;
+- a record without a status is "status unknown" (listed apart, never as active);
+- an active record older than `stale_after` with no newer record of the drug stays current but is marked
+  "not recently confirmed".
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta
+
+from ebmrag.records.dates import as_written, partial_timestamp
+from ebmrag.records.fhir.coding import codings, obj, objects, text_of
+from ebmrag.records.fhir.index import ChartIndex, Resource
+from ebmrag.records.fhir.resources import drug_name, started
+
+MEDICATION_TYPES = ("MedicationRequest", "MedicationStatement", "MedicationAdministration")
+_CURRENT = {"active", "on-hold", "intended"}
+_ENDED = {"stopped", "cancelled", "completed", "entered-in-error", "not-taken", "draft", "revoked", "superseded"}
+# LOINC codes of medication lists (History of medication use; Medications; Medication administered; Medication summary)
+_LIST_CODES = {"10160-0", "52471-0", "29549-3", "56445-0", "11586-5", "10183-2", "75311-1"}
+_STOPPED_FLAGS = re.compile(r"stop|cancel|discontinu|cease|delet|remov|suspend", re.IGNORECASE)
+ACTIVE, NOT_ACTIVE, UNKNOWN = "active", "not active", "status unknown"
+
+
+def reconcile(resources: Sequence[Resource], lists: Sequence[Resource], index: ChartIndex,
+              as_of: datetime | None, stale_after: timedelta) -> None:
+    """Fill `index.medication_state` for every medication record of the chart."""
+    by_drug: dict[str, list[Resource]] = {}
+    for r in resources:
+        index.medication_state[id(r)] = _by_status(r)
+        by_drug.setdefault(drug_key(r, index), []).append(r)
+    _replaced_orders(resources, index)
+    for records in by_drug.values():
+        _newest_ends_older(records, index)
+    reconciled = _newest_list(lists)
+    if reconciled is not None:
+        _apply_list(reconciled, resources, index)
+    if as_of is not None:
+        for records in by_drug.values():
+            _mark_stale(records, index, as_of - stale_after)
+
+
+def _by_status(r: Resource) -> tuple[str, str]:
+    status = r.get("status") if isinstance(r.get("status"), str) else ""
+    if r.get("resourceType") == "MedicationAdministration":
+        return NOT_ACTIVE, "a dose given"
+    if status in _CURRENT:
+        return ACTIVE, ""
+    if status in _ENDED:
+        return NOT_ACTIVE, ""
+    return UNKNOWN, ""
+
+
+def drug_key(r: Resource, index: ChartIndex) -> str:
+    """Which drug a record is about: an RxNorm or ATC code when there is one, else the first word of its name
+    (the ingredient of "metFORMIN hydrochloride 500 MG")."""
+    concept = r.get("medicationCodeableConcept") or obj(index.resolve(r.get("medicationReference"), within=r)).get("code")
+    for system, code, _ in codings(concept):
+        if code and ("rxnorm" in system or "atc" in system):
+            return f"{system}|{code}"
+    words = re.findall(r"[a-zà-ÿ]{3,}", drug_name(r, index).lower())
+    return words[0] if words else f"unnamed-{id(r)}"
+
+
+def _when(r: Resource) -> datetime | None:
+    return partial_timestamp(started(r)) if isinstance(started(r), str) else None
+
+
+def _replaced_orders(resources: Iterable[Resource], index: ChartIndex) -> None:
+    for r in resources:
+        prior = index.resolve(r.get("priorPrescription"))
+        if prior is not None and index.medication_state.get(id(prior), ("",))[0] == ACTIVE:
+            index.medication_state[id(prior)] = (NOT_ACTIVE, f"replaced by a newer order of {as_written(started(r))}")
+
+
+def _newest_ends_older(records: Sequence[Resource], index: ChartIndex) -> None:
+    """When the newest record of a drug says it ended, every older active record of that drug is not current."""
+    dated = sorted((r for r in records if _when(r) is not None), key=lambda r: _when(r))  # type: ignore[arg-type,return-value]
+    if not dated:
+        return
+    newest = dated[-1]
+    status = newest.get("status")
+    if index.medication_state[id(newest)][0] != NOT_ACTIVE or status not in ("stopped", "cancelled", "completed",
+                                                                                  "not-taken"):
+        return
+    for r in dated[:-1]:
+        if index.medication_state[id(r)][0] == ACTIVE and _when(r) != _when(newest):
+            index.medication_state[id(r)] = (NOT_ACTIVE, f"{status} per a newer record of {as_written(started(newest))}")
+
+
+def _is_medication_list(resource: Resource) -> bool:
+    if resource.get("status") not in (None, "current"):
+        return False
+    concept = resource.get("code")
+    if any(code in _LIST_CODES and "loinc" in system for system, code, _ in codings(concept)):
+        return True
+    words = f"{text_of(concept)} {resource.get('title') if isinstance(resource.get('title'), str) else ''}"
+    return bool(re.search(r"\bmedicat|\bdrug|\bmedikament|\bmédicament|\bfarmac|\bgenees", words, re.IGNORECASE))
+
+
+def _newest_list(lists: Sequence[Resource]) -> Resource | None:
+    candidates = [r for r in lists if _is_medication_list(r) and partial_timestamp(r.get("date")) is not None]
+    return max(candidates, key=lambda r: partial_timestamp(r.get("date"))) if candidates else None  # type: ignore[arg-type,return-value]
+
+
+def _apply_list(reconciled: Resource, resources: Sequence[Resource], index: ChartIndex) -> None:
+    when = partial_timestamp(reconciled.get("date"))
+    day = as_written(reconciled.get("date"))
+    kept: set[int] = set()
+    for entry in objects(reconciled.get("entry")):
+        item = index.resolve(entry.get("item"), within=reconciled)
+        if item is None:
+            continue
+        flag = text_of(entry.get("flag")) + " " + " ".join(c for _, c, _ in codings(entry.get("flag")))
+        if entry.get("deleted") is True or _STOPPED_FLAGS.search(flag):
+            index.medication_state[id(item)] = (NOT_ACTIVE, f"stopped at the medication reconciliation of {day}")
+        else:
+            kept.add(id(item))
+    for r in resources:
+        made = _when(r)
+        state = index.medication_state[id(r)][0]
+        if id(r) not in kept and state in (ACTIVE, UNKNOWN) and (made is None or when is None or made <= when):
+            index.medication_state[id(r)] = (NOT_ACTIVE, f"not on the reconciled medication list of {day}")
+
+
+def _mark_stale(records: Sequence[Resource], index: ChartIndex, cutoff: datetime) -> None:
+    current = [r for r in records if index.medication_state[id(r)][0] == ACTIVE]
+    newest = max((w for r in records if (w := _when(r)) is not None), default=None)
+    for r in current:
+        made = _when(r)
+        if made is not None and newest is not None and newest < cutoff and not index.medication_state[id(r)][1]:
+            index.medication_state[id(r)] = (ACTIVE, f"not recently confirmed (last recorded {as_written(started(r))})")
+
+
+def current_names(resources: Sequence[Resource], index: ChartIndex) -> tuple[list[str], list[str]]:
+    """(current drugs, drugs of unknown status) for the face sheet: one name each, a stale one marked."""
+    current: dict[str, None] = {}
+    unknown: dict[str, None] = {}
+    for r in resources:
+        state, why = index.medication_state.get(id(r), (NOT_ACTIVE, ""))
+        name = drug_name(r, index)
+        if state == ACTIVE:
+            current[name + (" (not recently confirmed)" if why.startswith("not recently") else "")] = None
+        elif state == UNKNOWN:
+            unknown[name] = None
+    return list(current), [n for n in unknown if n not in current]
