@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint browser package-check gateway-demo bench bench-ask tiers clean retrieval bench-retrieval packing-suite bench-kb-scale bench-ray
+.PHONY: setup demo test lint browser package-check gateway-demo bench bench-ask tiers clean retrieval bench-retrieval packing-suite bench-kb-scale bench-ray bench-charts
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -49,6 +49,10 @@ bench: $(STAMP)
 # `ask` latency on a 100k-chunk knowledge base scaled from the LiveQA KB (built by `make retrieval`).
 bench-ask: $(STAMP)
 	$(PY) bench/ask.py --base-kb $(KB) --size 100000 --data-root $(DATA) --out docs/benchmarks.md
+
+# Reading and packing every chart in ../shared/data/fhir_charts, median of 5 (issue 29); fails at >= 1 s a chart.
+bench-charts: $(STAMP)
+	$(PY) bench/charts.py --data-root $(DATA) --out docs/benchmarks.md
 
 KB ?= /tmp/kb-liveqa
 DATA ?= ../shared/data

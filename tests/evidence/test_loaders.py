@@ -139,19 +139,31 @@ def test_fhir_bundle(tmp_path: Path) -> None:
     assert "2.8 mg/dL" in texts["Observation/o1"]
     tiers = {f.id: f.tier.value for f in TierClassifier().run(record).fragments}
     assert tiers == {"AllergyIntolerance/a1": "T1", "Observation/o1": "T2", "DiagnosticReport/r1": "T1",
-                     "summary/allergies": "T1", "summary/latest-results": "T2"}
-    assert texts["summary/latest-results"] == "Latest results: creatinine 2.8 mg/dL (2026-01-02)."
+                     "summary/allergies": "T1", "summary/drug-facts": "T2"}
+    assert texts["summary/drug-facts"] == "Drug decision facts: Renal (2026-01-02): creatinine 2.8 mg/dL."
 
 
-def test_fhir_bundle_mixing_patients_is_rejected(tmp_path: Path) -> None:
+def test_a_resource_naming_another_patient_is_left_out_unnamed(tmp_path: Path) -> None:
+    """Issue 29: a real export (the Danish IPS) holds one resource naming another patient; the chart is read,
+    that resource is not, and the other patient is not named in the trace."""
     other = dict(CREATININE, subject={"reference": "Patient/p2"})
-    with pytest.raises(RecordError, match="2 patients"):
-        load_record(_write(tmp_path, _bundle(PATIENT, ALLERGY, other)))
+    record = load_record(_write(tmp_path, _bundle(PATIENT, ALLERGY, other)))
+    assert record.patient_id == "Patient/p1"
+    assert not any("2.8" in f.text for f in record.fragments)
+    assert "Observation x1: names a different patient than the chart's; not read" in record.skipped
+    assert not any("p2" in line for line in record.skipped)
 
 
-def test_fhir_invalid_status_rejected(tmp_path: Path) -> None:
-    with pytest.raises(RecordError, match="status"):
-        load_record(_write(tmp_path, _bundle(PATIENT, dict(CREATININE, status="done"))))
+def test_two_patient_resources_are_refused(tmp_path: Path) -> None:
+    other = {**PATIENT, "id": "p2"}
+    with pytest.raises(RecordError, match="2 Patient resources"):
+        load_record(_write(tmp_path, _bundle(PATIENT, other, ALLERGY)))
+
+
+def test_an_invalid_status_is_read_and_reported(tmp_path: Path) -> None:
+    record = load_record(_write(tmp_path, _bundle(PATIENT, dict(CREATININE, status="done"))))
+    assert any("2.8 mg/dL" in f.text for f in record.fragments)
+    assert "Observation x1: status 'done' is not a status of Observation; read as recorded" in record.skipped
 
 
 def test_fhir_encounter_references_are_kept(tmp_path: Path) -> None:
@@ -178,8 +190,9 @@ def test_two_patients_sharing_an_id_are_refused_not_merged(tmp_path: Path, urls:
 def test_a_reference_to_another_server_is_another_patient(tmp_path: Path) -> None:
     entries = [{"fullUrl": "http://a.example/fhir/Patient/p1", "resource": PATIENT},
                {"resource": {**CREATININE, "subject": {"reference": "http://b.example/fhir/Patient/p1"}}}]
-    with pytest.raises(RecordError, match="one record must hold exactly one patient"):
-        load_record(_write(tmp_path, {"resourceType": "Bundle", "type": "collection", "entry": entries}))
+    record = load_record(_write(tmp_path, {"resourceType": "Bundle", "type": "collection", "entry": entries}))
+    assert not any("2.8" in f.text for f in record.fragments), "same id, another server: another person"
+    assert "Observation x1: names a different patient than the chart's; not read" in record.skipped
 
 
 def test_medications_become_fragments_and_unused_resources_are_reported(tmp_path: Path) -> None:
@@ -195,8 +208,8 @@ def test_medications_become_fragments_and_unused_resources_are_reported(tmp_path
     record = TierClassifier().run(load_record(_write(tmp_path, _bundle(PATIENT, warfarin, {**empty, "id": "o2"},
                                                                         encounter))))
     by_id = {f.id: f for f in record.fragments}
-    assert by_id["MedicationRequest/m1"].text == ("Medication order: Warfarin 5 mg tablet (active, order); "
-                                                  "5 mg once daily.")
+    assert by_id["MedicationRequest/m1"].text == ("Medication order: Warfarin 5 mg tablet (active, order) "
+                                                  "since 2026-01-01; 5 mg once daily.")
     assert by_id["MedicationRequest/m1"].decision.standing, "an active order is current whatever its start date"
     assert by_id["MedicationRequest/m1"].tier.value == "T3"
     assert by_id["Observation/o2"].text.startswith("Creatinine: no value recorded")

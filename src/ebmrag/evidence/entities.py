@@ -82,8 +82,8 @@ _DATE = re.compile(
     re.IGNORECASE,
 )
 _SCOPE_END = re.compile(r"\.(?!\d)|[!?。！？\n;；]|\b(?:but|however|although)\b", re.IGNORECASE)
-# A comma inside a number ("1,100/mm3") is a thousands separator, not a clause end.
-_CLAUSE_END = re.compile(r"(?<!\d),|,(?!\d{3}(?!\d))|[，;；:：]|(?=\s(?:but|however|although)\s)", re.IGNORECASE)
+# A comma between digits ("1,100/mm3", a decimal "1,73 m2") is part of a number, not a clause end.
+_CLAUSE_END = re.compile(r"(?<!\d),|,(?!\d)|[，;；:：]|(?=\s(?:but|however|although)\s)", re.IGNORECASE)
 
 
 class EntityExtractor:

@@ -184,6 +184,17 @@ def _is_bulk_export(raw: str) -> bool:
     return isinstance(data, Mapping) and isinstance(data.get("resourceType"), str) and data["resourceType"] != "Bundle"
 
 
+def record_from_ccda(data: bytes | str, origin: str) -> PatientRecord:
+    """A C-CDA R2.1 document, read through its FHIR shape so both formats mean the same."""
+    from ebmrag.records.ccda import bundle_from_ccda
+    from ebmrag.records.fhir.bundle import record_from_fhir_bundle
+
+    bundle = bundle_from_ccda(data, origin)
+    notes = [str(n) for n in bundle.pop("ccda_notes", None) or []]
+    record = record_from_fhir_bundle(bundle, origin)
+    return replace(record, skipped=record.skipped + tuple(f"C-CDA: {n}" for n in notes))
+
+
 def _bulk(path: Path) -> list[PatientRecord]:
     from ebmrag.records.fhir.bulk import records_from_ndjson
 
@@ -193,13 +204,7 @@ def _bulk(path: Path) -> list[PatientRecord]:
 
 
 def _ccda(path: Path) -> PatientRecord:
-    from ebmrag.records.ccda import bundle_from_ccda
-    from ebmrag.records.fhir.bundle import record_from_fhir_bundle
-
-    bundle = bundle_from_ccda(path.read_bytes(), str(path))
-    notes = [str(n) for n in bundle.get("ccda_notes") or []]
-    record = record_from_fhir_bundle(bundle, str(path))
-    return replace(record, skipped=record.skipped + tuple(f"C-CDA: {n}" for n in notes))
+    return record_from_ccda(path.read_bytes(), str(path))
 
 
 def _parse_json(raw: str, origin: str) -> Any:

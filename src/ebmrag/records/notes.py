@@ -1,17 +1,22 @@
 """Clinical notes -> one fragment per note section.
 
-Notes arrive as attachments (records.attachments decodes them) and as document narratives. A note is long and mixes the allergy
-status, the assessment and the social history, so it is split at its headings ("# Allergies", "<h2>")
-and each section becomes a fragment named after its heading: the tier rules then see "clinical note >
-allergies" and the packer can keep the allergy line without the rest of the note.
+Notes arrive as attachments (records.attachments decodes them) and as document narratives. A note is
+long and mixes the allergy status, the assessment and the social history, so it is split at its
+headings ("# Allergies", "<h2>") and each section becomes a fragment named after its heading: the tier
+rules then see "clinical note > allergies" and the packer can keep the allergy line without the rest of
+the note. A long section without headings is cut at sentence ends into parts.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from html.parser import HTMLParser
+
+from ebmrag.text.sentences import split_sentences
+
+MAX_PART_WORDS = 160
 
 _HEADING = re.compile(r"^\s{0,3}(#{1,6})\s+(.+?)\s*#*\s*$")
 _DATE_LINE = re.compile(r"^\s*\d{4}-\d{2}-\d{2}(?:[T ][\d:.+-]+)?\s*$")
@@ -78,9 +83,20 @@ def note_sections(text: str) -> list[NoteSection]:
 
 
 def _section(heading: str, lines: Sequence[str]) -> Iterator[NoteSection]:
+    """A section, cut at sentence ends into parts of at most MAX_PART_WORDS words: a ten-page PDF without
+    headings is many fragments the packer can choose among, not one that never fits a window."""
     body = " ".join(" ".join(lines).split())
-    if body:
-        yield NoteSection(heading, body)
+    part: list[str] = []
+    count, number = 0, 1
+    for sentence in split_sentences(body):
+        words = len(sentence.text.split())
+        if part and count + words > MAX_PART_WORDS:
+            yield NoteSection(heading if number == 1 else f"{heading or 'note'} (part {number})", " ".join(part))
+            part, count, number = [], 0, number + 1
+        part.append(sentence.text)
+        count += words
+    if part:
+        yield NoteSection(heading if number == 1 else f"{heading or 'note'} (part {number})", " ".join(part))
 
 
 def slug(heading: str) -> str:

@@ -20,9 +20,10 @@ from ebmrag.config import Settings
 from ebmrag.generate.staged import StageTrace
 from ebmrag.index.backend import KnowledgeStore
 from ebmrag.packing.packer import STRATEGIES, ContextPacker
-from ebmrag.records.fhir import record_from_fhir_bundle
+from ebmrag.records.fhir.bulk import records_from_ndjson_text
+from ebmrag.records.fhir.bundle import record_from_fhir_bundle
 from ebmrag.records.fragment import Fragment, PatientRecord
-from ebmrag.records.loaders import record_from_json
+from ebmrag.records.loaders import record_from_ccda, record_from_json
 from ebmrag.retrieve.search import HybridRetriever
 from ebmrag.serve.limits import Metrics, RateLimiter
 from ebmrag.serve.models import AskBody
@@ -33,6 +34,8 @@ from ebmrag.store.patients import ApiKey, PatientStore
 
 log = logging.getLogger(__name__)
 JSON_TYPES = ("application/json", "application/fhir+json")
+XML_TYPES = ("application/xml", "text/xml", "application/cda+xml", "application/hl7-cda+xml", "application/hl7-v3+xml")
+NDJSON_TYPES = ("application/fhir+ndjson", "application/x-ndjson", "application/ndjson")
 
 
 class Service:
@@ -156,24 +159,47 @@ async def bounded_body(request: Request, limit: float | None = None) -> bytes:
 
 
 async def read_record(request: Request, patient: str) -> PatientRecord:
-    """The body as a record of `patient`: ebmrag JSON (application/json) or a FHIR R4 Bundle
-    (application/fhir+json, or any JSON whose resourceType is Bundle)."""
+    """The body as a record of `patient`: ebmrag JSON (application/json), a FHIR R4 Bundle
+    (application/fhir+json, or any JSON whose resourceType is Bundle), a C-CDA document (XML) or one
+    patient's FHIR Bulk Data NDJSON."""
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if content_type not in JSON_TYPES:
+    if content_type not in JSON_TYPES + XML_TYPES + NDJSON_TYPES:
         raise ProblemError(415, "unsupported-media-type",
-                           f"send {' or '.join(JSON_TYPES)}, not {content_type or 'nothing'}")
+                           f"send {', '.join(JSON_TYPES + XML_TYPES + NDJSON_TYPES)}, not {content_type or 'nothing'}")
     raw = await bounded_body(request)
+    origin = f"request body for {patient}"
+    if content_type in XML_TYPES:
+        return _as_patient(await run_in_threadpool(record_from_ccda, raw, origin), patient)
+    if content_type in NDJSON_TYPES:
+        return _as_patient(_one(await run_in_threadpool(records_from_ndjson_text, _utf8(raw), origin)), patient)
     try:
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ProblemError(400, "malformed-json", f"the body is not valid JSON: {exc}") from None
-    origin = f"request body for {patient}"
     if content_type == "application/fhir+json" or (isinstance(data, dict) and data.get("resourceType") == "Bundle"):
         record = record_from_fhir_bundle(data, origin)
     else:
         record = record_from_json(data, origin)
+    return _as_patient(record, patient)
+
+
+def _as_patient(record: PatientRecord, patient: str) -> PatientRecord:
     fragments = tuple(replace(f, patient_id=patient) for f in record.fragments)
-    return PatientRecord(patient, fragments, origin, record.skipped, record.identifiers)
+    return PatientRecord(patient, fragments, record.origin, record.skipped, record.identifiers)
+
+
+def _utf8(raw: bytes) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProblemError(400, "malformed-body", "the body is not UTF-8 text") from None
+
+
+def _one(records: list[PatientRecord]) -> PatientRecord:
+    if len(records) != 1:
+        raise ProblemError(422, "not-one-patient", f"the NDJSON holds {len(records)} patients; upload one patient's "
+                                                   "resources per request")
+    return records[0]
 
 
 async def wait_for_results(service: Service, key: ApiKey, pid: str, wait_ms: int) -> int:

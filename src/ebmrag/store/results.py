@@ -16,7 +16,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ebmrag.errors import EbmragError, require_extra
-from ebmrag.records.fhir_resources import BundleIndex, Skip, imaging_study, observation, procedure, report
+from ebmrag.records.fhir.index import ChartIndex
+from ebmrag.records.fhir.resources import Skip, imaging_study, observation, procedure, report
 from ebmrag.records.fragment import Fragment, PatientRecord
 from ebmrag.store.patients import PatientStore
 
@@ -89,14 +90,14 @@ class ResultMessage(BaseModel):
 
 
 def fhir_text(resource: dict[str, Any]) -> str:
-    """A FHIR R4 resource's text as the chart reader renders it (evidence.fhir_resources)."""
+    """A FHIR R4 resource's text as the chart reader renders it (records.fhir.resources)."""
     kind = str(resource.get("resourceType", ""))
     renderer = {"Observation": observation, "DiagnosticReport": report, "Procedure": procedure,
                 "ImagingStudy": imaging_study}.get(kind)
     if renderer is None:
         raise ValueError(f"resource: a {kind or 'resource without resourceType'} is not a result this gateway reads "
                          "(Observation, DiagnosticReport, Procedure, ImagingStudy)")
-    rendered = renderer(resource, BundleIndex())
+    rendered = renderer(resource, ChartIndex())
     if isinstance(rendered, Skip):
         raise ValueError(f"resource: nothing to store ({rendered.reason})")
     return " ".join(part.text for part in rendered)

@@ -24,8 +24,19 @@ from ebmrag.errors import RecordError
 from ebmrag.records.ccda import entries, observations
 from ebmrag.records.ccda.narrative import narrative_ids, plain_text, to_xhtml
 from ebmrag.records.ccda.values import (
-    NS, NULL_FLAVORS, SECTION_CODES, SECTION_TEMPLATES, V3, Context, Resource, Section, child, code_of, concept,
-    inline_text, templates, ts,
+    NS,
+    NULL_FLAVORS,
+    SECTION_CODES,
+    SECTION_TEMPLATES,
+    V3,
+    Context,
+    Resource,
+    Section,
+    child,
+    concept,
+    inline_text,
+    templates,
+    ts,
 )
 
 _HANDLERS: dict[str, Callable[[Element, str, Section, Context], list[Resource]]] = {
@@ -286,9 +297,10 @@ def _non_xml(body: Element) -> tuple[str, str]:
         data = re.sub(r"\s+", "", text.text or "")
         base64.b64decode(data, validate=True)  # binascii.Error (a ValueError) when it is not base64
         return media, data
-    if text.find("h:reference", NS) is not None:
-        raise ValueError(f"nonXMLBody refers to an outside file ({text.find('h:reference', NS).get('value')!r})"
-                         " that is not part of this document")
+    outside = text.find("h:reference", NS)
+    if outside is not None:
+        raise ValueError(f"nonXMLBody refers to an outside file ({outside.get('value')!r}) that is not part of "
+                         "this document")
     return media, base64.b64encode("".join(text.itertext()).strip().encode("utf-8")).decode("ascii")
 
 

@@ -17,8 +17,26 @@ from __future__ import annotations
 from xml.etree.ElementTree import Element
 
 from ebmrag.records.ccda.values import (
-    NS, SNOMED, Context, Resource, Section, child, code_of, codeable, concept, has_template, inline_text,
-    new_resource, number, quantity, related, resolve, status_code, status_concept, times, xsi_type,
+    NS,
+    SNOMED,
+    Context,
+    Resource,
+    Section,
+    child,
+    code_of,
+    codeable,
+    concept,
+    has_template,
+    inline_text,
+    new_resource,
+    number,
+    quantity,
+    related,
+    resolve,
+    status_code,
+    status_concept,
+    times,
+    xsi_type,
 )
 
 _ALLERGY_CATEGORY = {"416098002": "medication", "419511003": "medication", "59037007": "medication",
@@ -174,8 +192,7 @@ def _condition(obs: Element, concern: str, sec: Section, ctx: Context) -> Resour
         return resource
     if code is None:
         raise ValueError("problem observation has no value")
-    _, start, end = times(child(obs, "effectiveTime"))
-    point = times(child(obs, "effectiveTime"))[0]
+    point, start, end = times(child(obs, "effectiveTime"))
     resource = new_resource("condition", "Condition", ctx)
     status = next((_CLINICAL[code_of(o, "value")] for _, o in related(obs)
                    if has_template(o, "6", "33999-4") and code_of(o, "value") in _CLINICAL), None)

@@ -84,7 +84,7 @@ def plain_text(text: Element | None) -> str:
 
 
 def _collect(el: Element, parts: list[str]) -> None:
-    parts.append(el.text or "")
+    parts.append((el.text or "").replace("\n", " "))
     for child in el:
         name = _local(child.tag) if isinstance(child.tag, str) else ""
         if name and name not in _DROPPED:
@@ -95,4 +95,4 @@ def _collect(el: Element, parts: list[str]) -> None:
             _collect(child, parts)
             if name in _BLOCKS:
                 parts.append("\n")
-        parts.append(child.tail or "")
+        parts.append((child.tail or "").replace("\n", " "))

@@ -11,8 +11,27 @@ from __future__ import annotations
 from xml.etree.ElementTree import Element
 
 from ebmrag.records.ccda.values import (
-    NS, SNOMED, Context, Resource, Section, absent, child, code_of, codeable, concept, has_template, inline_text,
-    loinc, new_resource, number, quantity, related, status_code, times, ts, xsi_type,
+    NS,
+    SNOMED,
+    Context,
+    Resource,
+    Section,
+    absent,
+    child,
+    code_of,
+    codeable,
+    concept,
+    has_template,
+    inline_text,
+    loinc,
+    new_resource,
+    number,
+    quantity,
+    related,
+    status_code,
+    times,
+    ts,
+    xsi_type,
 )
 
 _OBSERVATION_STATUS = {"completed": "final", "active": "preliminary", "aborted": "cancelled",
@@ -88,7 +107,7 @@ def _observation(obs: Element, when: str | None, category: str, sec: Section, ct
 
 def value_of(value: Element | None, sec: Section) -> Resource:
     """An observation's <value> by its xsi:type -> {"valueQuantity": ...} and kin; {} when there is none."""
-    if value is None or value.get("nullFlavor") and not value.get("value") and child(value, "low") is None:
+    if value is None or (value.get("nullFlavor") and not value.get("value") and child(value, "low") is None):
         return {}
     kind = xsi_type(value)
     if kind == "PQ" or (not kind and value.get("unit")):
@@ -204,8 +223,8 @@ def encounters(entry: Element, where: str, sec: Section, ctx: Context) -> list[R
     kind = concept(code, sec.refs)
     if kind:
         resource["type"] = [kind]
-    _, start, end = times(child(encounter, "effectiveTime"))
-    start = start or times(child(encounter, "effectiveTime"))[0]
+    point, start, end = times(child(encounter, "effectiveTime"))
+    start = start or point
     if start or end:
         resource["period"] = {k: v for k, v in (("start", start), ("end", end)) if v}
     reasons = [c for _, o in related(encounter) if has_template(o, "19") if (c := concept(child(o, "value"), sec.refs))]

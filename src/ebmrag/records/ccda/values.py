@@ -73,7 +73,8 @@ NULL_FLAVORS = {
 _E = "2.16.840.1.113883.10.20.22.4."
 _ABSENT = {"NI": "unknown", "UNK": "unknown", "ASKU": "asked-unknown", "NAV": "temp-unknown",
            "NASK": "not-asked", "MSK": "masked", "NA": "not-applicable"}
-_TS = re.compile(r"(\d{4})(?:(\d{2})(?:(\d{2})(?:(\d{2})(?:(\d{2})(?:(\d{2})(\.\d{1,6})?)?)?)?)?)?([+-]\d{2}(?:\d{2})?)?")
+_TS = re.compile(r"(\d{4})(?:(\d{2})(?:(\d{2})(?:(\d{2})(?:(\d{2})(?:(\d{2})(\.\d{1,6})?)?)?)?)?)?"
+                 r"([+-]\d{2}(?:\d{2})?)?")
 
 
 @dataclass
@@ -102,6 +103,8 @@ def ts(value: str | None) -> str | None:
         raise ValueError(f"{value!r} is not an HL7 timestamp (YYYYMMDDHHMMSS[.S][+ZZZZ])")
     year, month, day, hour, minute, second, fraction, zone = match.groups()
     datetime(int(year), int(month or 1), int(day or 1), int(hour or 0), int(minute or 0), int(second or 0))
+    if zone and (int(zone[1:3]) > 14 or int(zone[3:] or 0) > 59):
+        raise ValueError(f"{value!r}: time zone {zone} out of range")
     date = "-".join(p for p in (year, month, day) if p)
     if hour is None:
         return date
@@ -217,7 +220,8 @@ def child(el: Element | None, path: str) -> Element | None:
 
 
 def status_code(el: Element | None) -> str:
-    return str(child(el, "statusCode").get("code") or "") if child(el, "statusCode") is not None else ""
+    found = child(el, "statusCode")
+    return str(found.get("code") or "") if found is not None else ""
 
 
 def related(el: Element | None, tag: str = "observation") -> Iterator[tuple[str, Element]]:

@@ -41,6 +41,14 @@ def records_from_ndjson(path: Path, *, stale_after: timedelta = DEFAULT_STALE_AF
     return _per_patient(entries, str(path), problems, stale_after)
 
 
+def records_from_ndjson_text(text: str, origin: str, *, stale_after: timedelta = DEFAULT_STALE_AFTER
+                             ) -> list[PatientRecord]:
+    """An NDJSON body (a service upload, one file's content)."""
+    problems: list[str] = []
+    entries = list(ndjson_entries(text.splitlines(), origin, problems))
+    return _per_patient(entries, origin, problems, stale_after)
+
+
 def _per_patient(entries: Sequence[Entry], origin: str, problems: list[str],
                  stale_after: timedelta) -> list[PatientRecord]:
     groups: dict[str, list[Entry]] = {}
@@ -63,6 +71,7 @@ def _per_patient(entries: Sequence[Entry], origin: str, problems: list[str],
             orphans[str(entry.resource.get("resourceType"))] += 1
     if not groups:
         raise RecordError(origin, "the export holds no Patient resource: no record can be made")
-    notes = problems + [f"{kind} x{n}: names no patient of this export; not read" for kind, n in sorted(orphans.items())]
+    notes = problems + [f"{kind} x{n}: names no patient of this export; not read"
+                        for kind, n in sorted(orphans.items())]
     return [record_from_entries([*members, *shared], f"{origin}#{key}", notes, stale_after=stale_after)
             for key, members in groups.items()]

@@ -73,6 +73,13 @@ _RENDERERS: dict[str, tuple[Renderer, tuple[str, ...]]] = {
     "Encounter": (encounter, ()),
     "Flag": (flag, ()),
 }
+# Status codes of the base specification: another value is read as recorded and reported, never trusted as final.
+_STATUSES = {
+    "Observation": {"registered", "preliminary", "final", "amended", "corrected", "cancelled", "entered-in-error",
+                    "unknown"},
+    "DiagnosticReport": {"registered", "partial", "preliminary", "final", "amended", "corrected", "appended",
+                         "cancelled", "entered-in-error", "unknown"},
+}
 _READ_ELSEWHERE = {"Composition", "List"}  # narratives (fhir.composition); medication lists (fhir.medications)
 
 
@@ -99,11 +106,11 @@ def record_from_fhir_bundle(bundle: Any, origin: str, *, stale_after: timedelta 
 
 def record_from_entries(entries: Sequence[Entry], origin: str, problems: Sequence[str] = (), *,
                         stale_after: timedelta = DEFAULT_STALE_AFTER) -> PatientRecord:
-    index = ChartIndex()
-    for entry in entries:
-        index.add(entry)
-    chart = _identify(entries, origin, index)
+    chart = _identify(entries, origin)
     clinical = [e for e in entries if e.resource.get("resourceType") != "Patient" and _is_this_patients(e, chart)]
+    index = chart.index  # holds only this patient's resources and shared ones: nothing else can be resolved
+    for entry in clinical:
+        index.add(entry)
     _mark_panels(clinical, index)
     medications = [e.resource for e in clinical if e.resource.get("resourceType") in MEDICATION_TYPES]
     lists = [e.resource for e in clinical if e.resource.get("resourceType") == "List"]
@@ -122,15 +129,17 @@ def record_from_entries(entries: Sequence[Entry], origin: str, problems: Sequenc
                          facts.identifiers(chart.patient))
 
 
-def _identify(entries: Sequence[Entry], origin: str, index: ChartIndex) -> _Chart:
+def _identify(entries: Sequence[Entry], origin: str) -> _Chart:
     """The one patient of the chart: its Patient resource, else the one patient every resource names."""
     patients: dict[str, Entry] = {}
     for entry in entries:
         if entry.resource.get("resourceType") == "Patient":
             key = _patient_key(entry)
             if key in patients and patients[key].resource != entry.resource:
-                raise RecordError(origin, f"{patients[key].where} and {entry.where} are two Patient resources "
-                                          f"named {key!r}: one record must hold exactly one patient")
+                raise RecordError(origin, f"{patients[key].where} ({patients[key].full_url or 'no fullUrl'}) and "
+                                          f"{entry.where} ({entry.full_url or 'no fullUrl'}) are two Patient "
+                                          f"resources with id {key.removeprefix('Patient/')!r}: one record must "
+                                          "hold exactly one patient")
             patients.setdefault(key, entry)
     if len(patients) > 1:
         where = ", ".join(e.where for e in patients.values())
@@ -139,14 +148,14 @@ def _identify(entries: Sequence[Entry], origin: str, index: ChartIndex) -> _Char
     if patients:
         (key, entry), = patients.items()
         names = {key, entry.full_url, type_id(entry.full_url)} - {""}
-        return _Chart(origin, index, entry.resource, key, frozenset(names), Counter())
+        return _Chart(origin, ChartIndex(), entry.resource, key, frozenset(names), Counter())
     named = {type_id(ref) or ref for e in entries if (ref := reference_of(_subject_link(e.resource)))}
     if len(named) != 1:
         raise RecordError(origin, "the chart holds no patient (no Patient resource and no patient reference)"
                           if not named else f"the chart's resources name {len(named)} different patients; "
                                             "one record must hold exactly one patient")
     subject = named.pop()
-    return _Chart(origin, index, None, subject, frozenset({subject}), Counter())
+    return _Chart(origin, ChartIndex(), None, subject, frozenset({subject}), Counter())
 
 
 def _patient_key(entry: Entry) -> str:
@@ -174,10 +183,19 @@ def _is_this_patients(entry: Entry, chart: _Chart) -> bool:
         if kind in _RENDERERS and kind not in ("Encounter",):
             chart.unused[f"{kind}: names no patient; read as this chart's patient's"] += 1
         return True
-    if reference in chart.aliases or type_id(reference) in chart.aliases:
+    if reference in chart.aliases or (type_id(reference) in chart.aliases and not _other_server(reference, chart)):
         return True
     chart.unused[f"{kind}: names a different patient than the chart's; not read"] += 1
     return False
+
+
+def _other_server(reference: str, chart: _Chart) -> bool:
+    """"https://b/fhir/Patient/1" is not "https://a/fhir/Patient/1": the same id on two servers is two people.
+    A chart whose Patient has no server URL (urn:uuid, relative) accepts its exporter's absolute references."""
+    if not reference.startswith(("http://", "https://")):
+        return False
+    servers = {a.rsplit("/Patient/", 1)[0] for a in chart.aliases if a.startswith(("http://", "https://"))}
+    return bool(servers) and reference.rsplit("/Patient/", 1)[0] not in servers
 
 
 def _mark_panels(entries: Sequence[Entry], index: ChartIndex) -> None:
@@ -218,6 +236,9 @@ def _render(entry: Entry, chart: _Chart) -> list[Fragment]:
     resource = entry.resource
     kind = str(resource.get("resourceType"))
     render, time_keys = _RENDERERS[kind]
+    status = resource.get("status")
+    if kind in _STATUSES and (not isinstance(status, str) or status not in _STATUSES[kind]):
+        chart.unused[f"{kind}: status {str(status)[:20]!r} is not a status of {kind}; read as recorded"] += 1
     try:
         rendered = render(resource, chart.index)
     except (KeyError, TypeError, AttributeError, ValueError, IndexError) as exc:
@@ -275,7 +296,8 @@ def _face_sheet(chart: _Chart, fragments: Sequence[Fragment], medications: Seque
     current, unknown = current_names(medications, chart.index)
     stated_none = any(f.section == "Medication status" for f in fragments)
     conditions = [e.resource for e in clinical if e.resource.get("resourceType") == "Condition"]
-    sheet = (facts.demographics(chart.patient, chart.subject, newest),
+    pregnancy = facts.pregnancy_status(chart.index, conditions)
+    sheet = (facts.demographics(chart.patient, chart.subject, newest, pregnancy),
              facts.allergy_status(chart.subject, fragments, newest),
              facts.problem_summary(chart.subject, fragments, newest),
              facts.medication_summary(chart.subject, current, unknown, stated_none, newest),

@@ -27,6 +27,10 @@ _VOCAB = Path(__file__).resolve().parent.parent / "vocab"
 _IPS_ABSENT = "absent-unknown"
 
 
+def without_semantic_tags(text: str) -> str:
+    return _SEMANTIC_TAG.sub("", text)
+
+
 def obj(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 

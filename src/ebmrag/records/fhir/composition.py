@@ -26,6 +26,10 @@ _PLACEHOLDER = re.compile(r"^(?:to be (?:populated|generated|completed)|narrativ
                           r"generated|not (?:yet )?(?:available|populated|generated)|no (?:information|narrative|"
                           r"data)(?: available)?|n/?a|none|not applicable)\b", re.IGNORECASE)
 _NOVEL_SHARE = 0.35  # below this share of words not found in its entries, a narrative repeats them
+_NOVEL_LEAST = 3  # ... or when fewer words than this are new
+_HEADER_CELL = re.compile(r"<th\b[^>]*>.*?</th>|<thead\b[^>]*>.*?</thead>", re.IGNORECASE | re.DOTALL)
+# Dates written out ("Sept 17, 2014") are the entries' dates in another format, not new facts.
+_MONTH = re.compile(r"^(jan|feb|mar|apr|may|jun|jul|aug|sep|sept|oct|nov|dec)[a-z]*$")
 
 
 @dataclass(frozen=True)
@@ -58,13 +62,15 @@ def _words(text: str) -> set[str]:
     return {w.lower() for w in _WORD.findall(text)}
 
 
-def _repeats_entries(text: str, section: Mapping[str, Any], index: ChartIndex) -> bool:
+def _repeats_entries(div: str, section: Mapping[str, Any], index: ChartIndex) -> bool:
+    """True when the narrative's words, table headers and written-out months aside, are its entries' words."""
     entries = [found for link in objects(section.get("entry")) if (found := index.resolve(link)) is not None]
     if not entries:
         return False
     known = _words(" ".join(s for r in entries for s in _strings(r)) + " " + str(section.get("title") or ""))
-    words = _words(text)
-    return bool(words) and len(words - known) / len(words) < _NOVEL_SHARE
+    words = {w for w in _words(html_to_text(_HEADER_CELL.sub(" ", div))) if not _MONTH.match(w)}
+    novel = words - known
+    return not words or len(novel) < _NOVEL_LEAST or len(novel) / len(words) < _NOVEL_SHARE
 
 
 def section_notes(composition: Resource, index: ChartIndex, unused: Counter[str]) -> list[SectionNote]:
@@ -76,12 +82,14 @@ def section_notes(composition: Resource, index: ChartIndex, unused: Counter[str]
         title = section.get("title") if isinstance(section.get("title"), str) else text_of(section.get("code"))
         if text:
             found.append((title or "section", text, section))
+    if not found:
+        unused["Composition: no section narrative (its entries are read from their resources)"] += 1
     stock = {t for t, n in Counter(text for _, text, _ in found).items() if n >= 2 and len(t) < 200}
     notes: list[SectionNote] = []
     for title, text, section in found:
-        if text in stock or _PLACEHOLDER.match(text) or len(_words(text)) == 0:
+        if text in stock or _PLACEHOLDER.match(text) or not _words(text) - _words(title):  # nothing but its title
             unused["Composition: section narrative that is a placeholder"] += 1
-        elif _repeats_entries(text, section, index):
+        elif _repeats_entries(str(obj(section.get("text")).get("div")), section, index):
             unused["Composition: section narrative that repeats its entries"] += 1
         elif text in index.notes_seen:
             unused["Composition: section narrative already read (read once)"] += 1

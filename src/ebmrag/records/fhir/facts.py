@@ -28,7 +28,7 @@ from ebmrag.records.fhir.resources import value_of
 from ebmrag.records.fragment import Fragment
 
 _VOCAB = Path(__file__).resolve().parent.parent / "vocab"
-_SEX_EXTENSIONS = ("us-core-birthsex", "individual-genderIdentity", "patient-sexParameterForClinicalUse")
+_SEXES = {"f": "female", "female": "female", "248152002": "female", "m": "male", "male": "male", "248153007": "male"}
 # Other results worth one line in any question's context, by the start of their display name.
 _OTHER_RESULTS = (("sodium", r"^(serum |plasma )?sodium"), ("hemoglobin", r"^ha?emoglobin(?!.*a1c)"),
                   ("platelets", r"^platelet"), ("HbA1c", r"hemoglobin a1c|hba1c|glycated"),
@@ -71,17 +71,23 @@ def _sex(patient: Resource) -> str:
     if isinstance(gender, str) and gender in ("male", "female", "other"):
         return gender
     for extension in objects(patient.get("extension")):
-        if any(name in str(extension.get("url") or "") for name in _SEX_EXTENSIONS):
-            code = str(extension.get("valueCode") or text_of(extension.get("valueCodeableConcept")))
-            sex = {"F": "female", "M": "male"}.get(code, code.lower())
-            if sex in ("female", "male"):
-                return f"{sex} (recorded {'birth sex' if 'birthsex' in str(extension.get('url')) else 'sex'})"
+        url = str(extension.get("url") or "")
+        if "sex" not in url.lower():  # birthsex, individual-sex, sexParameterForClinicalUse
+            continue
+        coding = obj(extension.get("valueCoding"))
+        said = [str(extension.get("valueCode") or ""), str(coding.get("code") or ""), str(coding.get("display") or ""),
+                text_of(extension.get("valueCodeableConcept"))]
+        sex = next((_SEXES[key] for s in said if (key := s.lower().split(" (")[0].strip()) in _SEXES), "")
+        if sex:
+            return f"{sex} (birth sex)" if "birthsex" in url else sex
     return "sex not recorded" if not gender else f"gender {gender}"
 
 
-def demographics(patient: Resource | None, subject: str, newest: datetime | None) -> Fragment | None:
+def demographics(patient: Resource | None, subject: str, newest: datetime | None, pregnancy: str = ""
+                 ) -> Fragment | None:
     """Age and sex as one must-keep line ("Patient summary" in the tier rules), dated with the newest
-    fragment so its age is the age at the time of the question."""
+    fragment so its age is the age at the time of the question; a recorded pregnancy status joins it, as
+    every question about a pregnant patient must know it."""
     if patient is None:
         return None
     born = as_written(patient.get("birthDate"))
@@ -94,15 +100,20 @@ def demographics(patient: Resource | None, subject: str, newest: datetime | None
         years = until.year - first.year - ((until.month, until.day) < (first.month, first.day) if len(born) >= 10
                                            else 0)
         age = f"{years}-year-old"
-    words = " ".join(w for w in (age, _sex(patient)) if w)
+    sex = _sex(patient)
+    if not age and sex == "sex not recorded":
+        return None
+    words = " ".join(w for w in (age, sex) if w)
     extra = f" (born {born}" + (f", died {deceased}" if deceased else "") + ")" if born else ""
+    extra += f"; {pregnancy}" if pregnancy else ""
     return Fragment(f"Patient/{patient.get('id') or 'patient'}", subject, f"Patient: {words}{extra}.",
                     "Patient summary", newest, source="fhir")
 
 
 def allergy_status(subject: str, fragments: Sequence[Fragment], newest: datetime | None) -> Fragment:
-    """The allergy banner: the recorded allergies, else the chart's statement of none, else what the newest
-    note says, else that nothing is recorded (which is not "no known allergies")."""
+    """The allergy banner: the recorded allergies (each as its own fragment says it, so packing keeps one
+    copy), else the chart's statement of none, else what the newest note says, else that nothing is
+    recorded (which is not "no known allergies")."""
     recorded = list(dict.fromkeys(f.text.rstrip(".") for f in fragments if (f.section or "").startswith("Allergy")
                                   and f.section != "Allergy status"))
     stated = [f for f in fragments if f.section == "Allergy status"]
@@ -141,7 +152,12 @@ def medication_summary(subject: str, current: Sequence[str], unknown: Sequence[s
                        newest: datetime | None) -> Fragment | None:
     parts = []
     if current:
-        parts.append(f"Active medications ({len(current)}): {'; '.join(current)}.")
+        stale = sum(name.endswith("*") for name in current)
+        if stale == len(current):  # say it once, not once per drug
+            legend, current = ", none recently confirmed", [name.rstrip("*") for name in current]
+        else:
+            legend = "; * = not recently confirmed" if stale else ""
+        parts.append(f"Active medications ({len(current)}{legend}): {'; '.join(current)}.")
     elif stated:
         parts.append("Active medications: none (the chart states no current medications).")
     if unknown:
@@ -218,22 +234,34 @@ def _answer(r: Resource, vocab: dict[str, Any]) -> str:
     return value_of(r) or "not stated"
 
 
+def _dated(found: Sequence[tuple[datetime, str]]) -> str:
+    """Values of one day share their date ("(2024-03-11) creatinine 88 umol/L, eGFR 78"): dates cost tokens."""
+    days = {when.date() for when, _ in found}
+    if len(days) == 1:
+        return f"({days.pop().isoformat()}): " + ", ".join(value for _, value in found)
+    return ": " + ", ".join(f"{value} ({when.date().isoformat()})" for when, value in found)
+
+
+def pregnancy_status(index: ChartIndex, conditions: Sequence[Resource]) -> str:
+    """"pregnancy status pregnant (2022-08-24), estimated due date 2020-02-18" for the face sheet's first
+    line (every question about a pregnant or lactating patient must know it), or "" when none is recorded."""
+    return ", ".join(_pregnancy(_observations(index), conditions))
+
+
 def drug_facts(subject: str, index: ChartIndex, conditions: Sequence[Resource]) -> Fragment | None:
-    """One line with everything a drug choice or dose turns on, each fact dated."""
+    """One line with the results a drug choice or dose turns on (renal and hepatic function, weight), each
+    dated; pregnancy and lactation are on the patient's line of the face sheet."""
     observations = _observations(index)
     labs = _lab_facts(observations)
     groups: list[str] = []
-    pregnancy = _pregnancy(observations, conditions)
-    if pregnancy:
-        groups.append("Pregnancy and lactation: " + "; ".join(pregnancy))
-    for group, title in (("renal", "Renal function"), ("hepatic", "Hepatic function"), ("body", "Body")):
-        names = [f["name"] for f in _vocab()["fact"] if f["group"] == group and f["name"] in labs]
-        if names:
-            groups.append(f"{title}: " + "; ".join(f"{labs[n][1]} ({labs[n][0].date().isoformat()})" for n in names))
+    for group, title in (("renal", "Renal"), ("hepatic", "Hepatic"), ("body", "Body")):
+        found = [labs[f["name"]] for f in _vocab()["fact"] if f["group"] == group and f["name"] in labs]
+        if found:
+            groups.append(f"{title} " + _dated(found))
     if not groups:
         return None
     stamps = [when for when, _ in labs.values()]
-    return Fragment("summary/drug-facts", subject, "Drug decision facts: " + ". ".join(groups) + ".",
+    return Fragment("summary/drug-facts", subject, "Drug decision facts: " + "; ".join(groups) + ".",
                     "Drug decision facts", max(stamps) if stamps else None, source="fhir")
 
 

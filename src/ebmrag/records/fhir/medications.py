@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 
 from ebmrag.records.dates import as_written, partial_timestamp
-from ebmrag.records.fhir.coding import codings, obj, objects, text_of
+from ebmrag.records.fhir.coding import codings, obj, objects, states_absence, text_of
 from ebmrag.records.fhir.index import ChartIndex, Resource
 from ebmrag.records.fhir.resources import drug_name, started
 
@@ -65,7 +65,8 @@ def _by_status(r: Resource) -> tuple[str, str]:
 def drug_key(r: Resource, index: ChartIndex) -> str:
     """Which drug a record is about: an RxNorm or ATC code when there is one, else the first word of its name
     (the ingredient of "metFORMIN hydrochloride 500 MG")."""
-    concept = r.get("medicationCodeableConcept") or obj(index.resolve(r.get("medicationReference"), within=r)).get("code")
+    concept = r.get("medicationCodeableConcept") \
+        or obj(index.resolve(r.get("medicationReference"), within=r)).get("code")
     for system, code, _ in codings(concept):
         if code and ("rxnorm" in system or "atc" in system):
             return f"{system}|{code}"
@@ -96,7 +97,8 @@ def _newest_ends_older(records: Sequence[Resource], index: ChartIndex) -> None:
         return
     for r in dated[:-1]:
         if index.medication_state[id(r)][0] == ACTIVE and _when(r) != _when(newest):
-            index.medication_state[id(r)] = (NOT_ACTIVE, f"{status} per a newer record of {as_written(started(newest))}")
+            index.medication_state[id(r)] = (NOT_ACTIVE,
+                                             f"{status} per a newer record of {as_written(started(newest))}")
 
 
 def _is_medication_list(resource: Resource) -> bool:
@@ -143,15 +145,29 @@ def _mark_stale(records: Sequence[Resource], index: ChartIndex, cutoff: datetime
             index.medication_state[id(r)] = (ACTIVE, f"not recently confirmed (last recorded {as_written(started(r))})")
 
 
+_LEADING_RELEASE = re.compile(r"^\d+(?:\.\d+)?\s*(?:HR|H|ML|MG)\s+", re.IGNORECASE)  # "24 HR metoprolol ..."
+_STRENGTH = re.compile(r"[\s,]\d+(?:[.,]\d+)?\s*(?:MG|ML|MCG|µG|UG|UNT|UNITS?|G|%|MEQ|IU|MMOL|MICROGRAMS?|"
+                       r"MILLIGRAMS?)(?![A-Za-z])", re.IGNORECASE)
+
+
+def short_name(name: str) -> str:
+    """"Hydrochlorothiazide 25 MG Oral Tablet" -> "Hydrochlorothiazide": the face sheet lists drugs, the
+    medication's own fragment keeps strength, dose and route."""
+    body = _LEADING_RELEASE.sub("", name.strip())
+    return _STRENGTH.split(body, maxsplit=1)[0].strip(" ,;-") or name
+
+
 def current_names(resources: Sequence[Resource], index: ChartIndex) -> tuple[list[str], list[str]]:
     """(current drugs, drugs of unknown status) for the face sheet: one name each, a stale one marked."""
     current: dict[str, None] = {}
     unknown: dict[str, None] = {}
     for r in resources:
         state, why = index.medication_state.get(id(r), (NOT_ACTIVE, ""))
-        name = drug_name(r, index)
+        if states_absence(r.get("medicationCodeableConcept"), "medication"):
+            continue
+        name = short_name(drug_name(r, index))
         if state == ACTIVE:
-            current[name + (" (not recently confirmed)" if why.startswith("not recently") else "")] = None
+            current[name + ("*" if why.startswith("not recently") else "")] = None
         elif state == UNKNOWN:
             unknown[name] = None
     return list(current), [n for n in unknown if n not in current]

@@ -16,10 +16,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ebmrag.records.dates import as_written
-from ebmrag.records.fhir.coding import concepts, obj, objects, states_absence, text_of
-from ebmrag.records.fhir.index import ChartIndex, Resource
 from ebmrag.records.attachments import attachment_text
+from ebmrag.records.dates import as_written
+from ebmrag.records.fhir.coding import concepts, obj, objects, states_absence, text_of, without_semantic_tags
+from ebmrag.records.fhir.index import ChartIndex, Resource
 from ebmrag.records.notes import note_sections, slug
 
 _REPORT_CATEGORY = {
@@ -33,9 +33,10 @@ _OBSERVATION_CATEGORY = {
 }
 _RESOLVED = {"resolved", "inactive", "remission"}
 _RETRACTED = {"refuted", "entered-in-error"}
-# Antimicrobial susceptibility interpretations (HL7 ObservationInterpretation): a panel says S/I/R, a reader wants words.
+# Antimicrobial susceptibility (HL7 ObservationInterpretation): a panel says S/I/R, a reader wants words.
 _SUSCEPTIBILITY = {"S": "susceptible", "I": "intermediate", "R": "resistant", "SDD": "susceptible-dose dependent",
                    "NS": "non-susceptible", "SYN-R": "synergy resistant", "SYN-S": "synergy susceptible"}
+_SAYS_ALLERGY = re.compile(r"\b(allerg|intoleran|hypersensitiv|unverträglich|overgevoelig)", re.IGNORECASE)
 _ALLERGY_CATEGORY = {"medication": "Drug", "food": "Food", "environment": "Environmental", "biologic": "Biologic"}
 
 
@@ -92,11 +93,15 @@ def value_of(resource: Resource) -> str:
 
 
 def _interpretation(r: Resource) -> str:
-    words = []
-    for concept in concepts(r.get("interpretation")):
-        code = _code(concept).upper()
-        words.append(_SUSCEPTIBILITY.get(code) or text_of(concept))
+    words = [_SUSCEPTIBILITY.get(_code(c).upper()) or text_of(c) for c in concepts(r.get("interpretation"))]
     return ", ".join(w for w in words if w)
+
+
+def _susceptibility(r: Resource) -> str:
+    """'resistant' when the interpretation is a susceptibility (S/I/R), the result such a panel reports."""
+    words = [_SUSCEPTIBILITY[code] for concept in concepts(r.get("interpretation"))
+             if (code := _code(concept).upper()) in _SUSCEPTIBILITY]
+    return ", ".join(words)
 
 
 def _measurement(r: Resource, index: ChartIndex) -> str:
@@ -104,13 +109,13 @@ def _measurement(r: Resource, index: ChartIndex) -> str:
     Observation panel, or '' when nothing was measured."""
     value = value_of(r)
     components = ", ".join(f"{text_of(c.get('code')) or 'component'} {v}" for c in objects(r.get("component"))
-                           if (v := value_of(c) or _interpretation(c)))
+                           if (v := value_of(c) or _susceptibility(c)))
     members = [f"{text_of(m.get('code')) or 'result'} {v}" for link in objects(r.get("hasMember"))
                if (m := index.resolve(link)) is not None and (v := _measurement(m, index))]
     flags = _interpretation(r)
     measured = value or components or "; ".join(members)
     if not measured:
-        return flags  # a susceptibility given only as its interpretation: "resistant"
+        return _susceptibility(r)  # a susceptibility given only as its interpretation: "resistant"
     ranges = "; ".join(str(rr.get("text") or "-".join(_quantity(rr.get(k)) for k in ("low", "high")))
                        for rr in objects(r.get("referenceRange")))
     return measured + (f" ({flags})" if flags and flags.lower() not in measured.lower() else "") \
@@ -127,33 +132,33 @@ def _allergen(r: Resource) -> str:
 
 
 def allergy(r: Resource, index: ChartIndex) -> Sequence[Rendered] | Skip:
-    """A drug, food or other allergy with its category, criticality and reactions; "no known allergy" codes
-    become an allergy status, never an allergy."""
+    """A drug, food or other allergy in one short line ("Drug allergy to penicillin G (high criticality:
+    hives); since 2007"), which the face sheet repeats verbatim so the two collapse into one when packed;
+    "no known allergy" codes become an allergy status, never an allergy."""
     verification = _code(r.get("verificationStatus"))
     if verification in _RETRACTED:
         return Skip("refuted or entered in error")
     if states_absence(r.get("code"), "allergy"):
         return [Rendered("Allergy status", f"Allergy status: {text_of(r.get('code'))}.")]
-    category = next((_ALLERGY_CATEGORY[c] for c in r.get("category") or [] if c in _ALLERGY_CATEGORY), "")
+    categories = r.get("category") if isinstance(r.get("category"), list) else []
+    category = next((_ALLERGY_CATEGORY[c] for c in categories if isinstance(c, str) and c in _ALLERGY_CATEGORY), "")
+    allergen = _allergen(r) or "unspecified substance"
     kind = "intolerance" if r.get("type") == "intolerance" else "allergy"
-    parts = [f"{category + ' ' + kind if category else kind.capitalize()} to {_allergen(r) or 'unspecified substance'}"]
-    status = [s for s in (_code(r.get("clinicalStatus")), verification) if s in ("inactive", "resolved",
-                                                                                "unconfirmed")]
-    if status:
-        parts.append(" and ".join(status))
-    if isinstance(r.get("criticality"), str):
-        parts.append(f"criticality {r['criticality']}")
-    reactions = "; ".join(
-        ", ".join(t for m in concepts(reaction.get("manifestation")) if (t := text_of(m)))
-        + (f" ({reaction['severity']})" if isinstance(reaction.get("severity"), str) else "")
-        for reaction in objects(r.get("reaction")))
-    if reactions.strip("; "):
-        parts.append(f"reaction: {reactions.strip('; ')}")
+    if _SAYS_ALLERGY.search(allergen):  # SNOMED names the disorder: "Intolerance to lactose", "Allergy to egg"
+        head = f"{allergen} ({category.lower()})" if category else allergen
+    else:
+        head = f"{category + ' ' + kind if category else kind.capitalize()} to {allergen}"
+    reactions = objects(r.get("reaction"))
+    said = ", ".join(dict.fromkeys(t for reaction in reactions for m in concepts(reaction.get("manifestation"))
+                                   if (t := text_of(m))))
+    status = [s for s in (_code(r.get("clinicalStatus")), verification) if s in ("inactive", "resolved", "unconfirmed")]
+    bits = [*status, "high criticality" if r.get("criticality") == "high" else "",
+            "severe reaction" if any(x.get("severity") == "severe" for x in reactions) else ""]
+    detail = ", ".join(b for b in bits if b)
+    detail += (": " if detail and said else "") + said
     onset = as_written(r.get("onsetDateTime")) or as_written(obj(r.get("onsetPeriod")).get("start"))
-    if onset:
-        parts.append(f"since {onset}")
-    section = "Allergy" + (f" > {category.lower()}" if category else "")
-    return [Rendered(section, "; ".join(parts) + ".")]
+    text = head + (f" ({detail})" if detail else "") + (f"; since {onset}" if onset else "")
+    return [Rendered("Allergy" + (f" > {category.lower()}" if category else ""), text + ".")]
 
 
 def condition(r: Resource, index: ChartIndex) -> Sequence[Rendered] | Skip:
@@ -250,10 +255,8 @@ def _notes(attachments: Sequence[Mapping[str, Any]], index: ChartIndex) -> list[
             continue
         for section in note_sections(text or ""):
             heading = section.heading or "note"
-            if section.text in index.notes_seen:
-                continue
-            index.notes_seen.add(section.text)
-            parts.append(Rendered(f"Clinical note > {heading}", section.text, f"#{slug(heading)}"))
+            parts.append(Rendered(f"Clinical note > {heading}", without_semantic_tags(section.text),
+                                  f"#{slug(heading)}"))
         index.notes_seen.add(whole)
     return parts
 
@@ -359,6 +362,8 @@ def care_plan(r: Resource, index: ChartIndex) -> Sequence[Rendered] | Skip:
     names = ", ".join(t for c in concepts(r.get("category")) if (t := text_of(c)) and t != "assess-plan")
     activities = ", ".join(t for a in objects(r.get("activity")) if (t := text_of(obj(a.get("detail")).get("code"))))
     status = r.get("status") if isinstance(r.get("status"), str) else "status unknown"
+    if not names and not activities:
+        return Skip("names neither a category nor an activity")
     return [Rendered("Care plan", f"Care plan: {names or 'unnamed'} ({status})"
                      + (f"; activities: {activities}" if activities else "") + ".",
                      timestamp=obj(r.get("period")).get("start"))]

@@ -1,0 +1,80 @@
+"""Chart reading (issue 29): for every chart in ../shared/data/fhir_charts (FHIR Bundles and C-CDA documents), the
+median time to read it (`load_record`) and to read and pack it (`ContextPacker.run`, W = 1024, the summary
+question of tests/records/test_real_charts.py).
+
+Run: python bench/charts.py --data-root ../shared/data [--out docs/benchmarks.md]
+
+The packer is the default one, built through the composition root over a fresh cache directory; the first of
+`--runs` runs fills the embedding cache, so the median is the warm cost a clinician pays on a second question.
+Exits 1 when any chart's read + pack median reaches `--limit-ms` (1,000 ms), or when a chart cannot be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import date
+from pathlib import Path
+
+from ebmrag.compose import Resources, build_packer
+from ebmrag.config import Settings, with_overrides
+from ebmrag.errors import RecordError
+from ebmrag.records.loaders import load_record
+from report import emit, machine  # bench/ is on sys.path when a script here runs
+
+QUESTION = "Summarise this patient's allergies, active problems, current medications and key results."
+WINDOW = 1024
+
+
+def median_ms(action: Callable[[], object], runs: int) -> float:
+    seconds = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        action()
+        seconds.append(time.perf_counter() - started)
+    return statistics.median(seconds) * 1000
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--data-root", type=Path, required=True)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--limit-ms", type=float, default=1000.0)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    folder = args.data_root / "fhir_charts"
+    charts = sorted([*folder.glob("*.json"), *folder.glob("*.xml")])
+    rows, slowest, failed = [], 0.0, []
+    with tempfile.TemporaryDirectory() as cache:
+        packer = build_packer(Resources(with_overrides(Settings(), models={"cache_dir": cache})))
+        packer.warm_up()  # model load is not a chart's cost
+        for chart in charts:
+            try:
+                fragments = len(load_record(chart).fragments)
+            except RecordError as error:
+                failed.append(chart.name)
+                rows.append(f"| {chart.name} | unreadable: {error.problem[:80]} | | |")
+                continue
+            read = median_ms(lambda c=chart: load_record(c), args.runs)
+            both = median_ms(lambda c=chart: packer.run(load_record(c), QUESTION, WINDOW), args.runs)
+            slowest = max(slowest, both)
+            failed += [chart.name] if both >= args.limit_ms else []
+            rows.append(f"| {chart.name} | {fragments} | {read:.1f} | {both:.1f} |")
+    lines = [f"{machine()}. Date: {date.today().isoformat()}. Command: "
+             "`python bench/charts.py --data-root ../shared/data --out docs/benchmarks.md`; "
+             f"median of {args.runs} runs, W = {WINDOW:,}, warm embedding cache.", "",
+             "| chart | fragments | read ms | read + pack ms |", "|---|---|---|---|", *rows, "",
+             f"Max read + pack median: {slowest:.1f} ms (goal < {args.limit_ms:,.0f} ms); "
+             f"{len(charts) - len(failed)} of {len(charts)} charts within it."]
+    emit(args.out, "charts", lines)
+    if failed:
+        print(f"over the limit or unreadable: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
