@@ -18,11 +18,14 @@ import tempfile
 import time
 from collections.abc import Callable
 from datetime import date
+from functools import partial
 from pathlib import Path
 
 from ebmrag.compose import Resources, build_packer
 from ebmrag.config import Settings, with_overrides
 from ebmrag.errors import RecordError
+from ebmrag.packing.packer import ContextPacker
+from ebmrag.packing.types import PackResult
 from ebmrag.records.loaders import load_record
 from report import emit, machine  # bench/ is on sys.path when a script here runs
 
@@ -30,13 +33,19 @@ QUESTION = "Summarise this patient's allergies, active problems, current medicat
 WINDOW = 1024
 
 
-def median_ms(action: Callable[[], object], runs: int) -> float:
+def timed_ms(action: Callable[[], object], runs: int) -> tuple[float, float]:
+    """(the first run, the median of all runs) in ms: the first read + pack of a chart embeds its fragments
+    (cold, as on a chart's first question), the later ones find them in the cache (warm)."""
     seconds = []
     for _ in range(runs):
         started = time.perf_counter()
         action()
         seconds.append(time.perf_counter() - started)
-    return statistics.median(seconds) * 1000
+    return seconds[0] * 1000, statistics.median(seconds) * 1000
+
+
+def read_and_pack(packer: ContextPacker, chart: Path) -> PackResult:
+    return packer.run(load_record(chart), QUESTION, WINDOW)
 
 
 def main() -> int:
@@ -57,18 +66,20 @@ def main() -> int:
                 fragments = len(load_record(chart).fragments)
             except RecordError as error:
                 failed.append(chart.name)
-                rows.append(f"| {chart.name} | unreadable: {error.problem[:80]} | | |")
+                rows.append(f"| {chart.name} | unreadable: {error.problem[:80]} | | | |")
                 continue
-            read = median_ms(lambda c=chart: load_record(c), args.runs)
-            both = median_ms(lambda c=chart: packer.run(load_record(c), QUESTION, WINDOW), args.runs)
-            slowest = max(slowest, both)
-            failed += [chart.name] if both >= args.limit_ms else []
-            rows.append(f"| {chart.name} | {fragments} | {read:.1f} | {both:.1f} |")
+            _, read = timed_ms(partial(load_record, chart), args.runs)
+            cold, both = timed_ms(partial(read_and_pack, packer, chart), args.runs)
+            slowest = max(slowest, both, cold)
+            failed += [chart.name] if max(both, cold) >= args.limit_ms else []
+            rows.append(f"| {chart.name} | {fragments} | {read:.1f} | {cold:.1f} | {both:.1f} |")
     lines = [f"{machine()}. Date: {date.today().isoformat()}. Command: "
              "`python bench/charts.py --data-root ../shared/data --out docs/benchmarks.md`; "
-             f"median of {args.runs} runs, W = {WINDOW:,}, warm embedding cache.", "",
-             "| chart | fragments | read ms | read + pack ms |", "|---|---|---|---|", *rows, "",
-             f"Max read + pack median: {slowest:.1f} ms (goal < {args.limit_ms:,.0f} ms); "
+             f"median of {args.runs} runs, W = {WINDOW:,}; cold = the chart's first read + pack (its fragments "
+             "embedded), warm = median with the embedding cache filled.", "",
+             "| chart | fragments | read ms (median) | read + pack ms, cold | read + pack ms, warm |",
+             "|---|---|---|---|---|", *rows, "",
+             f"Max read + pack (cold or warm): {slowest:.1f} ms (goal < {args.limit_ms:,.0f} ms); "
              f"{len(charts) - len(failed)} of {len(charts)} charts within it."]
     emit(args.out, "charts", lines)
     if failed:

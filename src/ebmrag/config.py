@@ -3,7 +3,8 @@
 Each table is the params dataclass of the component that reads it, and its field names are the table's keys:
 [packing] `packing.params.PackingParams`, [kb] `index.params.KnowledgeBaseConfig` (what a knowledge base is)
 and `index.params.StorageSettings` (how it is stored), [retrieval] `retrieve.params.RetrievalParams`, [llm]
-`llm.params.LLMParams`, [answer] `answer.params.AnswerParams`, [research] `research.params.ResearchParams`;
+`llm.params.LLMParams`, [answer] `answer.params.AnswerParams`, [research] `research.params.ResearchParams`,
+[chart] `records.params.ChartParams`;
 [models] (the shared models the composition root builds) and [serve] (the HTTP service) are defined here.
 Every key, its default and its meaning: docs/configuration.md.
 """
@@ -20,6 +21,7 @@ from ebmrag.errors import ConfigError
 from ebmrag.index.params import KnowledgeBaseConfig, StorageSettings
 from ebmrag.llm.params import LLMParams
 from ebmrag.packing.params import PackingParams
+from ebmrag.records.params import ChartParams
 from ebmrag.research.params import ResearchParams
 from ebmrag.retrieve.params import RetrievalParams
 
@@ -63,9 +65,10 @@ class Settings:
     answer: AnswerParams = field(default_factory=AnswerParams)
     serve: ServeSettings = field(default_factory=ServeSettings)
     research: ResearchParams = field(default_factory=ResearchParams)
+    chart: ChartParams = field(default_factory=ChartParams)
 
 
-TABLES = ("packing", "models", "kb", "retrieval", "llm", "answer", "serve", "research")
+TABLES = ("packing", "models", "kb", "retrieval", "llm", "answer", "serve", "research", "chart")
 
 
 def with_overrides(settings: Settings, **tables: dict[str, Any]) -> Settings:

@@ -6,6 +6,7 @@ import json
 import threading
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -87,6 +88,29 @@ def test_fhir_bundles_pack_and_ask(serve: Callable[..., Live]) -> None:
     assert set(answer) == {"decision", "answer", "citations", "unsupported", "trace"}
     assert "anaphylaxis to penicillin" in answer["answer"].lower()
     assert answer["decision"]["question_type"] == "drug_choice" and answer["trace"]["retrieval"]["performed"]
+
+
+def test_ccda_and_ndjson_charts_are_stored_as_records(serve: Callable[..., Live], shared_data: Path) -> None:
+    """Issue 29: a C-CDA document (XML) and one patient's Bulk Data NDJSON are charts the service reads."""
+    ccda = (shared_data / "fhir_charts" / "ccda_progress_note_adam_everyman.xml").read_bytes()
+    ndjson = "\n".join(json.dumps(r) for r in (
+        {"resourceType": "Patient", "id": "x", "gender": "male", "birthDate": "1950-01-01"},
+        {"resourceType": "AllergyIntolerance", "id": "a", "patient": {"reference": "Patient/x"},
+         "code": {"text": "Penicillin"}, "criticality": "high"}))
+    two = ndjson + "\n" + json.dumps({"resourceType": "Patient", "id": "y"})
+    live = serve()
+    with live.client(live.key("t", "service")) as http:
+        assert http.put("/v1/patients/c1", content=ccda, headers={"Content-Type": "application/xml"}).json()[
+            "fragments"] >= 10
+        texts = " ".join(f["text"] for f in http.get("/v1/patients/c1/fragments").json()["fragments"])
+        assert "atenolol" in texts.lower() and "penicillin" in texts.lower()
+        http.put("/v1/patients/n1", content=ndjson, headers={"Content-Type": "application/fhir+ndjson"})
+        texts = " ".join(f["text"] for f in http.get("/v1/patients/n1/fragments").json()["fragments"])
+        assert "Penicillin" in texts
+        problem(http.put("/v1/patients/n2", content=two, headers={"Content-Type": "application/fhir+ndjson"}),
+                422, "not-one-patient")
+        problem(http.put("/v1/patients/c2", content=b"<html/>", headers={"Content-Type": "application/xml"}),
+                422, "invalid-record")
 
 
 def test_appending_is_idempotent_and_upserts_by_id(serve: Callable[..., Live]) -> None:

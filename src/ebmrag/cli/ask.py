@@ -47,10 +47,10 @@ def ask(
 ) -> None:
     """Answer a question about one patient from the record and the knowledge base, citing every claim."""
     with user_errors():
-        record = load_patient(patient, patient_id)
         settings = settings_from(config, llm=llm, base_url=base_url, model=model, model_path=model_path,
                                  retrieval={"query_variants": expand, "hyde": hyde},
                                  answer={"window": window, "retrieval": retrieval})
+        record = load_patient(patient, patient_id, settings.chart)
         engine = build_engine(settings, kb)
         with stderr.status("loading the bundled embedding model..."):
             engine.warm_up()

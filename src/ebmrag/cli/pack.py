@@ -67,7 +67,7 @@ def pack(
         settings = with_overrides(load_settings(config),
                                   packing={"strategy": strategy, "k_min": k_min, "objective": objective})
         packer = build_packer(Resources(settings))
-        patient = load_patient(record, patient_id)
+        patient = load_patient(record, patient_id, settings.chart)
         when: datetime | None = parse_timestamp(as_of, "--as-of") if as_of else None
         result = packer.run(patient, query, window if window is not None else settings.packing.window, when)
     if as_json:

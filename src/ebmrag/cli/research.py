@@ -61,7 +61,7 @@ def run(
         settings = settings_from(config, llm=llm, base_url=base_url, model=model)
         resources = open_resources(settings, kb)
         client = require_openai(settings, "research")
-        record = load_patient(patient) if patient else None
+        record = load_patient(patient, params=settings.chart) if patient else None
         with stderr.status("loading the knowledge base and the embedding model..."):
             agent = build_research_agent(resources, client, record, max_steps=max_steps)
         with stderr.status("researching (each step is one model call)..."):

@@ -11,6 +11,7 @@ from pathlib import Path
 from ebmrag.errors import RecordError
 from ebmrag.records.fragment import PatientRecord
 from ebmrag.records.loaders import load_record
+from ebmrag.records.params import ChartParams
 
 RECORDS_DIR = Path(__file__).parent / "records"
 DEMO_CORPUS = Path(__file__).parent / "kb" / "guidelines.jsonl"
@@ -34,7 +35,8 @@ def demo_record_path(name: str) -> Path | None:
     return path if path.is_file() and path.parent == RECORDS_DIR else None
 
 
-def load_patient(source: str | Path, patient_id: str | None = None) -> PatientRecord:
+def load_patient(source: str | Path, patient_id: str | None = None, params: ChartParams | None = None
+                 ) -> PatientRecord:
     """A record file (every format `load_record` reads), or the name of a bundled demo record ("demo-colon")."""
     path = Path(source)
     if not path.exists():
@@ -43,7 +45,7 @@ def load_patient(source: str | Path, patient_id: str | None = None) -> PatientRe
             names = ", ".join(p.stem for p in demo_record_paths())
             raise RecordError(str(source), f"no such file, and not a bundled demo record ({names})")
         path = bundled
-    return load_record(path, patient_id)
+    return load_record(path, patient_id, params)
 
 
 def demo_query(path: Path) -> str:

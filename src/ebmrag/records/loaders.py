@@ -17,6 +17,7 @@ from typing import Any
 
 from ebmrag.errors import RecordError
 from ebmrag.records.fragment import Fragment, PatientRecord, lone_surrogate, parse_timestamp
+from ebmrag.records.params import ChartParams
 from ebmrag.text.sentences import split_sentences
 
 
@@ -118,11 +119,13 @@ def record_from_text(text: str, origin: str, patient_id: str) -> PatientRecord:
 
 
 # --------------------------------------------------------------------------- dispatch
-def records_from_data(data: Any, origin: str, default_id: str) -> Iterator[PatientRecord]:
+def records_from_data(data: Any, origin: str, default_id: str, params: ChartParams | None = None
+                      ) -> Iterator[PatientRecord]:
+    params = params or ChartParams()
     if isinstance(data, Mapping) and data.get("resourceType") == "Bundle":
         from ebmrag.records.fhir.bundle import record_from_fhir_bundle
 
-        yield record_from_fhir_bundle(data, origin)
+        yield record_from_fhir_bundle(data, origin, stale_after=params.stale_after)
     elif isinstance(data, Mapping) and isinstance(data.get("resourceType"), str):
         raise RecordError(origin, f"a single FHIR {data['resourceType']} resource, not a chart: give a Bundle, "
                                   "a Bulk Data NDJSON export (one resource per line) or a folder of them")
@@ -133,7 +136,7 @@ def records_from_data(data: Any, origin: str, default_id: str) -> Iterator[Patie
         yield record_from_json(data, origin)
     elif isinstance(data, list):
         for index, item in enumerate(data):
-            yield from records_from_data(item, f"{origin}[{index}]", f"{default_id}-{index}")
+            yield from records_from_data(item, f"{origin}[{index}]", f"{default_id}-{index}", params)
     else:
         raise RecordError(
             origin,
@@ -143,16 +146,16 @@ def records_from_data(data: Any, origin: str, default_id: str) -> Iterator[Patie
         )
 
 
-def load_records(path: str | Path) -> list[PatientRecord]:
+def load_records(path: str | Path, params: ChartParams | None = None) -> list[PatientRecord]:
     """All patient records in a file or export: .json (ebmrag, FHIR Bundle, AgentClinic), .jsonl, .ndjson or a
     folder of them (FHIR Bulk Data), .xml (C-CDA), .txt/.md free text."""
-    path = Path(path)
+    path, params = Path(path), params or ChartParams()
     if path.is_dir() or path.suffix.lower() == ".ndjson":
-        return _bulk(path)
+        return _bulk(path, params)
     if not path.is_file():
         raise RecordError(str(path), "file not found")
     if path.suffix.lower() == ".xml":
-        return [_ccda(path)]
+        return [record_from_ccda(path.read_bytes(), str(path), params)]
     try:
         raw = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
@@ -161,17 +164,17 @@ def load_records(path: str | Path) -> list[PatientRecord]:
         return [record_from_text(raw, str(path), path.stem)]
     if path.suffix.lower() == ".jsonl":
         if _is_bulk_export(raw):
-            return _bulk(path)
+            return _bulk(path, params)
         records: list[PatientRecord] = []
         for number, line in enumerate(raw.splitlines(), 1):
             if line.strip():
                 records.extend(
                     records_from_data(
-                        _parse_json(line, f"{path}:{number}"), f"{path}:{number}", f"{path.stem}-{number}"
+                        _parse_json(line, f"{path}:{number}"), f"{path}:{number}", f"{path.stem}-{number}", params
                     )
                 )
         return records
-    return list(records_from_data(_parse_json(raw, str(path)), str(path), path.stem))
+    return list(records_from_data(_parse_json(raw, str(path)), str(path), path.stem, params))
 
 
 def _is_bulk_export(raw: str) -> bool:
@@ -184,27 +187,23 @@ def _is_bulk_export(raw: str) -> bool:
     return isinstance(data, Mapping) and isinstance(data.get("resourceType"), str) and data["resourceType"] != "Bundle"
 
 
-def record_from_ccda(data: bytes | str, origin: str) -> PatientRecord:
+def record_from_ccda(data: bytes | str, origin: str, params: ChartParams | None = None) -> PatientRecord:
     """A C-CDA R2.1 document, read through its FHIR shape so both formats mean the same."""
     from ebmrag.records.ccda import bundle_from_ccda
     from ebmrag.records.fhir.bundle import record_from_fhir_bundle
 
     bundle = bundle_from_ccda(data, origin)
     notes = [str(n) for n in bundle.pop("ccda_notes", None) or []]
-    record = record_from_fhir_bundle(bundle, origin)
+    record = record_from_fhir_bundle(bundle, origin, stale_after=(params or ChartParams()).stale_after)
     return replace(record, skipped=record.skipped + tuple(f"C-CDA: {n}" for n in notes))
 
 
-def _bulk(path: Path) -> list[PatientRecord]:
+def _bulk(path: Path, params: ChartParams) -> list[PatientRecord]:
     from ebmrag.records.fhir.bulk import records_from_ndjson
 
     if not path.exists():
         raise RecordError(str(path), "file not found")
-    return records_from_ndjson(path)
-
-
-def _ccda(path: Path) -> PatientRecord:
-    return record_from_ccda(path.read_bytes(), str(path))
+    return records_from_ndjson(path, stale_after=params.stale_after)
 
 
 def _parse_json(raw: str, origin: str) -> Any:
@@ -218,9 +217,10 @@ def _parse_json(raw: str, origin: str) -> Any:
     return data
 
 
-def load_record(path: str | Path, patient_id: str | None = None) -> PatientRecord:
+def load_record(path: str | Path, patient_id: str | None = None, params: ChartParams | None = None
+                ) -> PatientRecord:
     """Exactly one record: the file's only one, or the one with `patient_id`."""
-    records = load_records(path)
+    records = load_records(path, params)
     if patient_id is not None:
         matches = [r for r in records if r.patient_id == patient_id]
         if not matches:

@@ -143,7 +143,7 @@ def _install_patients(app: FastAPI, service: Service) -> None:
     @app.put("/v1/patients/{pid}", tags=["patients"], openapi_extra={"requestBody": RECORD_BODY})
     async def put_patient(pid: PatientId, request: Request) -> dict[str, Any]:
         key, pid = await visible(request, pid, WRITE)
-        record = await read_record(request, pid)
+        record = await read_record(request, pid, service.settings.chart)
         count = await run_in_threadpool(store.put_record, key.tenant, pid, record)
         service.audit(key, pid, "put", request, tuple(f.id for f in record.fragments))
         return {"patient": pid, "fragments": count, "record_skipped": list(record.skipped)}
@@ -151,7 +151,7 @@ def _install_patients(app: FastAPI, service: Service) -> None:
     @app.post("/v1/patients/{pid}/fragments", tags=["patients"], openapi_extra={"requestBody": RECORD_BODY})
     async def add_fragments(pid: PatientId, request: Request) -> dict[str, Any]:
         key, pid = await visible(request, pid, WRITE)
-        record = await read_record(request, pid)
+        record = await read_record(request, pid, service.settings.chart)
         idem = request.headers.get("idempotency-key")
 
         def respond(added: int, replaced: int) -> dict[str, Any]:

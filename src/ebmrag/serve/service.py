@@ -9,6 +9,7 @@ import logging
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from fastapi import Request
@@ -24,6 +25,7 @@ from ebmrag.records.fhir.bulk import records_from_ndjson_text
 from ebmrag.records.fhir.bundle import record_from_fhir_bundle
 from ebmrag.records.fragment import Fragment, PatientRecord
 from ebmrag.records.loaders import record_from_ccda, record_from_json
+from ebmrag.records.params import ChartParams
 from ebmrag.retrieve.search import HybridRetriever
 from ebmrag.serve.limits import Metrics, RateLimiter
 from ebmrag.serve.models import AskBody
@@ -158,7 +160,7 @@ async def bounded_body(request: Request, limit: float | None = None) -> bytes:
     return b"".join(chunks)
 
 
-async def read_record(request: Request, patient: str) -> PatientRecord:
+async def read_record(request: Request, patient: str, params: ChartParams) -> PatientRecord:
     """The body as a record of `patient`: ebmrag JSON (application/json), a FHIR R4 Bundle
     (application/fhir+json, or any JSON whose resourceType is Bundle), a C-CDA document (XML) or one
     patient's FHIR Bulk Data NDJSON."""
@@ -169,15 +171,18 @@ async def read_record(request: Request, patient: str) -> PatientRecord:
     raw = await bounded_body(request)
     origin = f"request body for {patient}"
     if content_type in XML_TYPES:
-        return _as_patient(await run_in_threadpool(record_from_ccda, raw, origin), patient)
+        return _as_patient(await run_in_threadpool(record_from_ccda, raw, origin, params), patient)
     if content_type in NDJSON_TYPES:
-        return _as_patient(_one(await run_in_threadpool(records_from_ndjson_text, _utf8(raw), origin)), patient)
+        text = _utf8(raw)
+        records = await run_in_threadpool(partial(records_from_ndjson_text, text, origin,
+                                                  stale_after=params.stale_after))
+        return _as_patient(_one(records), patient)
     try:
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ProblemError(400, "malformed-json", f"the body is not valid JSON: {exc}") from None
     if content_type == "application/fhir+json" or (isinstance(data, dict) and data.get("resourceType") == "Bundle"):
-        record = record_from_fhir_bundle(data, origin)
+        record = record_from_fhir_bundle(data, origin, stale_after=params.stale_after)
     else:
         record = record_from_json(data, origin)
     return _as_patient(record, patient)

@@ -17,7 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from ebmrag.errors import EbmragError, require_extra
 from ebmrag.records.fhir.index import ChartIndex
-from ebmrag.records.fhir.resources import Skip, imaging_study, observation, procedure, report
+from ebmrag.records.fhir.rendered import Skip
+from ebmrag.records.fhir.resources import procedure
+from ebmrag.records.fhir.results import imaging_study, observation, report
 from ebmrag.records.fragment import Fragment, PatientRecord
 from ebmrag.store.patients import PatientStore
 

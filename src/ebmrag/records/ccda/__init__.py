@@ -6,6 +6,6 @@ C-CDA that arrives inside a FHIR attachment). Package layout: `document` (header
 encounters), `narrative` (CDA narrative -> XHTML and text), `values` (HL7 data types and vocabulary tables).
 """
 
-from ebmrag.records.ccda.document import bundle_from_ccda, ccda_narrative, is_ccda
+from ebmrag.records.ccda.document import bundle_from_ccda, ccda_narrative, ccda_patient, is_ccda
 
-__all__ = ["bundle_from_ccda", "ccda_narrative", "is_ccda"]
+__all__ = ["bundle_from_ccda", "ccda_narrative", "ccda_patient", "is_ccda"]

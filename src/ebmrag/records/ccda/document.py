@@ -358,6 +358,13 @@ def bundle_from_ccda(data: bytes | str, origin: str) -> dict[str, Any]:
             "ccda_notes": ctx.notes}
 
 
+def ccda_patient(data: bytes | str, origin: str) -> Resource:
+    """The document's patient as a FHIR Patient (header only): to check that a C-CDA found inside another
+    chart's attachment is about that chart's patient."""
+    role = _patient_role(_parse(data, origin), origin)
+    return _patient(role, _patient_id(role))
+
+
 def ccda_narrative(data: bytes | str, origin: str) -> list[tuple[str, str]]:
     """(section title, plain text) of every section's narrative, nested sections included, plus the text of a
     nonXMLBody (plain text decoded; a PDF read by ebmrag.records.attachments when that module is present)."""

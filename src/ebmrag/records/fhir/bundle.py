@@ -27,23 +27,19 @@ from ebmrag.records.fhir import facts
 from ebmrag.records.fhir.composition import section_notes
 from ebmrag.records.fhir.index import ChartIndex, Entry, Resource, bundle_entries, reference_of, type_id
 from ebmrag.records.fhir.medications import MEDICATION_TYPES, current_names, reconcile
+from ebmrag.records.fhir.rendered import Rendered, Skip
 from ebmrag.records.fhir.resources import (
-    Rendered,
-    Skip,
     allergy,
     care_plan,
     condition,
-    document,
     encounter,
     flag,
-    imaging_study,
     immunization,
     medication,
-    observation,
     procedure,
-    report,
     summary_of,
 )
+from ebmrag.records.fhir.results import document, imaging_study, observation, report
 from ebmrag.records.fragment import Fragment, PatientRecord
 
 log = logging.getLogger(__name__)
@@ -54,7 +50,7 @@ ADMINISTRATIVE = {
     "Claim", "ExplanationOfBenefit", "Coverage", "Provenance", "CareTeam", "SupplyDelivery", "Organization",
     "Practitioner", "PractitionerRole", "Location", "Device", "Account", "Invoice", "PaymentNotice",
     "AuditEvent", "Consent", "Group", "Endpoint", "HealthcareService", "Medication", "RelatedPerson",
-    "MessageHeader", "OperationOutcome", "Specimen", "Substance",
+    "MessageHeader", "OperationOutcome", "Specimen", "Substance", "Binary",
 }
 Renderer = Callable[[Resource, ChartIndex], Sequence[Rendered] | Skip]
 _RENDERERS: dict[str, tuple[Renderer, tuple[str, ...]]] = {
@@ -66,6 +62,7 @@ _RENDERERS: dict[str, tuple[Renderer, tuple[str, ...]]] = {
     "Procedure": (procedure, ("performedDateTime",)),
     "ImagingStudy": (imaging_study, ("started",)),
     "MedicationRequest": (medication("MedicationRequest"), ("authoredOn",)),
+    "MedicationOrder": (medication("MedicationOrder"), ("dateWritten",)),  # DSTU2's MedicationRequest
     "MedicationStatement": (medication("MedicationStatement"), ("effectiveDateTime", "dateAsserted")),
     "MedicationAdministration": (medication("MedicationAdministration"), ("effectiveDateTime",)),
     "Immunization": (immunization, ("occurrenceDateTime",)),
@@ -109,6 +106,7 @@ def record_from_entries(entries: Sequence[Entry], origin: str, problems: Sequenc
     chart = _identify(entries, origin)
     clinical = [e for e in entries if e.resource.get("resourceType") != "Patient" and _is_this_patients(e, chart)]
     index = chart.index  # holds only this patient's resources and shared ones: nothing else can be resolved
+    index.patient = chart.patient
     for entry in clinical:
         index.add(entry)
     _mark_panels(clinical, index)

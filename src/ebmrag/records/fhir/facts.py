@@ -24,7 +24,7 @@ from typing import Any
 from ebmrag.records.dates import as_written, partial_timestamp
 from ebmrag.records.fhir.coding import codings, has_code, obj, objects, text_of
 from ebmrag.records.fhir.index import ChartIndex, Resource
-from ebmrag.records.fhir.resources import value_of
+from ebmrag.records.fhir.results import value_of
 from ebmrag.records.fragment import Fragment
 
 _VOCAB = Path(__file__).resolve().parent.parent / "vocab"
@@ -138,7 +138,7 @@ def problem_summary(subject: str, fragments: Sequence[Fragment], newest: datetim
     active = [re.sub(r"^Active problem: | \((?:since|unconfirmed|clinical status)[^)]*\)\.?$|\.$", "", f.text)
               for f in fragments if f.section == "Problem list > active"]
     stated = [f.text.rstrip(".") for f in fragments if f.section == "Problem list > status"]
-    if len(active) >= 2:
+    if active:
         names = list(dict.fromkeys(active))
         text = f"Active problems ({len(names)}): {'; '.join(names)}."
     elif stated and not active:
@@ -210,7 +210,7 @@ def _pregnancy(observations: Sequence[Resource], conditions: Sequence[Resource])
                            or has_code(r.get("code"), "snomed", frozenset(vocab["status_snomed"])))])
     if status is None:
         active = [r for r in conditions if has_code(r.get("code"), "snomed", frozenset(vocab["pregnant_conditions"]))
-                  and str(obj(r.get("clinicalStatus")).get("coding", [{}])[0].get("code", "active")) == "active"]
+                  and next((code for _, code, _ in codings(r.get("clinicalStatus"))), "active") == "active"]
         if active:
             said.append(f"pregnant ({text_of(active[0].get('code'))}, recorded "
                         f"{as_written(active[0].get('onsetDateTime') or active[0].get('recordedDate')) or 'undated'})")
@@ -238,7 +238,7 @@ def _dated(found: Sequence[tuple[datetime, str]]) -> str:
     """Values of one day share their date ("(2024-03-11) creatinine 88 umol/L, eGFR 78"): dates cost tokens."""
     days = {when.date() for when, _ in found}
     if len(days) == 1:
-        return f"({days.pop().isoformat()}): " + ", ".join(value for _, value in found)
+        return f" ({days.pop().isoformat()}): " + ", ".join(value for _, value in found)
     return ": " + ", ".join(f"{value} ({when.date().isoformat()})" for when, value in found)
 
 
@@ -257,7 +257,7 @@ def drug_facts(subject: str, index: ChartIndex, conditions: Sequence[Resource]) 
     for group, title in (("renal", "Renal"), ("hepatic", "Hepatic"), ("body", "Body")):
         found = [labs[f["name"]] for f in _vocab()["fact"] if f["group"] == group and f["name"] in labs]
         if found:
-            groups.append(f"{title} " + _dated(found))
+            groups.append(title + _dated(found))
     if not groups:
         return None
     stamps = [when for when, _ in labs.values()]

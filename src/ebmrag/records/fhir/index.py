@@ -107,6 +107,7 @@ class ChartIndex:
     notes_seen: set[str] = field(default_factory=set)  # note texts already read (a report = its DocumentReference)
     medication_state: dict[int, tuple[str, str]] = field(default_factory=dict)  # id() -> (active|not active|..., why)
     dangling: set[str] = field(default_factory=set)  # references that resolve to nothing in the chart
+    patient: Resource | None = None  # the chart's Patient: an attached document about someone else is not read
 
     def add(self, entry: Entry) -> None:
         resource = entry.resource

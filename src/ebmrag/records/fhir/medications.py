@@ -24,7 +24,7 @@ from ebmrag.records.fhir.coding import codings, obj, objects, states_absence, te
 from ebmrag.records.fhir.index import ChartIndex, Resource
 from ebmrag.records.fhir.resources import drug_name, started
 
-MEDICATION_TYPES = ("MedicationRequest", "MedicationStatement", "MedicationAdministration")
+MEDICATION_TYPES = ("MedicationRequest", "MedicationOrder", "MedicationStatement", "MedicationAdministration")
 _CURRENT = {"active", "on-hold", "intended"}
 _ENDED = {"stopped", "cancelled", "completed", "entered-in-error", "not-taken", "draft", "revoked", "superseded"}
 # LOINC codes of medication lists (History of medication use; Medications; Medication administered; Medication summary)

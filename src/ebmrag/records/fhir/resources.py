@@ -1,130 +1,38 @@
-"""One FHIR R4 resource -> the fragments a clinician would read from it, or the reason it yields none.
+"""One clinical FHIR resource (allergy, problem, medication, procedure, immunization, care plan, visit,
+flag) -> the fragments a clinician would read from it, or the reason it yields none; results and reports
+are in fhir.results.
 
-Each renderer takes the resource and the chart's index (to resolve references: a panel's results, a
-medication's name, a contained Medication) and returns `Rendered` parts, or a `Skip` naming why nothing
-is packed. Sections are chosen so the tier rules (evidence/rules/tiers.toml) decide by resource type,
-category and status, never by a word that happens to occur in a display name. Renderers read what a
-resource does say: an element of the wrong shape is passed over (the caller reports a resource that
-cannot be read at all), dates keep the precision the chart wrote, and statements of absence ("no known
-allergy") set a status instead of becoming an allergy (vocab/absent.toml).
+Each renderer takes the resource and the chart's index (to resolve references: a medication's name, a
+contained Medication) and returns `Rendered` parts, or a `Skip` naming why nothing is packed. Sections
+are chosen so the tier rules (evidence/rules/tiers.toml) decide by resource type, category and status,
+never by a word that happens to occur in a display name. Renderers read what a resource does say: an
+element of the wrong shape is passed over (the caller reports a resource that cannot be read at all),
+dates keep the precision the chart wrote, and statements of absence ("no known allergy") set a status
+instead of becoming an allergy (vocab/absent.toml).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from ebmrag.records.attachments import attachment_text
 from ebmrag.records.dates import as_written
-from ebmrag.records.fhir.coding import concepts, obj, objects, states_absence, text_of, without_semantic_tags
+from ebmrag.records.fhir.coding import concepts, obj, objects, states_absence, text_of
 from ebmrag.records.fhir.index import ChartIndex, Resource
-from ebmrag.records.notes import note_sections, slug
+from ebmrag.records.fhir.rendered import Rendered, Skip, status_code
+from ebmrag.records.fhir.results import quantity
 
-_REPORT_CATEGORY = {
-    "PAT": "Pathology report", "SP": "Pathology report", "CP": "Pathology report", "RAD": "Imaging report",
-    "LAB": "Laboratory report", "GE": "Genetics report", "EC": "ECG report", "CUS": "Ultrasound report",
-    "CT": "Imaging report", "MB": "Microbiology report",
-}
-_OBSERVATION_CATEGORY = {
-    "laboratory": "Laboratory", "vital-signs": "Vital signs", "exam": "Physical exam", "imaging": "Imaging",
-    "procedure": "Procedure", "survey": "Patient history", "social-history": "Social history",
-}
 _RESOLVED = {"resolved", "inactive", "remission"}
 _RETRACTED = {"refuted", "entered-in-error"}
-# Antimicrobial susceptibility (HL7 ObservationInterpretation): a panel says S/I/R, a reader wants words.
-_SUSCEPTIBILITY = {"S": "susceptible", "I": "intermediate", "R": "resistant", "SDD": "susceptible-dose dependent",
-                   "NS": "non-susceptible", "SYN-R": "synergy resistant", "SYN-S": "synergy susceptible"}
 _SAYS_ALLERGY = re.compile(r"\b(allerg|intoleran|hypersensitiv|unverträglich|overgevoelig)", re.IGNORECASE)
 _ALLERGY_CATEGORY = {"medication": "Drug", "food": "Food", "environment": "Environmental", "biologic": "Biologic"}
 
 
-@dataclass(frozen=True)
-class Rendered:
-    section: str
-    text: str
-    id_suffix: str = ""  # "#allergies" for one section of a note
-    timestamp: str | None = None  # overrides the resource's default time keys
-
-
-@dataclass(frozen=True)
-class Skip:
-    reason: str  # "refuted or entered in error", ... (counted per resource type in the trace)
-
-
-def _code(concept: Any) -> str:
-    return next((str(c.get("code")) for c in objects(obj(concept).get("coding")) if c.get("code")), "")
-
-
-def _codes(items: Any) -> list[str]:
-    return [str(c.get("code")) for concept in concepts(items) for c in objects(concept.get("coding")) if c.get("code")]
-
-
-def _number(value: Any) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
-
-
-def _quantity(q: Any) -> str:
-    q = obj(q)
-    if q.get("value") is None:
-        return ""
-    unit = q.get("unit") or q.get("code") or ""
-    return f"{q.get('comparator', '')}{_number(q['value'])} {unit if isinstance(unit, str) else ''}".strip()
-
-
-def value_of(resource: Resource) -> str:
-    """An Observation's (or component's) value[x], whatever its type, as a reader would say it."""
-    if "valueQuantity" in resource:
-        return _quantity(resource["valueQuantity"])
-    if "valueCodeableConcept" in resource:
-        return text_of(resource["valueCodeableConcept"])
-    if isinstance(low_high := resource.get("valueRange"), Mapping):
-        return "-".join(q for q in (_quantity(low_high.get("low")), _quantity(low_high.get("high"))) if q)
-    if isinstance(ratio := resource.get("valueRatio"), Mapping):
-        return f"{_quantity(ratio.get('numerator'))}/{_quantity(ratio.get('denominator'))}"
-    if isinstance(period := resource.get("valuePeriod"), Mapping):
-        return " to ".join(as_written(period.get(k)) for k in ("start", "end") if period.get(k))
-    for key in ("valueString", "valueBoolean", "valueInteger", "valueDateTime", "valueTime"):
-        value = resource.get(key)
-        if isinstance(value, (str, int, float, bool)) and value != "":
-            return as_written(value) if key == "valueDateTime" else _number(value)
-    return ""
-
-
-def _interpretation(r: Resource) -> str:
-    words = [_SUSCEPTIBILITY.get(_code(c).upper()) or text_of(c) for c in concepts(r.get("interpretation"))]
-    return ", ".join(w for w in words if w)
-
-
-def _susceptibility(r: Resource) -> str:
-    """'resistant' when the interpretation is a susceptibility (S/I/R), the result such a panel reports."""
-    words = [_SUSCEPTIBILITY[code] for concept in concepts(r.get("interpretation"))
-             if (code := _code(concept).upper()) in _SUSCEPTIBILITY]
-    return ", ".join(words)
-
-
-def _measurement(r: Resource, index: ChartIndex) -> str:
-    """'1.2 mg/dL (flag high)', a blood pressure's components, a susceptibility ('resistant'), the members of an
-    Observation panel, or '' when nothing was measured."""
-    value = value_of(r)
-    components = ", ".join(f"{text_of(c.get('code')) or 'component'} {v}" for c in objects(r.get("component"))
-                           if (v := value_of(c) or _susceptibility(c)))
-    members = [f"{text_of(m.get('code')) or 'result'} {v}" for link in objects(r.get("hasMember"))
-               if (m := index.resolve(link)) is not None and (v := _measurement(m, index))]
-    flags = _interpretation(r)
-    measured = value or components or "; ".join(members)
-    if not measured:
-        return _susceptibility(r)  # a susceptibility given only as its interpretation: "resistant"
-    ranges = "; ".join(str(rr.get("text") or "-".join(_quantity(rr.get(k)) for k in ("low", "high")))
-                       for rr in objects(r.get("referenceRange")))
-    return measured + (f" ({flags})" if flags and flags.lower() not in measured.lower() else "") \
-        + (f" (reference {ranges})" if ranges.strip("- ") else "")
-
-
 def _allergen(r: Resource) -> str:
-    """The substance: `code`, else the reactions' `substance` (C-CDA conversions put it only there)."""
-    named = text_of(r.get("code"))
+    """The substance: `code` (DSTU2: `substance`), else the reactions' `substance` (C-CDA conversions put it
+    only there)."""
+    named = text_of(r.get("code")) or text_of(r.get("substance"))
     if named:
         return named
     substances = dict.fromkeys(text_of(reaction.get("substance")) for reaction in objects(r.get("reaction")))
@@ -135,15 +43,15 @@ def allergy(r: Resource, index: ChartIndex) -> Sequence[Rendered] | Skip:
     """A drug, food or other allergy in one short line ("Drug allergy to penicillin G (high criticality:
     hives); since 2007"), which the face sheet repeats verbatim so the two collapse into one when packed;
     "no known allergy" codes become an allergy status, never an allergy."""
-    verification = _code(r.get("verificationStatus"))
+    verification = status_code(r.get("verificationStatus"))
     if verification in _RETRACTED:
         return Skip("refuted or entered in error")
     if states_absence(r.get("code"), "allergy"):
         return [Rendered("Allergy status", f"Allergy status: {text_of(r.get('code'))}.")]
-    categories = r.get("category") if isinstance(r.get("category"), list) else []
+    categories: list[Any] = r["category"] if isinstance(r.get("category"), list) else []
     category = next((_ALLERGY_CATEGORY[c] for c in categories if isinstance(c, str) and c in _ALLERGY_CATEGORY), "")
     allergen = _allergen(r) or "unspecified substance"
-    kind = "intolerance" if r.get("type") == "intolerance" else "allergy"
+    kind = "intolerance" if status_code(r.get("type")) == "intolerance" else "allergy"  # R5 codes `type` as a concept
     if _SAYS_ALLERGY.search(allergen):  # SNOMED names the disorder: "Intolerance to lactose", "Allergy to egg"
         head = f"{allergen} ({category.lower()})" if category else allergen
     else:
@@ -151,7 +59,8 @@ def allergy(r: Resource, index: ChartIndex) -> Sequence[Rendered] | Skip:
     reactions = objects(r.get("reaction"))
     said = ", ".join(dict.fromkeys(t for reaction in reactions for m in concepts(reaction.get("manifestation"))
                                    if (t := text_of(m))))
-    status = [s for s in (_code(r.get("clinicalStatus")), verification) if s in ("inactive", "resolved", "unconfirmed")]
+    status = [s for s in (status_code(r.get("clinicalStatus")), verification)
+              if s in ("inactive", "resolved", "unconfirmed")]
     bits = [*status, "high criticality" if r.get("criticality") == "high" else "",
             "severe reaction" if any(x.get("severity") == "severe" for x in reactions) else ""]
     detail = ", ".join(b for b in bits if b)
@@ -164,9 +73,9 @@ def allergy(r: Resource, index: ChartIndex) -> Sequence[Rendered] | Skip:
 def condition(r: Resource, index: ChartIndex) -> Sequence[Rendered] | Skip:
     """Active problems stand (no decay); resolved ones are dated by their abatement and weigh less; refuted
     and entered-in-error diagnoses are never packed; "no current problems" is a status, not a problem."""
-    if _code(r.get("verificationStatus")) in _RETRACTED:
+    if status_code(r.get("verificationStatus")) in _RETRACTED:
         return Skip("refuted or entered in error")
-    name, clinical = text_of(r.get("code")) or "unnamed condition", _code(r.get("clinicalStatus"))
+    name, clinical = text_of(r.get("code")) or "unnamed condition", status_code(r.get("clinicalStatus"))
     if states_absence(r.get("code"), "problem"):
         return [Rendered("Problem list > status", f"Problem list: {name}.")]
     onset = as_written(r.get("onsetDateTime")) or as_written(obj(r.get("onsetPeriod")).get("start")) \
@@ -176,89 +85,11 @@ def condition(r: Resource, index: ChartIndex) -> Sequence[Rendered] | Skip:
         when = ", ".join(w for w in (f"since {onset}" if onset else "", f"resolved {ended}" if ended else "") if w)
         return [Rendered("Problem list > resolved", f"Resolved problem: {name}" + (f" ({when})" if when else "") + ".",
                          timestamp=r.get("abatementDateTime") or r.get("onsetDateTime") or r.get("recordedDate"))]
-    notes = [n for n in ("unconfirmed" if _code(r.get("verificationStatus")) in ("unconfirmed", "provisional")
+    notes = [n for n in ("unconfirmed" if status_code(r.get("verificationStatus")) in ("unconfirmed", "provisional")
                          else "", "clinical status not recorded" if not clinical else "",
                          f"since {onset}" if onset else "") if n]
     return [Rendered("Problem list > active", f"Active problem: {name}" + (f" ({', '.join(notes)})" if notes else "")
                      + ".")]
-
-
-def observation(r: Resource, index: ChartIndex) -> Sequence[Rendered] | Skip:
-    if id(r) in index.in_panel:
-        return Skip("read as part of their panel (DiagnosticReport or Observation.hasMember)")
-    codes = _codes(r.get("category"))
-    section = next((_OBSERVATION_CATEGORY[c] for c in codes if c in _OBSERVATION_CATEGORY), "Observation")
-    absent = text_of(r.get("dataAbsentReason"))
-    measured = _measurement(r, index) or "no value recorded" + (f" ({absent})" if absent else "")
-    specimen = index.resolve(r.get("specimen"))
-    where = f" ({text_of(specimen.get('type'))})" if specimen is not None and text_of(specimen.get("type")) else ""
-    return [Rendered(section, f"{text_of(r.get('code')) or 'Unnamed observation'}{where}: {measured}.")]
-
-
-def report(r: Resource, index: ChartIndex) -> Sequence[Rendered] | Skip:
-    """A report's conclusion, its results (each with its analyte: a susceptibility panel names the organism,
-    drug and S/I/R) and its note."""
-    codes = _codes(r.get("category"))
-    section = next((_REPORT_CATEGORY[c] for c in codes if c in _REPORT_CATEGORY), "Diagnostic report")
-    name = text_of(r.get("code")) or "Report"
-    parts: list[Rendered] = []
-    conclusion = r.get("conclusion") if isinstance(r.get("conclusion"), str) else ""
-    conclusion = conclusion or ", ".join(text_of(c) for c in concepts(r.get("conclusionCode")))
-    members = [(text_of(o.get("code")) or "result", m) for ref in objects(r.get("result"))
-               if (o := index.resolve(ref)) is not None and (m := _measurement(o, index))]
-    names, shared = _without_shared_suffix([n for n, _ in members])
-    if shared:
-        name = f"{name} ({shared.strip()})"
-    results = [f"{n} {m}" for n, (_, m) in zip(names, members, strict=True)]
-    if results or conclusion:
-        body = "; ".join(results) + (". " if results and conclusion else "") + (f"Conclusion: {conclusion}"
-                                                                                 if conclusion else "")
-        parts.append(Rendered(section, f"{name}: {body}."))
-    parts += _notes(objects(r.get("presentedForm")), index)
-    return parts or Skip("no conclusion, results or readable note")
-
-
-def _without_shared_suffix(names: Sequence[str], least: int = 20) -> tuple[list[str], str]:
-    """A panel's result names often end alike ("... in Respiratory system specimen by NAA with probe
-    detection"): say it once, after the panel's name, instead of once per result."""
-    if len(names) < 2:
-        return list(names), ""
-    suffix = names[0]
-    for name in names[1:]:
-        while suffix and not name.endswith(suffix):
-            suffix = suffix[1:]
-    suffix = suffix[suffix.find(" "):] if " " in suffix else ""  # whole words only
-    if len(suffix.strip()) < least or any(len(n) <= len(suffix) for n in names):
-        return list(names), ""
-    return [n[: len(n) - len(suffix)] for n in names], suffix
-
-
-def document(r: Resource, index: ChartIndex) -> Sequence[Rendered] | Skip:
-    if r.get("status") == "entered-in-error" or r.get("docStatus") == "entered-in-error":
-        return Skip("refuted or entered in error")
-    attachments = [obj(c.get("attachment")) for c in objects(r.get("content"))]
-    parts = _notes(attachments, index)
-    if parts:
-        return parts
-    unread = [why for a in attachments if (why := attachment_text(a)[1])]
-    if attachments and not unread:
-        return Skip("the same note as another report or section (read once)")
-    return Skip(unread[0] if unread else "no attachment")
-
-
-def _notes(attachments: Sequence[Mapping[str, Any]], index: ChartIndex) -> list[Rendered]:
-    parts: list[Rendered] = []
-    for attachment in attachments:
-        text, _ = attachment_text(attachment)
-        whole = " ".join((text or "").split())
-        if not whole or whole in index.notes_seen:
-            continue
-        for section in note_sections(text or ""):
-            heading = section.heading or "note"
-            parts.append(Rendered(f"Clinical note > {heading}", without_semantic_tags(section.text),
-                                  f"#{slug(heading)}"))
-        index.notes_seen.add(whole)
-    return parts
 
 
 def procedure(r: Resource, index: ChartIndex) -> Sequence[Rendered] | Skip:
@@ -275,19 +106,16 @@ def procedure(r: Resource, index: ChartIndex) -> Sequence[Rendered] | Skip:
                      + (f"; outcome: {outcome}" if outcome else "") + ".", timestamp=performed)]
 
 
-def imaging_study(r: Resource, index: ChartIndex) -> Sequence[Rendered] | Skip:
-    modalities = ", ".join(str(m.get("code", "")) for m in objects(r.get("modality")))
-    description = r.get("description") if isinstance(r.get("description"), str) else ""
-    description = description or "; ".join(str(s.get("description", "")) for s in objects(r.get("series")))
-    return [Rendered("Imaging study", f"Imaging study ({modalities or 'modality not stated'}): {description}".strip()
-                     + ".")]
-
-
 def drug_name(r: Resource, index: ChartIndex) -> str:
     """The drug of a medication resource: its concept, else the referenced or contained Medication, else the
     reference's display."""
     if r.get("medicationCodeableConcept"):
         return text_of(r["medicationCodeableConcept"])
+    if isinstance(r.get("medication"), Mapping):  # R5 CodeableReference: {"concept": ..., "reference": ...}
+        concept = text_of(r["medication"].get("concept"))
+        if concept:
+            return concept
+        r = {**r, "medicationReference": r["medication"].get("reference")}
     reference = obj(r.get("medicationReference"))
     medication = index.resolve(reference, within=r)
     named = text_of(medication.get("code")) if medication is not None else ""
@@ -306,8 +134,8 @@ def _dose(r: Resource) -> str:
         if isinstance(dosage.get("text"), str):
             said.append(dosage["text"])
             continue
-        dose = next((_quantity(d.get("doseQuantity")) for d in objects(dosage.get("doseAndRate"))), "") \
-            or _quantity(dosage.get("dose"))
+        dose = next((quantity(d.get("doseQuantity")) for d in objects(dosage.get("doseAndRate"))), "") \
+            or quantity(dosage.get("dose"))
         repeat = obj(obj(dosage.get("timing")).get("repeat"))
         every = f"{repeat.get('frequency', 1)} per {repeat.get('period')} {repeat.get('periodUnit', '')}".strip() \
             if repeat.get("period") else ""
@@ -318,7 +146,8 @@ def _dose(r: Resource) -> str:
 def medication(kind: str) -> Callable[[Resource, ChartIndex], Sequence[Rendered] | Skip]:
     """MedicationRequest (an order), MedicationStatement (what the patient takes) or MedicationAdministration
     (a dose given). Whether it is current comes from reconciliation (fhir.medications), not its status alone."""
-    label = {"MedicationRequest": "Medication order", "MedicationStatement": "Medication statement",
+    label = {"MedicationRequest": "Medication order", "MedicationOrder": "Medication order",
+             "MedicationStatement": "Medication statement",
              "MedicationAdministration": "Medication administration"}[kind]
 
     def render(r: Resource, index: ChartIndex) -> Sequence[Rendered] | Skip:
@@ -343,7 +172,8 @@ def medication(kind: str) -> Callable[[Resource, ChartIndex], Sequence[Rendered]
 def started(r: Resource) -> Any:
     """When a medication record starts or was made: order date, effective start, assertion date."""
     period = obj(r.get("effectivePeriod"))
-    return r.get("authoredOn") or r.get("effectiveDateTime") or period.get("start") or r.get("dateAsserted")
+    return r.get("authoredOn") or r.get("dateWritten") or r.get("effectiveDateTime") or period.get("start") \
+        or r.get("dateAsserted")
 
 
 def immunization(r: Resource, index: ChartIndex) -> Sequence[Rendered] | Skip:

@@ -1,0 +1,188 @@
+"""Results and reports -> fragments: an Observation with its value of any type, a panel with each member's
+analyte and value (a susceptibility panel names the organism, the drug and S/I/R), a report's conclusion,
+and the notes a report or document carries (attachments decoded by records.attachments, each read once)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ebmrag.records.attachments import attachment_text
+from ebmrag.records.dates import as_written
+from ebmrag.records.fhir.coding import concepts, obj, objects, text_of, without_semantic_tags
+from ebmrag.records.fhir.index import ChartIndex, Resource
+from ebmrag.records.fhir.rendered import Rendered, Skip, codes_of, status_code
+from ebmrag.records.notes import note_sections, slug
+
+_REPORT_CATEGORY = {
+    "PAT": "Pathology report", "SP": "Pathology report", "CP": "Pathology report", "RAD": "Imaging report",
+    "LAB": "Laboratory report", "GE": "Genetics report", "EC": "ECG report", "CUS": "Ultrasound report",
+    "CT": "Imaging report", "MB": "Microbiology report",
+}
+_OBSERVATION_CATEGORY = {
+    "laboratory": "Laboratory", "vital-signs": "Vital signs", "exam": "Physical exam", "imaging": "Imaging",
+    "procedure": "Procedure", "survey": "Patient history", "social-history": "Social history",
+}
+# Antimicrobial susceptibility (HL7 ObservationInterpretation): a panel says S/I/R, a reader wants words.
+_SUSCEPTIBILITY = {"S": "susceptible", "I": "intermediate", "R": "resistant", "SDD": "susceptible-dose dependent",
+                   "NS": "non-susceptible", "SYN-R": "synergy resistant", "SYN-S": "synergy susceptible"}
+
+
+def _number(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def quantity(q: Any) -> str:
+    q = obj(q)
+    if q.get("value") is None:
+        return ""
+    unit = q.get("unit") or q.get("code") or ""
+    return f"{q.get('comparator', '')}{_number(q['value'])} {unit if isinstance(unit, str) else ''}".strip()
+
+
+def value_of(resource: Resource) -> str:
+    """An Observation's (or component's) value[x], whatever its type, as a reader would say it."""
+    if "valueQuantity" in resource:
+        return quantity(resource["valueQuantity"])
+    if "valueCodeableConcept" in resource:
+        return text_of(resource["valueCodeableConcept"])
+    if isinstance(low_high := resource.get("valueRange"), Mapping):
+        return "-".join(q for q in (quantity(low_high.get("low")), quantity(low_high.get("high"))) if q)
+    if isinstance(ratio := resource.get("valueRatio"), Mapping):
+        return f"{quantity(ratio.get('numerator'))}/{quantity(ratio.get('denominator'))}"
+    if isinstance(period := resource.get("valuePeriod"), Mapping):
+        return " to ".join(as_written(period.get(k)) for k in ("start", "end") if period.get(k))
+    for key in ("valueString", "valueBoolean", "valueInteger", "valueDateTime", "valueTime"):
+        value = resource.get(key)
+        if isinstance(value, (str, int, float, bool)) and value != "":
+            return as_written(value) if key == "valueDateTime" else _number(value)
+    return ""
+
+
+def _interpretation(r: Resource) -> str:
+    words = [_SUSCEPTIBILITY.get(status_code(c).upper()) or text_of(c) for c in concepts(r.get("interpretation"))]
+    return ", ".join(w for w in words if w)
+
+
+def _susceptibility(r: Resource) -> str:
+    """'resistant' when the interpretation is a susceptibility (S/I/R), the result such a panel reports."""
+    words = [_SUSCEPTIBILITY[code] for concept in concepts(r.get("interpretation"))
+             if (code := status_code(concept).upper()) in _SUSCEPTIBILITY]
+    return ", ".join(words)
+
+
+def _measurement(r: Resource, index: ChartIndex) -> str:
+    """'1.2 mg/dL (flag high)', a blood pressure's components, a susceptibility ('resistant'), the members of an
+    Observation panel, or '' when nothing was measured."""
+    value = value_of(r)
+    components = ", ".join(f"{text_of(c.get('code')) or 'component'} {v}" for c in objects(r.get("component"))
+                           if (v := value_of(c) or _susceptibility(c)))
+    members = [f"{text_of(m.get('code')) or 'result'} {v}" for link in objects(r.get("hasMember"))
+               if (m := index.resolve(link)) is not None and (v := _measurement(m, index))]
+    flags = _interpretation(r)
+    measured = value or components or "; ".join(members)
+    if not measured:
+        return _susceptibility(r)  # a susceptibility given only as its interpretation: "resistant"
+    ranges = "; ".join(str(rr.get("text") or "-".join(quantity(rr.get(k)) for k in ("low", "high")))
+                       for rr in objects(r.get("referenceRange")))
+    return measured + (f" ({flags})" if flags and flags.lower() not in measured.lower() else "") \
+        + (f" (reference {ranges})" if ranges.strip("- ") else "")
+
+
+def observation(r: Resource, index: ChartIndex) -> Sequence[Rendered] | Skip:
+    if id(r) in index.in_panel:
+        return Skip("read as part of their panel (DiagnosticReport or Observation.hasMember)")
+    codes = codes_of(r.get("category"))
+    section = next((_OBSERVATION_CATEGORY[c] for c in codes if c in _OBSERVATION_CATEGORY), "Observation")
+    absent = text_of(r.get("dataAbsentReason"))
+    measured = _measurement(r, index) or "no value recorded" + (f" ({absent})" if absent else "")
+    specimen = index.resolve(r.get("specimen"))
+    where = f" ({text_of(specimen.get('type'))})" if specimen is not None and text_of(specimen.get("type")) else ""
+    return [Rendered(section, f"{text_of(r.get('code')) or 'Unnamed observation'}{where}: {measured}.")]
+
+
+def report(r: Resource, index: ChartIndex) -> Sequence[Rendered] | Skip:
+    """A report's conclusion, its results (each with its analyte: a susceptibility panel names the organism,
+    drug and S/I/R) and its note."""
+    codes = codes_of(r.get("category"))
+    section = next((_REPORT_CATEGORY[c] for c in codes if c in _REPORT_CATEGORY), "Diagnostic report")
+    name = text_of(r.get("code")) or "Report"
+    parts: list[Rendered] = []
+    conclusion = r.get("conclusion") if isinstance(r.get("conclusion"), str) else ""
+    conclusion = conclusion or ", ".join(text_of(c) for c in concepts(r.get("conclusionCode")))
+    members = [(text_of(o.get("code")) or "result", m) for ref in objects(r.get("result"))
+               if (o := index.resolve(ref)) is not None and (m := _measurement(o, index))]
+    names, shared = _without_shared_suffix([n for n, _ in members])
+    if shared:
+        name = f"{name} ({shared.strip()})"
+    results = [f"{n} {m}" for n, (_, m) in zip(names, members, strict=True)]
+    if results or conclusion:
+        body = "; ".join(results) + (". " if results and conclusion else "") + (f"Conclusion: {conclusion}"
+                                                                                 if conclusion else "")
+        parts.append(Rendered(section, f"{name}: {body}."))
+    parts += _notes(objects(r.get("presentedForm")), index)
+    return parts or Skip("no conclusion, results or readable note")
+
+
+def _without_shared_suffix(names: Sequence[str], least: int = 20) -> tuple[list[str], str]:
+    """A panel's result names often end alike ("... in Respiratory system specimen by NAA with probe
+    detection"): say it once, after the panel's name, instead of once per result."""
+    if len(names) < 2:
+        return list(names), ""
+    suffix = names[0]
+    for name in names[1:]:
+        while suffix and not name.endswith(suffix):
+            suffix = suffix[1:]
+    suffix = suffix[suffix.find(" "):] if " " in suffix else ""  # whole words only
+    if len(suffix.strip()) < least or any(len(n) <= len(suffix) for n in names):
+        return list(names), ""
+    return [n[: len(n) - len(suffix)] for n in names], suffix
+
+
+def document(r: Resource, index: ChartIndex) -> Sequence[Rendered] | Skip:
+    if r.get("status") == "entered-in-error" or r.get("docStatus") == "entered-in-error":
+        return Skip("refuted or entered in error")
+    attachments = [_inline(obj(c.get("attachment")), index) for c in objects(r.get("content"))]
+    parts = _notes(attachments, index)
+    if parts:
+        return parts
+    unread = [why for a in attachments if (why := attachment_text(a, index.patient)[1])]
+    if attachments and not unread:
+        return Skip("the same note as another report or section (read once)")
+    return Skip(unread[0] if unread else "no attachment")
+
+
+def _inline(attachment: Mapping[str, Any], index: ChartIndex) -> Mapping[str, Any]:
+    """An attachment whose `url` names a Binary in the chart ("Binary/7", a urn:uuid) reads that Binary's
+    data; a URL to anywhere else is never fetched."""
+    url = attachment.get("url")
+    if attachment.get("data") or not isinstance(url, str) or not (url.startswith("urn:") or "Binary/" in url):
+        return attachment
+    found = index.resolve({"reference": url})
+    if found is None or found.get("resourceType") != "Binary" or not found.get("data"):
+        return attachment
+    return {**attachment, "data": found["data"], "contentType": found.get("contentType") or attachment.get(
+        "contentType")}
+
+
+def _notes(attachments: Sequence[Mapping[str, Any]], index: ChartIndex) -> list[Rendered]:
+    parts: list[Rendered] = []
+    for attachment in (_inline(a, index) for a in attachments):
+        text, _ = attachment_text(attachment, index.patient)
+        whole = " ".join((text or "").split())
+        if not whole or whole in index.notes_seen:
+            continue
+        for section in note_sections(text or ""):
+            heading = section.heading or "note"
+            parts.append(Rendered(f"Clinical note > {heading}", without_semantic_tags(section.text),
+                                  f"#{slug(heading)}"))
+        index.notes_seen.add(whole)
+    return parts
+
+
+def imaging_study(r: Resource, index: ChartIndex) -> Sequence[Rendered] | Skip:
+    modalities = ", ".join(str(m.get("code", "")) for m in objects(r.get("modality")))
+    description = r.get("description") if isinstance(r.get("description"), str) else ""
+    description = description or "; ".join(str(s.get("description", "")) for s in objects(r.get("series")))
+    return [Rendered("Imaging study", f"Imaging study ({modalities or 'modality not stated'}): {description}".strip()
+                     + ".")]
