@@ -163,7 +163,7 @@ def test_two_patient_resources_are_refused(tmp_path: Path) -> None:
 def test_an_invalid_status_is_read_and_reported(tmp_path: Path) -> None:
     record = load_record(_write(tmp_path, _bundle(PATIENT, dict(CREATININE, status="done"))))
     assert any("2.8 mg/dL" in f.text for f in record.fragments)
-    assert "Observation x1: status 'done' is not a status of Observation; read as recorded" in record.skipped
+    assert "Observation/o1: status 'done' is not a status of Observation; read as recorded" in record.skipped
 
 
 def test_fhir_encounter_references_are_kept(tmp_path: Path) -> None:

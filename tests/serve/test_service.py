@@ -150,7 +150,8 @@ def test_erasure_removes_the_record_and_what_the_caches_hold_of_it(serve: Callab
     (json.dumps(RECORD).encode(), "text/plain", 415, "unsupported-media-type"),
     (json.dumps({"patient_id": "x", "fragments": []}).encode(), "application/json", 422, "invalid-record"),
     (json.dumps({"resourceType": "Bundle", "type": "collection", "entry": [
-        {"resource": {"resourceType": "Patient", "id": "a"}}, {"resource": {"resourceType": "Patient", "id": "a"}},
+        {"resource": {"resourceType": "Patient", "id": "a"}},
+        {"resource": {"resourceType": "Patient", "id": "a", "name": [{"family": "Other"}]}},
         {"resource": {"resourceType": "AllergyIntolerance", "id": "x", "patient": {"reference": "Patient/a"},
                       "code": {"text": "Penicillin"}}}]}).encode(), "application/fhir+json", 422, "invalid-record"),
 ])

@@ -20,8 +20,9 @@ from xml.etree.ElementTree import Element, ParseError
 from defusedxml import DefusedXmlException  # type: ignore[import-untyped]
 from defusedxml import ElementTree as SafeElementTree
 
+import ebmrag.records.ccda.entries as entries
+import ebmrag.records.ccda.observations as observations
 from ebmrag.errors import RecordError
-from ebmrag.records.ccda import entries, observations
 from ebmrag.records.ccda.narrative import narrative_ids, plain_text, to_xhtml
 from ebmrag.records.ccda.values import (
     NS,

@@ -17,13 +17,14 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from ebmrag.errors import RecordError
 from ebmrag.records.dates import partial_timestamp
 from ebmrag.records.fhir import facts
+from ebmrag.records.fhir.checks import defects
 from ebmrag.records.fhir.composition import section_notes
 from ebmrag.records.fhir.index import ChartIndex, Entry, Resource, bundle_entries, reference_of, type_id
 from ebmrag.records.fhir.medications import MEDICATION_TYPES, current_names, reconcile
@@ -45,13 +46,16 @@ from ebmrag.records.fragment import Fragment, PatientRecord
 log = logging.getLogger(__name__)
 
 DEFAULT_STALE_AFTER = timedelta(days=730)
-# Billing, workflow and directory resources: not clinical evidence; counted in the trace, never packed.
-ADMINISTRATIVE = {
-    "Claim", "ExplanationOfBenefit", "Coverage", "Provenance", "CareTeam", "SupplyDelivery", "Organization",
-    "Practitioner", "PractitionerRole", "Location", "Device", "Account", "Invoice", "PaymentNotice",
-    "AuditEvent", "Consent", "Group", "Endpoint", "HealthcareService", "Medication", "RelatedPerson",
-    "MessageHeader", "OperationOutcome", "Specimen", "Substance", "Binary",
+# Billing and workflow resources: not clinical evidence; counted in the trace, never packed.
+_BILLING = {
+    "Claim", "ExplanationOfBenefit", "Coverage", "Provenance", "CareTeam", "SupplyDelivery", "Account", "Invoice",
+    "PaymentNotice", "AuditEvent", "Consent", "Group", "Endpoint", "HealthcareService", "MessageHeader",
+    "OperationOutcome",
 }
+# Resources other resources point at: read through those references (a drug's name, an attachment's bytes).
+_REFERENCED = {"Organization", "Practitioner", "PractitionerRole", "Location", "Device", "Medication", "RelatedPerson",
+               "Specimen", "Substance", "Binary"}
+ADMINISTRATIVE = _BILLING | _REFERENCED
 Renderer = Callable[[Resource, ChartIndex], Sequence[Rendered] | Skip]
 _RENDERERS: dict[str, tuple[Renderer, tuple[str, ...]]] = {
     "AllergyIntolerance": (allergy, ("recordedDate", "onsetDateTime")),
@@ -70,13 +74,7 @@ _RENDERERS: dict[str, tuple[Renderer, tuple[str, ...]]] = {
     "Encounter": (encounter, ()),
     "Flag": (flag, ()),
 }
-# Status codes of the base specification: another value is read as recorded and reported, never trusted as final.
-_STATUSES = {
-    "Observation": {"registered", "preliminary", "final", "amended", "corrected", "cancelled", "entered-in-error",
-                    "unknown"},
-    "DiagnosticReport": {"registered", "partial", "preliminary", "final", "amended", "corrected", "appended",
-                         "cancelled", "entered-in-error", "unknown"},
-}
+_MAX_DEFECT_LINES = 40  # per chart: enough to find the export's habit, not a wall of text
 _READ_ELSEWHERE = {"Composition", "List"}  # narratives (fhir.composition); medication lists (fhir.medications)
 
 
@@ -90,6 +88,15 @@ class _Chart:
     subject: str
     aliases: frozenset[str]
     unused: Counter[str]
+    defects: list[str] = field(default_factory=list)
+    more_defects: int = 0
+
+    def defect(self, label: str, problem: str) -> None:
+        """One resource's defect, for the trace (the first `_MAX_DEFECT_LINES`, then a count)."""
+        if len(self.defects) < _MAX_DEFECT_LINES:
+            self.defects.append(f"{label}: {problem}")
+        else:
+            self.more_defects += 1
 
 
 def record_from_fhir_bundle(bundle: Any, origin: str, *, stale_after: timedelta = DEFAULT_STALE_AFTER
@@ -224,7 +231,8 @@ def _fragments(entries: Sequence[Entry], chart: _Chart) -> list[Fragment]:
         if kind in _RENDERERS:
             fragments += _render(entry, chart)
         elif kind not in _READ_ELSEWHERE:
-            chart.unused[f"{kind}: " + ("billing or administrative, not clinical evidence" if kind in ADMINISTRATIVE
+            chart.unused[f"{kind}: " + ("billing or administrative, not clinical evidence" if kind in _BILLING
+                                        else "read through the resources that refer to it" if kind in _REFERENCED
                                         else "resource type not used for packing")] += 1
     return fragments
 
@@ -234,15 +242,15 @@ def _render(entry: Entry, chart: _Chart) -> list[Fragment]:
     resource = entry.resource
     kind = str(resource.get("resourceType"))
     render, time_keys = _RENDERERS[kind]
-    status = resource.get("status")
-    if kind in _STATUSES and (not isinstance(status, str) or status not in _STATUSES[kind]):
-        chart.unused[f"{kind}: status {str(status)[:20]!r} is not a status of {kind}; read as recorded"] += 1
+    label = f"{kind}/{resource['id']}" if isinstance(resource.get("id"), str) else f"{kind} at {entry.where}"
+    for defect in defects(resource):
+        chart.defect(label, defect)
     try:
         rendered = render(resource, chart.index)
     except (KeyError, TypeError, AttributeError, ValueError, IndexError) as exc:
         said = summary_of(resource)
-        chart.unused[f"{kind}: could not be read as a whole ({type(exc).__name__}); "
-                     + ("its main concept was kept" if said else "not read")] += 1
+        chart.defect(label, f"could not be read as a whole ({type(exc).__name__}); "
+                     + ("its main concept was kept" if said else "not read"))
         rendered = [Rendered("Allergy" if kind == "AllergyIntolerance" else kind, said)] if said else Skip("")
     if isinstance(rendered, Skip):
         if rendered.reason:
@@ -256,7 +264,7 @@ def _render(entry: Entry, chart: _Chart) -> list[Fragment]:
         raw = part.timestamp or default
         stamp = partial_timestamp(raw)
         if raw and stamp is None:
-            chart.unused[f"{kind}: a date that is not a date ({str(raw)[:30]!r}); read undated"] += 1
+            chart.defect(label, f"a date that is not a date ({str(raw)[:30]!r}); read undated")
         found.append(Fragment(base + part.id_suffix, chart.subject, part.text, part.section, stamp, source="fhir",
                               encounter=visit))
     return found
@@ -323,4 +331,6 @@ def _skipped(chart: _Chart, problems: Sequence[str]) -> list[str]:
         kinds = Counter(type_id(r).split("/")[0] or "unnamed" for r in chart.index.dangling)
         lines.append(f"references x{len(chart.index.dangling)}: point outside the chart ("
                      + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())) + "); those links not followed")
+    lines += chart.defects + ([f"... and {chart.more_defects} more defects of the same kinds"]
+                              if chart.more_defects else [])
     return lines + list(problems)

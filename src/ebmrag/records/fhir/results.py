@@ -9,7 +9,7 @@ from typing import Any
 
 from ebmrag.records.attachments import attachment_text
 from ebmrag.records.dates import as_written
-from ebmrag.records.fhir.coding import concepts, obj, objects, text_of, without_semantic_tags
+from ebmrag.records.fhir.coding import codings, concepts, obj, objects, text_of, without_semantic_tags
 from ebmrag.records.fhir.index import ChartIndex, Resource
 from ebmrag.records.fhir.rendered import Rendered, Skip, codes_of, status_code
 from ebmrag.records.notes import note_sections, slug
@@ -26,6 +26,11 @@ _OBSERVATION_CATEGORY = {
 # Antimicrobial susceptibility (HL7 ObservationInterpretation): a panel says S/I/R, a reader wants words.
 _SUSCEPTIBILITY = {"S": "susceptible", "I": "intermediate", "R": "resistant", "SDD": "susceptible-dose dependent",
                    "NS": "non-susceptible", "SYN-R": "synergy resistant", "SYN-S": "synergy susceptible"}
+# The other HL7 ObservationInterpretation codes, for results that carry a code without a display.
+_INTERPRETATION = {"H": "high", "L": "low", "N": "normal", "A": "abnormal", "AA": "critically abnormal",
+                   "HH": "critically high", "LL": "critically low", "HU": "significantly high",
+                   "LU": "significantly low", "POS": "positive", "NEG": "negative", "DET": "detected",
+                   "ND": "not detected", "IND": "indeterminate", "E": "equivocal", "EX": "outside threshold"}
 
 
 def _number(value: Any) -> str:
@@ -60,7 +65,13 @@ def value_of(resource: Resource) -> str:
 
 
 def _interpretation(r: Resource) -> str:
-    words = [_SUSCEPTIBILITY.get(status_code(c).upper()) or text_of(c) for c in concepts(r.get("interpretation"))]
+    """The interpretation in words: the chart's own display, else the HL7 code's meaning ("H" -> "high")."""
+    words = []
+    for concept in concepts(r.get("interpretation")):
+        code = status_code(concept).upper()
+        named = bool(concept.get("text")) or any(display for _, _, display in codings(concept))
+        words.append(_SUSCEPTIBILITY.get(code) or (text_of(concept) if named else "")
+                     or _INTERPRETATION.get(code) or text_of(concept))
     return ", ".join(w for w in words if w)
 
 
@@ -85,7 +96,7 @@ def _measurement(r: Resource, index: ChartIndex) -> str:
         return _susceptibility(r)  # a susceptibility given only as its interpretation: "resistant"
     ranges = "; ".join(str(rr.get("text") or "-".join(quantity(rr.get(k)) for k in ("low", "high")))
                        for rr in objects(r.get("referenceRange")))
-    return measured + (f" ({flags})" if flags and flags.lower() not in measured.lower() else "") \
+    return measured + (f" (flag {flags})" if flags and flags.lower() not in measured.lower() else "") \
         + (f" (reference {ranges})" if ranges.strip("- ") else "")
 
 
