@@ -329,3 +329,32 @@ def test_older_fhir_shapes_are_read(tmp_path: Path) -> None:
     assert texts["AllergyIntolerance/a1"] == "Allergy to Sulfa (resolved)."
     assert texts["summary/active-medications"] == "Active medications (1): Digoxin."
     assert "Echo: ejection fraction 35 percent." in texts.values()
+
+
+def test_fhir_xml_is_read_like_fhir_json(tmp_path: Path) -> None:
+    xml = """<?xml version="1.0" encoding="UTF-8"?>
+<Bundle xmlns="http://hl7.org/fhir">
+  <type value="collection"/>
+  <entry><resource><Patient><id value="p1"/><gender value="male"/><birthDate value="1960-02-03"/>
+    <name><family value="Nakamura"/><given value="Ken"/></name></Patient></resource></entry>
+  <entry><resource><AllergyIntolerance><id value="a1"/><category value="medication"/><criticality value="high"/>
+    <code><coding><system value="http://snomed.info/sct"/><code value="764146007"/><display value="Penicillin"/>
+    </coding></code><patient><reference value="Patient/p1"/></patient>
+    <reaction><manifestation><text value="Anaphylaxis"/></manifestation></reaction></AllergyIntolerance></resource></entry>
+  <entry><resource><MedicationRequest><id value="m1"/><status value="active"/><intent value="order"/>
+    <contained><Medication><id value="med"/><code><text value="Apixaban 5 MG Oral Tablet"/></code></Medication>
+    </contained><medicationReference><reference value="#med"/></medicationReference>
+    <subject><reference value="Patient/p1"/></subject><authoredOn value="2026-01-04"/></MedicationRequest>
+  </resource></entry>
+</Bundle>"""
+    path = tmp_path / "chart.xml"
+    path.write_text(xml, encoding="utf-8")
+    record = TierClassifier().run(load_record(path))
+    by_id = {f.id: f for f in record.fragments}
+    assert by_id["AllergyIntolerance/a1"].text == "Drug allergy to Penicillin (high criticality: Anaphylaxis)."
+    assert by_id["AllergyIntolerance/a1"].tier.value == "T1"
+    assert by_id["summary/active-medications"].text == "Active medications (1): Apixaban."
+    assert ("name", "Nakamura") in record.identifiers
+    with pytest.raises(RecordError, match="neither a C-CDA document"):
+        (tmp_path / "other.xml").write_text("<note>hello</note>", encoding="utf-8")
+        load_record(tmp_path / "other.xml")

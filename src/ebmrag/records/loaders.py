@@ -155,7 +155,7 @@ def load_records(path: str | Path, params: ChartParams | None = None) -> list[Pa
     if not path.is_file():
         raise RecordError(str(path), "file not found")
     if path.suffix.lower() == ".xml":
-        return [record_from_ccda(path.read_bytes(), str(path), params)]
+        return records_from_xml(path.read_bytes(), str(path), params)
     try:
         raw = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
@@ -196,6 +196,19 @@ def record_from_ccda(data: bytes | str, origin: str, params: ChartParams | None 
     notes = [str(n) for n in bundle.pop("ccda_notes", None) or []]
     record = record_from_fhir_bundle(bundle, origin, stale_after=(params or ChartParams()).stale_after)
     return replace(record, skipped=record.skipped + tuple(f"C-CDA: {n}" for n in notes))
+
+
+def records_from_xml(data: bytes, origin: str, params: ChartParams | None = None) -> list[PatientRecord]:
+    """An XML chart: a C-CDA document, or FHIR in its XML format (a Bundle)."""
+    from ebmrag.records.ccda import is_ccda
+    from ebmrag.records.fhir.xml import is_fhir_xml, resource_from_fhir_xml
+
+    if is_ccda(data):
+        return [record_from_ccda(data, origin, params)]
+    if is_fhir_xml(data):
+        return list(records_from_data(resource_from_fhir_xml(data, origin), origin, Path(origin).stem, params))
+    raise RecordError(origin, "an XML file that is neither a C-CDA document (urn:hl7-org:v3 ClinicalDocument) nor "
+                              "FHIR XML (http://hl7.org/fhir)")
 
 
 def _bulk(path: Path, params: ChartParams) -> list[PatientRecord]:

@@ -24,7 +24,7 @@ from ebmrag.packing.packer import STRATEGIES, ContextPacker
 from ebmrag.records.fhir.bulk import records_from_ndjson_text
 from ebmrag.records.fhir.bundle import record_from_fhir_bundle
 from ebmrag.records.fragment import Fragment, PatientRecord
-from ebmrag.records.loaders import record_from_ccda, record_from_json
+from ebmrag.records.loaders import record_from_json, records_from_xml
 from ebmrag.records.params import ChartParams
 from ebmrag.retrieve.search import HybridRetriever
 from ebmrag.serve.limits import Metrics, RateLimiter
@@ -36,7 +36,8 @@ from ebmrag.store.patients import ApiKey, PatientStore
 
 log = logging.getLogger(__name__)
 JSON_TYPES = ("application/json", "application/fhir+json")
-XML_TYPES = ("application/xml", "text/xml", "application/cda+xml", "application/hl7-cda+xml", "application/hl7-v3+xml")
+XML_TYPES = ("application/xml", "text/xml", "application/cda+xml", "application/hl7-cda+xml", "application/hl7-v3+xml",
+             "application/fhir+xml")
 NDJSON_TYPES = ("application/fhir+ndjson", "application/x-ndjson", "application/ndjson")
 
 
@@ -171,7 +172,7 @@ async def read_record(request: Request, patient: str, params: ChartParams) -> Pa
     raw = await bounded_body(request)
     origin = f"request body for {patient}"
     if content_type in XML_TYPES:
-        return _as_patient(await run_in_threadpool(record_from_ccda, raw, origin, params), patient)
+        return _as_patient(_one(await run_in_threadpool(records_from_xml, raw, origin, params)), patient)
     if content_type in NDJSON_TYPES:
         text = _utf8(raw)
         records = await run_in_threadpool(partial(records_from_ndjson_text, text, origin,
@@ -202,8 +203,8 @@ def _utf8(raw: bytes) -> str:
 
 def _one(records: list[PatientRecord]) -> PatientRecord:
     if len(records) != 1:
-        raise ProblemError(422, "not-one-patient", f"the NDJSON holds {len(records)} patients; upload one patient's "
-                                                   "resources per request")
+        raise ProblemError(422, "not-one-patient", f"the body holds {len(records)} patients; upload one patient's "
+                                                   "chart per request")
     return records[0]
 
 

@@ -34,6 +34,7 @@ from ebmrag.records.fhir.resources import (
     care_plan,
     condition,
     encounter,
+    family_history,
     flag,
     immunization,
     medication,
@@ -73,6 +74,7 @@ _RENDERERS: dict[str, tuple[Renderer, tuple[str, ...]]] = {
     "CarePlan": (care_plan, ("created",)),
     "Encounter": (encounter, ()),
     "Flag": (flag, ()),
+    "FamilyMemberHistory": (family_history, ("date",)),
 }
 _MAX_DEFECT_LINES = 40  # per chart: enough to find the export's habit, not a wall of text
 _READ_ELSEWHERE = {"Composition", "List"}  # narratives (fhir.composition); medication lists (fhir.medications)

@@ -18,6 +18,7 @@ _REQUIRED = {
     "MedicationStatement": ("status", "subject"),
     "MedicationAdministration": ("status", "subject"),
     "AllergyIntolerance": ("patient",),
+    "FamilyMemberHistory": ("status", "patient", "relationship"),
     "Condition": ("subject",),
     "Procedure": ("status", "subject"),
     "Immunization": ("status", "vaccineCode", "patient"),

@@ -42,6 +42,13 @@ def objects(value: Any) -> list[Mapping[str, Any]]:
     return [v for v in value if isinstance(v, Mapping)] if isinstance(value, list) else []
 
 
+def strings(value: Any) -> list[str]:
+    """A list of strings (FHIR XML gives a lone one unwrapped)."""
+    if isinstance(value, str):
+        return [value]
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+
 def concepts(value: Any) -> list[Mapping[str, Any]]:
     return objects(value)
 

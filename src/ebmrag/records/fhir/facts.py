@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ebmrag.records.dates import as_written, partial_timestamp
-from ebmrag.records.fhir.coding import codings, has_code, obj, objects, text_of
+from ebmrag.records.fhir.coding import codings, has_code, obj, objects, strings, text_of
 from ebmrag.records.fhir.index import ChartIndex, Resource
 from ebmrag.records.fhir.results import value_of
 from ebmrag.records.fragment import Fragment
@@ -52,15 +52,14 @@ def identifiers(patient: Resource | None) -> tuple[tuple[str, str], ...]:
         return ()
     found: list[tuple[str, str]] = []
     for name in objects(patient.get("name")):
-        given = [str(g) for g in name.get("given") or [] if isinstance(g, str)]
-        parts = [*(str(p) for p in name.get("prefix") or [] if isinstance(p, str)), *given,
-                 str(name.get("family") or "")]
+        given = strings(name.get("given"))
+        parts = [*strings(name.get("prefix")), *given, str(name.get("family") or "")]
         found += [("name", p) for p in (str(name.get("text") or ""), " ".join(x for x in parts if x).strip(),
                                         *given, str(name.get("family") or "")) if p]
     found += [("id", str(i["value"])) for i in objects(patient.get("identifier")) if i.get("value")]
     found += [("birth_date", str(patient["birthDate"]))] if isinstance(patient.get("birthDate"), str) else []
     for address in objects(patient.get("address")):
-        found += [("address", str(v)) for v in (*(address.get("line") or []), address.get("city"),
+        found += [("address", str(v)) for v in (*strings(address.get("line")), address.get("city"),
                                                 address.get("postalCode")) if isinstance(v, str) and v]
     found += [("contact", str(t["value"])) for t in objects(patient.get("telecom")) if t.get("value")]
     return tuple(dict.fromkeys(found))

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ebmrag.errors import RecordError
+from ebmrag.records.fhir.coding import objects
 
 Resource = Mapping[str, Any]
 _TYPE_ID = re.compile(r"(?:^|/)([A-Z][A-Za-z]+)/([A-Za-z0-9\-.]{1,64})$")
@@ -38,6 +39,8 @@ def bundle_entries(bundle: Mapping[str, Any], where: str, problems: list[str], d
     raw = bundle.get("entry")
     if raw is None:
         return []
+    if isinstance(raw, Mapping):  # FHIR XML with one entry
+        raw = [raw]
     if not isinstance(raw, list):
         raise RecordError(f"{where}.entry", f"must be a list of entries, got {type(raw).__name__}")
     entries: list[Entry] = []
@@ -127,8 +130,7 @@ class ChartIndex:
             return None
         if reference.startswith("#"):
             contained = within.get("contained") if within is not None else None
-            found = next((c for c in contained or [] if isinstance(c, Mapping) and c.get("id") == reference[1:]),
-                         None)
+            found = next((c for c in objects(contained) if c.get("id") == reference[1:]), None)
         else:
             found = self.resources.get(reference) or self.resources.get(type_id(reference))
         if found is None:

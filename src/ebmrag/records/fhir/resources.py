@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ebmrag.records.dates import as_written
-from ebmrag.records.fhir.coding import concepts, obj, objects, states_absence, text_of
+from ebmrag.records.fhir.coding import concepts, obj, objects, states_absence, strings, text_of
 from ebmrag.records.fhir.index import ChartIndex, Resource
 from ebmrag.records.fhir.rendered import Rendered, Skip, status_code
 from ebmrag.records.fhir.results import quantity
@@ -27,6 +27,27 @@ _RESOLVED = {"resolved", "inactive", "remission"}
 _RETRACTED = {"refuted", "entered-in-error"}
 _SAYS_ALLERGY = re.compile(r"\b(allerg|intoleran|hypersensitiv|unverträglich|overgevoelig)", re.IGNORECASE)
 _ALLERGY_CATEGORY = {"medication": "Drug", "food": "Food", "environment": "Environmental", "biologic": "Biologic"}
+
+
+def onset_of(r: Resource) -> str:
+    """onset[x] as written: a (partial) date, a period's start, an age ("age 40") or the chart's words."""
+    age = obj(r.get("onsetAge"))
+    said = r.get("onsetString")
+    return (as_written(r.get("onsetDateTime")) or as_written(obj(r.get("onsetPeriod")).get("start"))
+            or (f"age {quantity(age)}" if age.get("value") is not None else "")
+            or (said.strip()[:60] if isinstance(said, str) else ""))
+
+
+def family_history(r: Resource, index: ChartIndex) -> Sequence[Rendered] | Skip:
+    """"Family history: mother: breast cancer (onset age 45 a)": a relative's conditions, for risk questions."""
+    if r.get("status") in ("entered-in-error", "health-unknown"):
+        return Skip("entered in error or health unknown")
+    who = text_of(r.get("relationship")) or "relative"
+    conditions = "; ".join(text_of(c.get("code")) + (f" (onset {onset_of(c)})" if onset_of(c) else "")
+                           for c in objects(r.get("condition")) if text_of(c.get("code")))
+    if not conditions:
+        return Skip("names no condition")
+    return [Rendered("Family history", f"Family history: {who}: {conditions}.", timestamp=r.get("date"))]
 
 
 def _allergen(r: Resource) -> str:
@@ -48,8 +69,7 @@ def allergy(r: Resource, index: ChartIndex) -> Sequence[Rendered] | Skip:
         return Skip("refuted or entered in error")
     if states_absence(r.get("code"), "allergy"):
         return [Rendered("Allergy status", f"Allergy status: {text_of(r.get('code'))}.")]
-    categories: list[Any] = r["category"] if isinstance(r.get("category"), list) else []
-    category = next((_ALLERGY_CATEGORY[c] for c in categories if isinstance(c, str) and c in _ALLERGY_CATEGORY), "")
+    category = next((_ALLERGY_CATEGORY[c] for c in strings(r.get("category")) if c in _ALLERGY_CATEGORY), "")
     allergen = _allergen(r) or "unspecified substance"
     kind = "intolerance" if status_code(r.get("type")) == "intolerance" else "allergy"  # R5 codes `type` as a concept
     if _SAYS_ALLERGY.search(allergen):  # SNOMED names the disorder: "Intolerance to lactose", "Allergy to egg"
@@ -65,7 +85,7 @@ def allergy(r: Resource, index: ChartIndex) -> Sequence[Rendered] | Skip:
             "severe reaction" if any(x.get("severity") == "severe" for x in reactions) else ""]
     detail = ", ".join(b for b in bits if b)
     detail += (": " if detail and said else "") + said
-    onset = as_written(r.get("onsetDateTime")) or as_written(obj(r.get("onsetPeriod")).get("start"))
+    onset = onset_of(r)
     text = head + (f" ({detail})" if detail else "") + (f"; since {onset}" if onset else "")
     return [Rendered("Allergy" + (f" > {category.lower()}" if category else ""), text + ".")]
 
@@ -78,8 +98,7 @@ def condition(r: Resource, index: ChartIndex) -> Sequence[Rendered] | Skip:
     name, clinical = text_of(r.get("code")) or "unnamed condition", status_code(r.get("clinicalStatus"))
     if states_absence(r.get("code"), "problem"):
         return [Rendered("Problem list > status", f"Problem list: {name}.")]
-    onset = as_written(r.get("onsetDateTime")) or as_written(obj(r.get("onsetPeriod")).get("start")) \
-        or as_written(r.get("recordedDate"))
+    onset = onset_of(r) or as_written(r.get("recordedDate"))
     ended = as_written(r.get("abatementDateTime")) or as_written(obj(r.get("abatementPeriod")).get("end"))
     if clinical in _RESOLVED or (not clinical and ended):
         when = ", ".join(w for w in (f"since {onset}" if onset else "", f"resolved {ended}" if ended else "") if w)
