@@ -160,6 +160,14 @@ def _telecoms(el: Element) -> list[Resource]:
     return out
 
 
+def _lenient_ts(value: str | None) -> str | None:
+    """A header date that is no date is left out (the patient is still read), never an error."""
+    try:
+        return ts(value)
+    except ValueError:
+        return None
+
+
 def _patient(role: Element, pid: str) -> Resource:
     patient = role.find("h:patient", NS)
     resource: Resource = {"resourceType": "Patient", "id": pid}
@@ -171,11 +179,11 @@ def _patient(role: Element, pid: str) -> Resource:
     gender = child(patient, "administrativeGenderCode")
     resource["gender"] = _GENDER.get(str(gender.get("code") if gender is not None else ""), "unknown")
     birth = child(patient, "birthTime")
-    born = ts(birth.get("value")) if birth is not None else None
+    born = _lenient_ts(birth.get("value")) if birth is not None else None
     if born:
         resource["birthDate"] = born[:10]
     deceased = patient.find("sdtc:deceasedTime", NS) if patient is not None else None
-    died = ts(deceased.get("value")) if deceased is not None else None
+    died = _lenient_ts(deceased.get("value")) if deceased is not None else None
     if died:
         resource["deceasedDateTime"] = died
     languages = [_language(comm) for comm in (patient.findall("h:languageCommunication", NS)
