@@ -28,7 +28,8 @@ from ebmrag.compose import build_engine, load_patient
 
 def ask(
     question: Annotated[str, typer.Argument(help="The clinical question (English or Chinese).")],
-    patient: Annotated[str, typer.Option("--patient", help="Record file, or a bundled demo record: demo-colon.")],
+    patient: Annotated[str, typer.Option("--patient", help="Record file (FHIR JSON/XML/NDJSON, C-CDA, ebmrag JSON, "
+                                                           "text), or a bundled demo record: demo-colon.")],
     kb: Annotated[Path | None, typer.Option("--kb", help="Knowledge base; default: the bundled demo KB.")] = None,
     llm: LlmOption = None,
     base_url: BaseUrlOption = None,

@@ -42,8 +42,9 @@ def trace_table(result: PackResult, title: str) -> Table:
 
 def pack(
     record: Annotated[
-        str, typer.Argument(help="Patient record: ebmrag JSON, FHIR R4 Bundle, AgentClinic case, text, or a "
-                                 "bundled demo record (demo-colon, demo-chest, demo-zh).")
+        str, typer.Argument(help="Patient record: ebmrag JSON, a FHIR R4 Bundle (JSON or XML), FHIR Bulk Data "
+                                 "NDJSON (a file or folder), a C-CDA document (.xml), an AgentClinic case, text, "
+                                 "or a bundled demo record (demo-colon, demo-chest, demo-zh). See docs/charts.md.")
     ],
     query: Annotated[str, typer.Option("--query", "-q", help="The clinical question.")],
     window: Annotated[int | None, typer.Option(help="Token window for the packed context.")] = None,

@@ -65,7 +65,11 @@ RECORD_BODY = {"required": True, "content": {
         "patient_id": {"type": "string", "minLength": 1},
         "fragments": {"type": "array", "minItems": 1, "items": _FRAGMENT}}}},
     "application/fhir+json": {"schema": {"type": "object", "required": ["resourceType"],
-                                         "description": "a FHIR R4 Bundle of one patient"}}}}
+                                         "description": "a FHIR R4 Bundle of one patient"}},
+    "application/xml": {"schema": {"type": "string", "description": "a C-CDA R2.1 document or a FHIR XML Bundle "
+                                                                    "(also text/xml, application/cda+xml, "
+                                                                    "application/fhir+xml)"}},
+    "application/fhir+ndjson": {"schema": {"type": "string", "description": "one patient's FHIR Bulk Data NDJSON"}}}}
 
 
 def create_app(store: PatientStore, settings: Settings | None = None, engine: Engine | None = None,
