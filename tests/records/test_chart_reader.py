@@ -358,3 +358,11 @@ def test_fhir_xml_is_read_like_fhir_json(tmp_path: Path) -> None:
     with pytest.raises(RecordError, match="neither a C-CDA document"):
         (tmp_path / "other.xml").write_text("<note>hello</note>", encoding="utf-8")
         load_record(tmp_path / "other.xml")
+
+
+def test_a_patient_without_id_or_full_url_is_the_one_every_resource_names(tmp_path: Path) -> None:
+    patient = {key: value for key, value in PATIENT.items() if key != "id"}
+    allergy = {"resourceType": "AllergyIntolerance", "id": "a1", "patient": {"reference": "Patient/xyz"},
+               "code": {"text": "Latex"}}
+    record = load_record(_write(tmp_path, _bundle(patient, allergy)))
+    assert any(f.text.startswith("Allergy to Latex") for f in record.fragments)

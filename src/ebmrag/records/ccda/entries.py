@@ -57,6 +57,12 @@ _MEDICATION_STOPPED = {"aborted", "cancelled", "suspended", "nullified"}
 _PERIOD_UNITS = {"s", "min", "h", "d", "wk", "mo", "a"}
 
 
+
+def _onset(obs: Element) -> str | None:
+    """When an observation began: its effectiveTime's low, else its value (ValueError when malformed)."""
+    point, start, _ = times(child(obs, "effectiveTime"))
+    return start or point or None
+
 def _main(entry: Element, tag: str, template: str) -> tuple[Element | None, list[Element]]:
     """The concern act of an entry (or None) and the observations it is about (those with `template` if any)."""
     act = child(entry, "act")
@@ -110,9 +116,8 @@ def _allergy(obs: Element, act: Element | None, where: str, sec: Section, ctx: C
     if criticality:
         resource["criticality"] = criticality
     try:
-        point, start, _ = times(child(obs, "effectiveTime"))
-        if start or point:
-            resource["onsetDateTime"] = start or point
+        if onset := _onset(obs):
+            resource["onsetDateTime"] = onset
     except ValueError as exc:
         ctx.notes.append(f"{where}: onset of allergy to {allergen.get('text') or 'a coded substance'} unreadable "
                          f"({exc}); kept without onset")
@@ -162,9 +167,8 @@ def _reaction(obs: Element, sec: Section) -> Resource | None:
     if severity:
         reaction["severity"] = severity
     try:
-        point, start, _ = times(child(obs, "effectiveTime"))
-        if start or point:
-            reaction["onset"] = start or point
+        if onset := _onset(obs):
+            reaction["onset"] = onset
     except ValueError:
         pass  # a reaction's onset is a detail; the reaction itself stays
     return reaction

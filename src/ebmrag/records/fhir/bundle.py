@@ -76,6 +76,7 @@ _RENDERERS: dict[str, tuple[Renderer, tuple[str, ...]]] = {
     "Flag": (flag, ()),
     "FamilyMemberHistory": (family_history, ("date",)),
 }
+_UNIDENTIFIED = "Patient/unidentified"  # a Patient without id or fullUrl
 _MAX_DEFECT_LINES = 40  # per chart: enough to find the export's habit, not a wall of text
 _READ_ELSEWHERE = {"Composition", "List"}  # narratives (fhir.composition); medication lists (fhir.medications)
 
@@ -152,11 +153,13 @@ def _identify(entries: Sequence[Entry], origin: str) -> _Chart:
         where = ", ".join(e.where for e in patients.values())
         raise RecordError(origin, f"the chart holds {len(patients)} Patient resources ({where}); "
                                   "one record must hold exactly one patient")
+    named = {type_id(ref) or ref for e in entries if (ref := reference_of(_subject_link(e.resource)))}
     if patients:
         (key, entry), = patients.items()
         names = {key, entry.full_url, type_id(entry.full_url)} - {""}
+        if key == _UNIDENTIFIED and len(named) == 1:  # a Patient nobody can reference: the one patient named
+            names |= named
         return _Chart(origin, ChartIndex(), entry.resource, key, frozenset(names), Counter())
-    named = {type_id(ref) or ref for e in entries if (ref := reference_of(_subject_link(e.resource)))}
     if len(named) != 1:
         raise RecordError(origin, "the chart holds no patient (no Patient resource and no patient reference)"
                           if not named else f"the chart's resources name {len(named)} different patients; "
@@ -171,7 +174,7 @@ def _patient_key(entry: Entry) -> str:
         return f"Patient/{rid}"
     if entry.full_url:
         return f"Patient/{entry.full_url.rsplit(':', 1)[-1].rsplit('/', 1)[-1]}"
-    return "Patient/unidentified"
+    return _UNIDENTIFIED
 
 
 def _subject_link(resource: Resource) -> Any:

@@ -282,7 +282,3 @@ def latest_results(subject: str, index: ChartIndex) -> Fragment | None:
     return Fragment("summary/latest-results", subject, "Latest results: " + "; ".join(groups) + ".",
                     "Latest results", max(when for when, _ in newest.values()), source="fhir")
 
-
-def condition_resources(index: ChartIndex) -> list[Resource]:
-    return [r for r in index.unique() if r.get("resourceType") == "Condition"]
-
