@@ -32,3 +32,13 @@ def test_the_all_extra_installs_every_user_extra() -> None:
     extras = project["optional-dependencies"]
     listed = set(re.fullmatch(r"ebmrag\[(.*)\]", extras["all"][0]).group(1).split(","))  # type: ignore[union-attr]
     assert listed == set(extras) - {"all", "dev", "peer"}
+
+
+def test_the_chart_table_is_read_and_checked(tmp_path: Path) -> None:
+    """Issue 29: [chart] stale_order_days reaches the reader; a nonsensical value is refused by name."""
+    path = tmp_path / "ebmrag.toml"
+    path.write_text("[chart]\nstale_order_days = 365\n", encoding="utf-8")
+    assert load_settings(path).chart.stale_order_days == 365
+    path.write_text("[chart]\nstale_order_days = 0\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"\[chart\].*stale_order_days"):
+        load_settings(path)

@@ -160,4 +160,5 @@ def settings_from_dict(data: dict[str, Any]) -> Settings:
         _section(AnswerParams, data.get("answer"), "answer"),
         _section(ServeSettings, data.get("serve"), "serve"),
         _section(ResearchParams, data.get("research"), "research"),
+        _section(ChartParams, data.get("chart"), "chart"),
     )

@@ -366,3 +366,11 @@ def test_a_patient_without_id_or_full_url_is_the_one_every_resource_names(tmp_pa
                "code": {"text": "Latex"}}
     record = load_record(_write(tmp_path, _bundle(patient, allergy)))
     assert any(f.text.startswith("Allergy to Latex") for f in record.fragments)
+
+
+def test_billing_alone_is_not_a_chart_but_a_new_patient_is(tmp_path: Path) -> None:
+    claim = {"resourceType": "Claim", "id": "c1", "patient": ME}
+    with pytest.raises(RecordError, match="neither a Patient nor a clinical resource"):
+        load_record(_write(tmp_path, _bundle(claim)))
+    texts = _texts(_write(tmp_path, _bundle(PATIENT)))
+    assert texts["summary/allergies"] == "Allergy status: no allergy or allergy statement is recorded in this chart."

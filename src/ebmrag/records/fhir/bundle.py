@@ -130,8 +130,8 @@ def record_from_entries(entries: Sequence[Entry], origin: str, problems: Sequenc
     skipped = _skipped(chart, problems)
     for note in skipped:
         log.info("%s: %s", origin, note)
-    if not fragments and not summary:
-        raise RecordError(origin, "the chart holds no clinical resource that could be read"
+    if not fragments and chart.patient is None:  # a Patient alone is a chart (a new patient); a Claim alone is not
+        raise RecordError(origin, "the chart holds neither a Patient nor a clinical resource that could be read"
                                   + (f" ({'; '.join(skipped[:3])})" if skipped else ""))
     return PatientRecord(chart.subject, tuple(summary) + tuple(_unique_ids(fragments)), origin, tuple(skipped),
                          facts.identifiers(chart.patient))
@@ -336,6 +336,7 @@ def _skipped(chart: _Chart, problems: Sequence[str]) -> list[str]:
         kinds = Counter(type_id(r).split("/")[0] or "unnamed" for r in chart.index.dangling)
         lines.append(f"references x{len(chart.index.dangling)}: point outside the chart ("
                      + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())) + "); those links not followed")
+    lines += [f"attachments x{n}: {why}" for why, n in sorted(chart.index.unread.items())]
     lines += chart.defects + ([f"... and {chart.more_defects} more defects of the same kinds"]
                               if chart.more_defects else [])
     return lines + list(problems)

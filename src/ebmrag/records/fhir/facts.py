@@ -172,19 +172,27 @@ def _observations(index: ChartIndex) -> list[Resource]:
             and r.get("status") not in ("entered-in-error", "cancelled")]
 
 
+def _raw_time(r: Resource) -> Any:
+    return r.get("effectiveDateTime") or obj(r.get("effectivePeriod")).get("start") or r.get("issued")
+
+
 def _stamp(r: Resource) -> datetime | None:
-    return partial_timestamp(r.get("effectiveDateTime") or obj(r.get("effectivePeriod")).get("start")
-                             or r.get("issued"))
+    return partial_timestamp(_raw_time(r))
 
 
-def _newest(found: list[tuple[datetime, str]]) -> tuple[datetime, str] | None:
+def _day(r: Resource) -> str:
+    """The result's date as the chart wrote it, at its precision ("2020-03", never an invented day)."""
+    return as_written(_raw_time(r))
+
+
+def _newest(found: list[tuple[datetime, str, str]]) -> tuple[datetime, str, str] | None:
     return max(found, key=lambda item: item[0]) if found else None
 
 
-def _lab_facts(observations: Sequence[Resource]) -> dict[str, tuple[datetime, str]]:
-    """Newest value of each drug-decision result: by LOINC code, else by display name when the result has
-    no LOINC coding at all (a local lab code)."""
-    newest: dict[str, tuple[datetime, str]] = {}
+def _lab_facts(observations: Sequence[Resource]) -> dict[str, tuple[datetime, str, str]]:
+    """Newest (time, "creatinine 88 umol/L", date as written) of each drug-decision result: by LOINC code,
+    else by display name when the result has no LOINC coding at all (a local lab code)."""
+    newest: dict[str, tuple[datetime, str, str]] = {}
     for r in observations:
         when, value = _stamp(r), value_of(r)
         if when is None or not value:
@@ -194,7 +202,7 @@ def _lab_facts(observations: Sequence[Resource]) -> dict[str, tuple[datetime, st
         for fact in _vocab()["fact"]:
             if loinc & fact["codes"] or (not loinc and fact["pattern"].search(name)):
                 if fact["name"] not in newest or when > newest[fact["name"]][0]:
-                    newest[fact["name"]] = (when, f"{fact['name']} {value}")
+                    newest[fact["name"]] = (when, f"{fact['name']} {value}", _day(r))
                 break
     return newest
 
@@ -204,7 +212,7 @@ def _pregnancy(observations: Sequence[Resource], conditions: Sequence[Resource])
     Condition counts when no status was observed."""
     vocab = _vocab()["pregnancy"]
     said: list[str] = []
-    status = _newest([(w, _answer(r, vocab)) for r in observations if (w := _stamp(r)) is not None
+    status = _newest([(w, _answer(r, vocab), _day(r)) for r in observations if (w := _stamp(r)) is not None
                       and (has_code(r.get("code"), "loinc", frozenset(vocab["status_loinc"]))
                            or has_code(r.get("code"), "snomed", frozenset(vocab["status_snomed"])))])
     if status is None:
@@ -214,10 +222,11 @@ def _pregnancy(observations: Sequence[Resource], conditions: Sequence[Resource])
             said.append(f"pregnant ({text_of(active[0].get('code'))}, recorded "
                         f"{as_written(active[0].get('onsetDateTime') or active[0].get('recordedDate')) or 'undated'})")
     else:
-        said.append(f"pregnancy status {status[1]} ({status[0].date().isoformat()})")
+        said.append(f"pregnancy status {status[1]} ({status[2]})")
     for key, label in (("due_date_loinc", "estimated due date"), ("gestational_age_loinc", "gestational age"),
                        ("lactation_loinc", "lactation")):
-        found = _newest([(w, value_of(r)) for r in observations if (w := _stamp(r)) is not None and value_of(r)
+        found = _newest([(w, value_of(r), _day(r)) for r in observations if (w := _stamp(r)) is not None
+                         and value_of(r)
                          and has_code(r.get("code"), "loinc", frozenset(vocab[key]))])
         if found and (key == "lactation_loinc" or said):
             said.append(f"{label} {found[1]}")
@@ -233,12 +242,12 @@ def _answer(r: Resource, vocab: dict[str, Any]) -> str:
     return value_of(r) or "not stated"
 
 
-def _dated(found: Sequence[tuple[datetime, str]]) -> str:
+def _dated(found: Sequence[tuple[datetime, str, str]]) -> str:
     """Values of one day share their date ("(2024-03-11) creatinine 88 umol/L, eGFR 78"): dates cost tokens."""
-    days = {when.date() for when, _ in found}
+    days = {day for _, _, day in found}
     if len(days) == 1:
-        return f" ({days.pop().isoformat()}): " + ", ".join(value for _, value in found)
-    return ": " + ", ".join(f"{value} ({when.date().isoformat()})" for when, value in found)
+        return f" ({days.pop()}): " + ", ".join(value for _, value, _ in found)
+    return ": " + ", ".join(f"{value} ({day})" for _, value, day in found)
 
 
 def pregnancy_status(index: ChartIndex, conditions: Sequence[Resource]) -> str:
@@ -259,26 +268,27 @@ def drug_facts(subject: str, index: ChartIndex, conditions: Sequence[Resource]) 
             groups.append(title + _dated(found))
     if not groups:
         return None
-    stamps = [when for when, _ in labs.values()]
+    stamps = [when for when, _, _ in labs.values()]
     return Fragment("summary/drug-facts", subject, "Drug decision facts: " + "; ".join(groups) + ".",
                     "Drug decision facts", max(stamps) if stamps else None, source="fhir")
 
 
 def latest_results(subject: str, index: ChartIndex) -> Fragment | None:
     """The newest value of other key results (sodium, hemoglobin, platelets, HbA1c, glucose), one dated line."""
-    newest: dict[str, tuple[datetime, str]] = {}
+    newest: dict[str, tuple[datetime, str, str]] = {}
     for r in _observations(index):
         name, when, value = text_of(r.get("code")), _stamp(r), value_of(r)
         label = next((label for label, pattern in _OTHER_RESULTS if re.search(pattern, name, re.IGNORECASE)), None)
         if label and when and value and (label not in newest or when > newest[label][0]):
-            newest[label] = (when, f"{label} {value}")
+            newest[label] = (when, f"{label} {value}", _day(r))
     if not newest:
         return None
-    by_day: dict[date, list[str]] = {}
+    by_day: dict[tuple[date, str], list[str]] = {}
     for label, _ in _OTHER_RESULTS:
         if label in newest:
-            by_day.setdefault(newest[label][0].date(), []).append(newest[label][1])
-    groups = [f"{'; '.join(values)} ({day.isoformat()})" for day, values in sorted(by_day.items(), reverse=True)]
+            when, value, day = newest[label]
+            by_day.setdefault((when.date(), day), []).append(value)
+    groups = [f"{'; '.join(values)} ({day})" for (_, day), values in sorted(by_day.items(), reverse=True)]
     return Fragment("summary/latest-results", subject, "Latest results: " + "; ".join(groups) + ".",
-                    "Latest results", max(when for when, _ in newest.values()), source="fhir")
+                    "Latest results", max(when for when, _, _ in newest.values()), source="fhir")
 

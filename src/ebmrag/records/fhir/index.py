@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -111,6 +112,7 @@ class ChartIndex:
     medication_state: dict[int, tuple[str, str]] = field(default_factory=dict)  # id() -> (active|not active|..., why)
     dangling: set[str] = field(default_factory=set)  # references that resolve to nothing in the chart
     patient: Resource | None = None  # the chart's Patient: an attached document about someone else is not read
+    unread: Counter[str] = field(default_factory=Counter)  # why an attachment of a packed resource was not read
 
     def add(self, entry: Entry) -> None:
         resource = entry.resource

@@ -131,7 +131,9 @@ def report(r: Resource, index: ChartIndex) -> Sequence[Rendered] | Skip:
         body = "; ".join(results) + (". " if results and conclusion else "") + (f"Conclusion: {conclusion}"
                                                                                  if conclusion else "")
         parts.append(Rendered(section, f"{name}: {body}."))
-    parts += _notes(objects(r.get("presentedForm")), index)
+    notes, unread = _notes(objects(r.get("presentedForm")), index)
+    parts += notes
+    index.unread.update(unread)
     return parts or Skip("no conclusion, results or readable note")
 
 
@@ -154,10 +156,10 @@ def document(r: Resource, index: ChartIndex) -> Sequence[Rendered] | Skip:
     if r.get("status") == "entered-in-error" or r.get("docStatus") == "entered-in-error":
         return Skip("refuted or entered in error")
     attachments = [_inline(obj(c.get("attachment")), index) for c in objects(r.get("content"))]
-    parts = _notes(attachments, index)
+    parts, unread = _notes(attachments, index)
     if parts:
+        index.unread.update(unread)  # a second attachment that could not be read is still worth a line
         return parts
-    unread = [why for a in attachments if (why := attachment_text(a, index.patient)[1])]
     if attachments and not unread:
         return Skip("the same note as another report or section (read once)")
     return Skip(unread[0] if unread else "no attachment")
@@ -176,10 +178,13 @@ def _inline(attachment: Mapping[str, Any], index: ChartIndex) -> Mapping[str, An
         "contentType")}
 
 
-def _notes(attachments: Sequence[Mapping[str, Any]], index: ChartIndex) -> list[Rendered]:
+def _notes(attachments: Sequence[Mapping[str, Any]], index: ChartIndex) -> tuple[list[Rendered], list[str]]:
+    """The notes' sections, each note read once, and why any attachment could not be read (for the trace)."""
     parts: list[Rendered] = []
+    unread: list[str] = []
     for attachment in (_inline(a, index) for a in attachments):
-        text, _ = attachment_text(attachment, index.patient)
+        text, why = attachment_text(attachment, index.patient)
+        unread += [why] if why else []
         whole = " ".join((text or "").split())
         if not whole or whole in index.notes_seen:
             continue
@@ -188,7 +193,7 @@ def _notes(attachments: Sequence[Mapping[str, Any]], index: ChartIndex) -> list[
             parts.append(Rendered(f"Clinical note > {heading}", without_semantic_tags(section.text),
                                   f"#{slug(heading)}"))
         index.notes_seen.add(whole)
-    return parts
+    return parts, unread
 
 
 def imaging_study(r: Resource, index: ChartIndex) -> Sequence[Rendered] | Skip:
