@@ -374,3 +374,11 @@ def test_billing_alone_is_not_a_chart_but_a_new_patient_is(tmp_path: Path) -> No
         load_record(_write(tmp_path, _bundle(claim)))
     texts = _texts(_write(tmp_path, _bundle(PATIENT)))
     assert texts["summary/allergies"] == "Allergy status: no allergy or allergy statement is recorded in this chart."
+
+
+def test_a_patient_repeated_by_a_search_is_one_patient(tmp_path: Path) -> None:
+    again = {**PATIENT, "meta": {"lastUpdated": "2026-02-01T00:00:00Z"}}
+    allergy = {"resourceType": "AllergyIntolerance", "id": "a1", "patient": ME, "code": {"text": "Latex"},
+               "reaction": [{"manifestation": [{"concept": {"text": "Urticaria"}}]}]}  # R5 CodeableReference
+    record = load_record(_write(tmp_path, _bundle(PATIENT, allergy, again, kind="searchset")))
+    assert "Allergy to Latex (Urticaria)." in [f.text for f in record.fragments]

@@ -143,7 +143,7 @@ def _identify(entries: Sequence[Entry], origin: str) -> _Chart:
     for entry in entries:
         if entry.resource.get("resourceType") == "Patient":
             key = _patient_key(entry)
-            if key in patients and patients[key].resource != entry.resource:
+            if key in patients and not _same_patient(patients[key].resource, entry.resource):
                 raise RecordError(origin, f"{patients[key].where} ({patients[key].full_url or 'no fullUrl'}) and "
                                           f"{entry.where} ({entry.full_url or 'no fullUrl'}) are two Patient "
                                           f"resources with id {key.removeprefix('Patient/')!r}: one record must "
@@ -166,6 +166,13 @@ def _identify(entries: Sequence[Entry], origin: str) -> _Chart:
                                             "one record must hold exactly one patient")
     subject = named.pop()
     return _Chart(origin, ChartIndex(), None, subject, frozenset({subject}), Counter())
+
+
+def _same_patient(one: Resource, other: Resource) -> bool:
+    """Two copies of one Patient (a searchset repeats it, with another `meta`) agree on who it is; a copy that
+    names another person or birth date is another patient."""
+    core = ("name", "birthDate", "gender", "identifier")
+    return one == other or ({k: one.get(k) for k in core} == {k: other.get(k) for k in core})
 
 
 def _patient_key(entry: Entry) -> str:

@@ -78,7 +78,7 @@ def allergy(r: Resource, index: ChartIndex) -> Sequence[Rendered] | Skip:
         head = f"{category + ' ' + kind if category else kind.capitalize()} to {allergen}"
     reactions = objects(r.get("reaction"))
     said = ", ".join(dict.fromkeys(t for reaction in reactions for m in concepts(reaction.get("manifestation"))
-                                   if (t := text_of(m))))
+                                   if (t := text_of(m) or text_of(m.get("concept")))))  # R5: CodeableReference
     status = [s for s in (status_code(r.get("clinicalStatus")), verification)
               if s in ("inactive", "resolved", "unconfirmed")]
     bits = [*status, "high criticality" if r.get("criticality") == "high" else "",
