@@ -340,7 +340,8 @@ def test_fhir_xml_is_read_like_fhir_json(tmp_path: Path) -> None:
   <entry><resource><AllergyIntolerance><id value="a1"/><category value="medication"/><criticality value="high"/>
     <code><coding><system value="http://snomed.info/sct"/><code value="764146007"/><display value="Penicillin"/>
     </coding></code><patient><reference value="Patient/p1"/></patient>
-    <reaction><manifestation><text value="Anaphylaxis"/></manifestation></reaction></AllergyIntolerance></resource></entry>
+    <reaction><manifestation><text value="Anaphylaxis"/></manifestation></reaction>
+  </AllergyIntolerance></resource></entry>
   <entry><resource><MedicationRequest><id value="m1"/><status value="active"/><intent value="order"/>
     <contained><Medication><id value="med"/><code><text value="Apixaban 5 MG Oral Tablet"/></code></Medication>
     </contained><medicationReference><reference value="#med"/></medicationReference>
