@@ -383,3 +383,11 @@ def test_a_patient_repeated_by_a_search_is_one_patient(tmp_path: Path) -> None:
                "reaction": [{"manifestation": [{"concept": {"text": "Urticaria"}}]}]}  # R5 CodeableReference
     record = load_record(_write(tmp_path, _bundle(PATIENT, allergy, again, kind="searchset")))
     assert "Allergy to Latex (Urticaria)." in [f.text for f in record.fragments]
+
+
+def test_a_chart_whose_every_order_has_ended_says_none_are_active(tmp_path: Path) -> None:
+    orders = [_medication("m1", "Torsemide 20 MG Oral Tablet", "cancelled", "2020-01-01"),
+              _medication("m2", "Ceftriaxone 1 G Injection", "completed", "2020-02-01")]
+    texts = _texts(_write(tmp_path, _bundle(PATIENT, *orders)))
+    assert texts["summary/active-medications"] == ("Active medications: none (2 medication records, none of them "
+                                                   "current).")

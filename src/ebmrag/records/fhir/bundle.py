@@ -27,7 +27,7 @@ from ebmrag.records.fhir import facts
 from ebmrag.records.fhir.checks import defects
 from ebmrag.records.fhir.composition import section_notes
 from ebmrag.records.fhir.index import ChartIndex, Entry, Resource, bundle_entries, reference_of, type_id
-from ebmrag.records.fhir.medications import MEDICATION_TYPES, current_names, reconcile
+from ebmrag.records.fhir.medications import MEDICATION_TYPES, NOT_ACTIVE, current_names, reconcile
 from ebmrag.records.fhir.rendered import Rendered, Skip
 from ebmrag.records.fhir.resources import (
     allergy,
@@ -318,7 +318,9 @@ def _face_sheet(chart: _Chart, fragments: Sequence[Fragment], medications: Seque
     sheet = (facts.demographics(chart.patient, chart.subject, newest, pregnancy),
              facts.allergy_status(chart.subject, fragments, newest),
              facts.problem_summary(chart.subject, fragments, newest),
-             facts.medication_summary(chart.subject, current, unknown, stated_none, newest),
+             facts.medication_summary(chart.subject, current, unknown, stated_none, newest,
+                                      ended=sum(chart.index.medication_state.get(id(m), ("",))[0] == NOT_ACTIVE
+                                                for m in medications)),
              facts.drug_facts(chart.subject, chart.index, conditions),
              facts.latest_results(chart.subject, chart.index))
     return [f for f in sheet if f is not None]

@@ -148,7 +148,9 @@ def problem_summary(subject: str, fragments: Sequence[Fragment], newest: datetim
 
 
 def medication_summary(subject: str, current: Sequence[str], unknown: Sequence[str], stated: bool,
-                       newest: datetime | None) -> Fragment | None:
+                       newest: datetime | None, ended: int = 0) -> Fragment | None:
+    """The current medications after reconciliation; "none" said outright when the chart states it or when
+    every medication record has ended (a drug question must know the list is empty, not missing)."""
     parts = []
     if current:
         stale = sum(name.endswith("*") for name in current)
@@ -159,6 +161,8 @@ def medication_summary(subject: str, current: Sequence[str], unknown: Sequence[s
         parts.append(f"Active medications ({len(current)}{legend}): {'; '.join(current)}.")
     elif stated:
         parts.append("Active medications: none (the chart states no current medications).")
+    elif ended and not unknown:
+        parts.append(f"Active medications: none ({ended} medication records, none of them current).")
     if unknown:
         parts.append(f"Medications whose status is not recorded ({len(unknown)}): {'; '.join(unknown)}.")
     if not parts:
