@@ -391,3 +391,13 @@ def test_a_chart_whose_every_order_has_ended_says_none_are_active(tmp_path: Path
     texts = _texts(_write(tmp_path, _bundle(PATIENT, *orders)))
     assert texts["summary/active-medications"] == ("Active medications: none (2 medication records, none of them "
                                                    "current).")
+
+
+def test_a_panel_that_lists_itself_is_read_once(tmp_path: Path) -> None:
+    """A real export (an Austrian IPS) has Observation panels whose members list the panel again."""
+    panel = {"resourceType": "Observation", "id": "p", "status": "final", "subject": ME, "code": {"text": "Panel"},
+             "hasMember": [{"reference": "Observation/m"}]}
+    member = {"resourceType": "Observation", "id": "m", "status": "final", "subject": ME, "code": {"text": "Sodium"},
+              "valueQuantity": {"value": 139, "unit": "mmol/L"}, "hasMember": [{"reference": "Observation/p"}]}
+    texts = _texts(_write(tmp_path, _bundle(PATIENT, panel, member)))
+    assert "Panel: Sodium 139 mmol/L." in texts.values()

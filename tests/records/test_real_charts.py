@@ -154,8 +154,10 @@ STOPPED: dict[str, tuple[str, ...]] = {
     # Facts list the four active drugs; carbamazepine's stopped duplicate is caught by the status words below,
     # meperidine and acetaminophen are the chart's other (stopped) orders.
     "synthea_ckd_diabetes_transaction.json": (r"meperidine", r"acetaminophen"),
-    # "No known medications" is an active MedicationStatement: a negation, not a drug the patient takes.
-    "au_noknown_negations_document.json": (r"no known (current )?medic",),
+    # "No known medications" is an active MedicationStatement: a negation, not a drug the patient takes. The face
+    # sheet may quote it as the chart's statement, never list it as one of the drugs.
+    "au_noknown_negations_document.json": (r"active medications \(\d+[^)]*\):[^.]*no known",
+                                           r"^medication statement: no known"),
 }
 STOPPED_WORDS = r"\b(stopped|cancell?ed|completed)\b"
 ACTIVE = re.compile(r"(?<!not )\bactive\b", re.IGNORECASE)  # "Medication order > not active" is not active

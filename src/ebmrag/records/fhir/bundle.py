@@ -216,15 +216,33 @@ def _other_server(reference: str, chart: _Chart) -> bool:
 
 
 def _mark_panels(entries: Sequence[Entry], index: ChartIndex) -> None:
-    """Observations a report or a panel Observation lists are read into it, not packed twice."""
+    """Observations a report or a panel Observation lists are read into it, not packed twice. A member that
+    already holds its panel (a cycle, as real exports have) stays the panel's: the first seen is the panel."""
+    holds: dict[int, set[int]] = {}  # panel -> members, to refuse an edge that would close a cycle
     for entry in entries:
         resource = entry.resource
         links = resource.get("result") if resource.get("resourceType") == "DiagnosticReport" else \
             resource.get("hasMember") if resource.get("resourceType") == "Observation" else None
         for link in links if isinstance(links, list) else []:
             member = index.resolve(link)
-            if member is not None and member.get("resourceType") == "Observation" and member is not resource:
-                index.in_panel.add(id(member))
+            if member is None or member.get("resourceType") != "Observation" or _reaches(holds, id(member),
+                                                                                           id(resource)):
+                continue
+            holds.setdefault(id(resource), set()).add(id(member))
+            index.in_panel.add(id(member))
+
+
+def _reaches(holds: Mapping[int, set[int]], start: int, goal: int) -> bool:
+    """Whether `goal` is `start` or one of the members it holds, directly or through other panels."""
+    stack, seen = [start], set()
+    while stack:
+        node = stack.pop()
+        if node == goal:
+            return True
+        if node not in seen:
+            seen.add(node)
+            stack.extend(holds.get(node, ()))
+    return False
 
 
 def _time(resource: Resource) -> datetime | None:
@@ -312,7 +330,8 @@ def _face_sheet(chart: _Chart, fragments: Sequence[Fragment], medications: Seque
                 clinical: Sequence[Entry]) -> list[Fragment]:
     newest = max((f.timestamp for f in fragments if f.timestamp), default=None)
     current, unknown = current_names(medications, chart.index)
-    stated_none = any(f.section == "Medication status" for f in fragments)
+    stated_none = next((f.text.removeprefix("Medications: ") for f in fragments if f.section == "Medication status"),
+                       "")
     conditions = [e.resource for e in clinical if e.resource.get("resourceType") == "Condition"]
     pregnancy = facts.pregnancy_status(chart.index, conditions)
     sheet = (facts.demographics(chart.patient, chart.subject, newest, pregnancy),

@@ -29,17 +29,12 @@ from ebmrag.records.fragment import Fragment
 
 _VOCAB = Path(__file__).resolve().parent.parent / "vocab"
 _SEXES = {"f": "female", "female": "female", "248152002": "female", "m": "male", "male": "male", "248153007": "male"}
-# Other results worth one line in any question's context, by the start of their display name.
-_OTHER_RESULTS = (("sodium", r"^(serum |plasma )?sodium"), ("hemoglobin", r"^ha?emoglobin(?!.*a1c)"),
-                  ("platelets", r"^platelet"), ("HbA1c", r"hemoglobin a1c|hba1c|glycated"),
-                  ("glucose", r"^glucose"))
-
 
 @cache
 def _vocab() -> dict[str, Any]:
     with open(_VOCAB / "drug_facts.toml", "rb") as handle:
         raw = tomllib.load(handle)
-    for fact in raw["fact"]:
+    for fact in [*raw["fact"], *raw["other"]]:
         fact["pattern"] = re.compile(fact["display"], re.IGNORECASE)
         fact["codes"] = frozenset(fact["loinc"])
     return raw
@@ -147,7 +142,7 @@ def problem_summary(subject: str, fragments: Sequence[Fragment], newest: datetim
     return Fragment("summary/active-problems", subject, text, "Problem list > active summary", newest, source="fhir")
 
 
-def medication_summary(subject: str, current: Sequence[str], unknown: Sequence[str], stated: bool,
+def medication_summary(subject: str, current: Sequence[str], unknown: Sequence[str], stated: str,
                        newest: datetime | None, ended: int = 0) -> Fragment | None:
     """The current medications after reconciliation; "none" said outright when the chart states it or when
     every medication record has ended (a drug question must know the list is empty, not missing)."""
@@ -159,8 +154,8 @@ def medication_summary(subject: str, current: Sequence[str], unknown: Sequence[s
         else:
             legend = "; * = not recently confirmed" if stale else ""
         parts.append(f"Active medications ({len(current)}{legend}): {'; '.join(current)}.")
-    elif stated:
-        parts.append("Active medications: none (the chart states no current medications).")
+    elif stated:  # "No known medications" and "No information about medications" are not the same
+        parts.append(f"Active medications: none listed; the chart states: {stated.rstrip('.')}.")
     elif ended and not unknown:
         parts.append(f"Active medications: none ({ended} medication records, none of them current).")
     if unknown:
@@ -193,9 +188,9 @@ def _newest(found: list[tuple[datetime, str, str]]) -> tuple[datetime, str, str]
     return max(found, key=lambda item: item[0]) if found else None
 
 
-def _lab_facts(observations: Sequence[Resource]) -> dict[str, tuple[datetime, str, str]]:
-    """Newest (time, "creatinine 88 umol/L", date as written) of each drug-decision result: by LOINC code,
-    else by display name when the result has no LOINC coding at all (a local lab code)."""
+def _lab_facts(observations: Sequence[Resource], table: str = "fact") -> dict[str, tuple[datetime, str, str]]:
+    """Newest (time, "creatinine 88 umol/L", date as written) of each result of a vocabulary table: by LOINC
+    code, else by display name when the result has no LOINC coding at all (a local lab code)."""
     newest: dict[str, tuple[datetime, str, str]] = {}
     for r in observations:
         when, value = _stamp(r), value_of(r)
@@ -203,7 +198,7 @@ def _lab_facts(observations: Sequence[Resource]) -> dict[str, tuple[datetime, st
             continue
         loinc = {code for system, code, _ in codings(r.get("code")) if "loinc" in system}
         name = text_of(r.get("code"))
-        for fact in _vocab()["fact"]:
+        for fact in _vocab()[table]:
             if loinc & fact["codes"] or (not loinc and fact["pattern"].search(name)):
                 if fact["name"] not in newest or when > newest[fact["name"]][0]:
                     newest[fact["name"]] = (when, f"{fact['name']} {value}", _day(r))
@@ -279,20 +274,14 @@ def drug_facts(subject: str, index: ChartIndex, conditions: Sequence[Resource]) 
 
 def latest_results(subject: str, index: ChartIndex) -> Fragment | None:
     """The newest value of other key results (sodium, hemoglobin, platelets, HbA1c, glucose), one dated line."""
-    newest: dict[str, tuple[datetime, str, str]] = {}
-    for r in _observations(index):
-        name, when, value = text_of(r.get("code")), _stamp(r), value_of(r)
-        label = next((label for label, pattern in _OTHER_RESULTS if re.search(pattern, name, re.IGNORECASE)), None)
-        if label and when and value and (label not in newest or when > newest[label][0]):
-            newest[label] = (when, f"{label} {value}", _day(r))
+    newest = _lab_facts(_observations(index), "other")
     if not newest:
         return None
     by_day: dict[tuple[date, str], list[str]] = {}
-    for label, _ in _OTHER_RESULTS:
-        if label in newest:
-            when, value, day = newest[label]
+    for fact in _vocab()["other"]:
+        if fact["name"] in newest:
+            when, value, day = newest[fact["name"]]
             by_day.setdefault((when.date(), day), []).append(value)
     groups = [f"{'; '.join(values)} ({day})" for (_, day), values in sorted(by_day.items(), reverse=True)]
     return Fragment("summary/latest-results", subject, "Latest results: " + "; ".join(groups) + ".",
                     "Latest results", max(when for when, _, _ in newest.values()), source="fhir")
-

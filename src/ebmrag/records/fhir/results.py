@@ -82,14 +82,17 @@ def _susceptibility(r: Resource) -> str:
     return ", ".join(words)
 
 
-def _measurement(r: Resource, index: ChartIndex) -> str:
+def _measurement(r: Resource, index: ChartIndex, seen: frozenset[int] = frozenset()) -> str:
     """'1.2 mg/dL (flag high)', a blood pressure's components, a susceptibility ('resistant'), the members of an
-    Observation panel, or '' when nothing was measured."""
+    Observation panel, or '' when nothing was measured. A panel that lists itself, directly or through its
+    members (real exports do), is read once: `seen` holds the panels above this one."""
     value = value_of(r)
     components = ", ".join(f"{text_of(c.get('code')) or 'component'} {v}" for c in objects(r.get("component"))
                            if (v := value_of(c) or _susceptibility(c)))
+    inside = seen | {id(r)}
     members = [f"{text_of(m.get('code')) or 'result'} {v}" for link in objects(r.get("hasMember"))
-               if (m := index.resolve(link)) is not None and (v := _measurement(m, index))]
+               if (m := index.resolve(link)) is not None and id(m) not in inside
+               and (v := _measurement(m, index, inside))]
     flags = _interpretation(r)
     measured = value or components or "; ".join(members)
     if not measured:
