@@ -401,3 +401,19 @@ def test_a_panel_that_lists_itself_is_read_once(tmp_path: Path) -> None:
               "valueQuantity": {"value": 139, "unit": "mmol/L"}, "hasMember": [{"reference": "Observation/p"}]}
     texts = _texts(_write(tmp_path, _bundle(PATIENT, panel, member)))
     assert "Panel: Sodium 139 mmol/L." in texts.values()
+
+
+def test_an_empty_allergy_or_medication_section_states_why(tmp_path: Path) -> None:
+    """IPS and C-CDA documents say "no known allergies" with an empty section and its emptyReason."""
+    def section(code: str, reason: str, div: str) -> dict[str, Any]:
+        return {"title": code, "code": {"coding": [{"system": "http://loinc.org", "code": code}]},
+                "emptyReason": {"coding": [{"system": "http://terminology.hl7.org/CodeSystem/list-empty-reason",
+                                            "code": reason}]},
+                "text": {"div": f'<div xmlns="http://www.w3.org/1999/xhtml">{div}</div>'}}
+    composition = {"resourceType": "Composition", "id": "doc", "status": "final", "subject": ME, "date": "2026-01-05",
+                   "section": [section("48765-2", "nilknown", "No known allergies."),
+                               section("10160-0", "notasked", "Not on file.")]}
+    texts = _texts(_write(tmp_path, _bundle(PATIENT, composition, kind="document")))
+    assert texts["summary/allergies"] == "Allergy status: Nil known; No known allergies (stated in the chart)."
+    assert texts["summary/active-medications"] == "Active medications: none listed; the chart states: Not asked; " \
+                                                  "Not on file."

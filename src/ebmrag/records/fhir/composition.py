@@ -16,7 +16,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ebmrag.records.fhir.coding import obj, objects, text_of
+from ebmrag.records.fhir.coding import codings, obj, objects, text_of
 from ebmrag.records.fhir.index import ChartIndex, Resource
 from ebmrag.records.notes import html_to_text, note_sections, slug
 
@@ -25,6 +25,14 @@ _WORD = re.compile(r"[^\W\d_]{3,}", re.UNICODE)
 _PLACEHOLDER = re.compile(r"^(?:to be (?:populated|generated|completed)|narrative (?:needs to be|to be|will be) "
                           r"generated|not (?:yet )?(?:available|populated|generated)|no (?:information|narrative|"
                           r"data)(?: available)?|n/?a|none|not applicable)\b", re.IGNORECASE)
+# Sections whose emptiness is itself a fact a drug question needs (LOINC section codes, as IPS and C-CDA use them):
+# an empty allergy section "Nil Known" is a statement of no known allergies, "Not Asked" is not.
+_STATUS_SECTIONS = {"48765-2": ("Allergy status", "Allergy status"), "10160-0": ("Medication status", "Medications"),
+                    "11450-4": ("Problem list > status", "Problem list"),
+                    "11348-0": ("Problem list > status", "Past problems")}
+# HL7 list-empty-reason codes, for sections that give the code without a display.
+_EMPTY_REASON = {"nilknown": "Nil known", "notasked": "Not asked", "withheld": "Withheld", "unavailable": "Unavailable",
+                 "notstarted": "Not started", "closed": "Closed"}
 _NOVEL_SHARE = 0.35  # below this share of words not found in its entries, a narrative repeats them
 _NOVEL_LEAST = 3  # ... or when fewer words than this are new
 _HEADER_CELL = re.compile(r"<th\b[^>]*>.*?</th>|<thead\b[^>]*>.*?</thead>", re.IGNORECASE | re.DOTALL)
@@ -85,8 +93,11 @@ def section_notes(composition: Resource, index: ChartIndex, unused: Counter[str]
     if not found:
         unused["Composition: no section narrative (its entries are read from their resources)"] += 1
     stock = {t for t, n in Counter(text for _, text, _ in found).items() if n >= 2 and len(t) < 200}
-    notes: list[SectionNote] = []
+    notes = _empty_sections(composition)
+    said = {id(section) for section in _sections(composition.get("section")) if section.get("emptyReason")}
     for title, text, section in found:
+        if id(section) in said:
+            continue  # its narrative is the statement of why it is empty, read above
         if text in stock or _PLACEHOLDER.match(text) or not _words(text) - _words(title):  # nothing but its title
             unused["Composition: section narrative that is a placeholder"] += 1
         elif _repeats_entries(str(obj(section.get("text")).get("div")), section, index):
@@ -96,6 +107,27 @@ def section_notes(composition: Resource, index: ChartIndex, unused: Counter[str]
         else:
             index.notes_seen.add(text)
             notes += _as_notes(title, obj(section.get("text")).get("div"))
+    return notes
+
+
+def _empty_sections(composition: Resource) -> list[SectionNote]:
+    """An allergy, medication or problem section that is empty on purpose (`emptyReason`: "Nil Known", "Not
+    Asked", "Unavailable") becomes that status, in the chart's words: its reason and its narrative."""
+    notes = []
+    for section in _sections(composition.get("section")):
+        if not section.get("emptyReason"):
+            continue
+        kind = next((_STATUS_SECTIONS[code] for _, code, _ in codings(section.get("code")) if code in _STATUS_SECTIONS),
+                    None)
+        if kind is None:
+            continue
+        div = obj(section.get("text")).get("div")
+        narrative = " ".join(html_to_text(div).split()) if isinstance(div, str) else ""
+        code = next((c for _, c, _ in codings(section.get("emptyReason"))), "")
+        named = obj(section.get("emptyReason")).get("text") or any(d for _, _, d in codings(section.get("emptyReason")))
+        reason = text_of(section.get("emptyReason")) if named else _EMPTY_REASON.get(code, code)
+        said = "; ".join(dict.fromkeys(s for s in (reason, narrative if len(narrative.split()) <= 40 else "") if s))
+        notes.append(SectionNote(kind[0], f"{kind[1]}: {said.rstrip('.')}.", f"#empty-{slug(kind[0])}"))
     return notes
 
 

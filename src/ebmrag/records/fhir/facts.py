@@ -115,7 +115,7 @@ def allergy_status(subject: str, fragments: Sequence[Fragment], newest: datetime
     if recorded:
         text = f"Allergies ({len(recorded)}): " + "; ".join(recorded) + "."
         if stated:
-            text += f" (The chart also holds a statement of no known allergy: {stated[0].text.rstrip('.')}.)"
+            text += f" (The chart also states: {stated[0].text.rstrip('.')}.)"
     elif stated:
         text = "Allergy status: " + "; ".join(dict.fromkeys(f.text.removeprefix("Allergy status: ").rstrip(".")
                                                             for f in stated)) + " (stated in the chart)."
