@@ -417,3 +417,13 @@ def test_an_empty_allergy_or_medication_section_states_why(tmp_path: Path) -> No
     assert texts["summary/allergies"] == "Allergy status: Nil known; No known allergies (stated in the chart)."
     assert texts["summary/active-medications"] == "Active medications: none listed; the chart states: Not asked; " \
                                                   "Not on file."
+
+
+def test_a_byte_order_mark_is_not_an_error(tmp_path: Path) -> None:
+    """Exports written on Windows often begin with a UTF-8 byte order mark."""
+    path = tmp_path / "chart.json"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps(_bundle(PATIENT)).encode())
+    assert load_record(path).patient_id == "Patient/p1"
+    ndjson = tmp_path / "Patient.ndjson"
+    ndjson.write_bytes(b"\xef\xbb\xbf" + json.dumps(PATIENT).encode() + b"\n")
+    assert [r.patient_id for r in load_records(ndjson)] == ["Patient/p1"]

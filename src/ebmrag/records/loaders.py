@@ -157,7 +157,7 @@ def load_records(path: str | Path, params: ChartParams | None = None) -> list[Pa
     if path.suffix.lower() == ".xml":
         return records_from_xml(path.read_bytes(), str(path), params)
     try:
-        raw = path.read_text(encoding="utf-8")
+        raw = path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError:
         raise RecordError(str(path), "is not UTF-8 text") from None
     if path.suffix.lower() in {".txt", ".md", ".text"}:

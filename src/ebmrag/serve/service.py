@@ -196,7 +196,7 @@ def _as_patient(record: PatientRecord, patient: str) -> PatientRecord:
 
 def _utf8(raw: bytes) -> str:
     try:
-        return raw.decode("utf-8")
+        return raw.decode("utf-8-sig")
     except UnicodeDecodeError:
         raise ProblemError(400, "malformed-body", "the body is not UTF-8 text") from None
 

@@ -34,7 +34,7 @@ def records_from_ndjson(path: Path, *, stale_after: timedelta = DEFAULT_STALE_AF
     entries: list[Entry] = []
     for file in ndjson_files(path):
         try:
-            lines = file.read_text(encoding="utf-8").splitlines()
+            lines = file.read_text(encoding="utf-8-sig").splitlines()
         except (OSError, UnicodeDecodeError) as exc:
             raise RecordError(str(file), f"could not be read as UTF-8 text ({type(exc).__name__})") from None
         entries += ndjson_entries(lines, file.name, problems)
