@@ -427,3 +427,26 @@ def test_a_byte_order_mark_is_not_an_error(tmp_path: Path) -> None:
     ndjson = tmp_path / "Patient.ndjson"
     ndjson.write_bytes(b"\xef\xbb\xbf" + json.dumps(PATIENT).encode() + b"\n")
     assert [r.patient_id for r in load_records(ndjson)] == ["Patient/p1"]
+
+
+def test_an_unknown_drug_is_unnamed_and_a_renewed_order_listed_once(tmp_path: Path) -> None:
+    unknown = _medication("m1", "", "active", "2026-01-01")
+    unknown["medicationCodeableConcept"] = {"coding": [
+        {"system": "http://terminology.hl7.org/CodeSystem/data-absent-reason", "code": "unknown", "display": "Unknown"}]}
+    old = _medication("m2", "Reaptan 5 MG/5 MG Oral Tablet", "active", "2015-01-01")
+    renewed = _medication("m3", "Reaptan 5 MG/5 MG Oral Tablet", "active", "2026-01-02")
+    texts = _texts(_write(tmp_path, _bundle(PATIENT, unknown, old, renewed)))
+    assert texts["summary/active-medications"] == "Active medications (2): unnamed medication; Reaptan."
+
+
+def test_a_binary_of_another_patient_is_not_read(tmp_path: Path) -> None:
+    mine = {"resourceType": "Binary", "id": "b1", "contentType": "text/plain", "securityContext": ME,
+            "data": base64.b64encode(b"Letter: wound healing well.").decode()}
+    theirs = {**mine, "id": "b2", "securityContext": {"reference": "Patient/p2"},
+              "data": base64.b64encode(b"Letter: another person's biopsy.").decode()}
+    documents = [{"resourceType": "DocumentReference", "id": f"d{n}", "status": "current", "subject": ME,
+                  "content": [{"attachment": {"contentType": "text/plain", "url": f"Binary/b{n}"}}]} for n in (1, 2)]
+    record = load_record(_write(tmp_path, _bundle(PATIENT, mine, theirs, *documents)))
+    texts = " ".join(f.text for f in record.fragments)
+    assert "wound healing well" in texts and "biopsy" not in texts
+    assert "Binary x1: names a different patient than the chart's; not read" in record.skipped

@@ -15,7 +15,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from ebmrag.errors import RecordError
-from ebmrag.records.fhir.bundle import ADMINISTRATIVE, DEFAULT_STALE_AFTER, record_from_entries
+from ebmrag.records.fhir.bundle import ADMINISTRATIVE, DEFAULT_STALE_AFTER, record_from_entries, subject_link
 from ebmrag.records.fhir.index import Entry, ndjson_entries, reference_of, type_id
 from ebmrag.records.fragment import PatientRecord
 
@@ -60,7 +60,7 @@ def _per_patient(entries: Sequence[Entry], origin: str, problems: list[str],
     for entry in entries:
         if entry.resource.get("resourceType") == "Patient":
             continue
-        named = type_id(reference_of(entry.resource.get("subject") or entry.resource.get("patient")))
+        named = type_id(reference_of(subject_link(entry.resource)))
         if named in groups:
             groups[named].append(entry)
         elif not named and entry.resource.get("resourceType") in ADMINISTRATIVE:

@@ -153,7 +153,7 @@ def _identify(entries: Sequence[Entry], origin: str) -> _Chart:
         where = ", ".join(e.where for e in patients.values())
         raise RecordError(origin, f"the chart holds {len(patients)} Patient resources ({where}); "
                                   "one record must hold exactly one patient")
-    named = {type_id(ref) or ref for e in entries if (ref := reference_of(_subject_link(e.resource)))}
+    named = {type_id(ref) or ref for e in entries if (ref := reference_of(subject_link(e.resource)))}
     if patients:
         (key, entry), = patients.items()
         names = {key, entry.full_url, type_id(entry.full_url)} - {""}
@@ -184,17 +184,19 @@ def _patient_key(entry: Entry) -> str:
     return _UNIDENTIFIED
 
 
-def _subject_link(resource: Resource) -> Any:
-    return resource.get("subject") or resource.get("patient")
+def subject_link(resource: Resource) -> Any:
+    """Whose resource it is: `subject` or `patient`; a Binary says it in its `securityContext`."""
+    return resource.get("subject") or resource.get("patient") or (
+        resource.get("securityContext") if resource.get("resourceType") == "Binary" else None)
 
 
 def _is_this_patients(entry: Entry, chart: _Chart) -> bool:
     """Read a resource only when it is this patient's: it names the patient (in any reference style) or names
     nobody. A resource naming another patient is left out, and that patient is not named in the report."""
     kind = str(entry.resource.get("resourceType"))
-    if kind in ADMINISTRATIVE:
+    link = subject_link(entry.resource)
+    if kind in ADMINISTRATIVE and not (kind == "Binary" and type_id(reference_of(link)).startswith("Patient/")):
         return True
-    link = _subject_link(entry.resource)
     reference = reference_of(link)
     if not reference:
         if kind in _RENDERERS and kind not in ("Encounter",):

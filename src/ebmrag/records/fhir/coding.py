@@ -25,6 +25,7 @@ _SYSTEMS = {"http://snomed.info/sct": "SNOMED CT", "http://loinc.org": "LOINC",
             "http://hl7.org/fhir/sid/icd-10": "ICD-10", "http://hl7.org/fhir/sid/icd-10-cm": "ICD-10-CM"}
 _VOCAB = Path(__file__).resolve().parent.parent / "vocab"
 _IPS_ABSENT = "absent-unknown"
+_DATA_ABSENT = "data-absent-reason"
 
 
 def without_semantic_tags(text: str) -> str:
@@ -67,6 +68,8 @@ def text_of(concept: Any) -> str:
     """CodeableConcept -> its text, else a coding's display, else "<code> (<system>)"; SNOMED semantic tags
     ("(disorder)") dropped: they cost tokens and tell a reader nothing."""
     concept = obj(concept)
+    if any(_DATA_ABSENT in system for system, _, _ in codings(concept)) and not concept.get("text"):
+        return ""  # "unknown (data-absent-reason)" says nothing is known: it is not a name
     text = concept.get("text")
     if isinstance(text, str) and text.strip():
         return _SEMANTIC_TAG.sub("", text.strip())

@@ -170,4 +170,6 @@ def current_names(resources: Sequence[Resource], index: ChartIndex) -> tuple[lis
             current[name + ("*" if why.startswith("not recently") else "")] = None
         elif state == UNKNOWN:
             unknown[name] = None
-    return list(current), [n for n in unknown if n not in current]
+    confirmed = [n for n in current if not n.endswith("*")]
+    current_list = [n for n in current if not (n.endswith("*") and n[:-1] in confirmed)]  # one line per drug
+    return current_list, [n for n in unknown if n not in current and f"{n}*" not in current]

@@ -128,7 +128,7 @@ def procedure(r: Resource, index: ChartIndex) -> Sequence[Rendered] | Skip:
 def drug_name(r: Resource, index: ChartIndex) -> str:
     """The drug of a medication resource: its concept, else the referenced or contained Medication, else the
     reference's display."""
-    if r.get("medicationCodeableConcept"):
+    if text_of(r.get("medicationCodeableConcept")):
         return text_of(r["medicationCodeableConcept"])
     if isinstance(r.get("medication"), Mapping):  # R5 CodeableReference: {"concept": ..., "reference": ...}
         concept = text_of(r["medication"].get("concept"))
