@@ -431,8 +431,8 @@ def test_a_byte_order_mark_is_not_an_error(tmp_path: Path) -> None:
 
 def test_an_unknown_drug_is_unnamed_and_a_renewed_order_listed_once(tmp_path: Path) -> None:
     unknown = _medication("m1", "", "active", "2026-01-01")
-    unknown["medicationCodeableConcept"] = {"coding": [
-        {"system": "http://terminology.hl7.org/CodeSystem/data-absent-reason", "code": "unknown", "display": "Unknown"}]}
+    absent = "http://terminology.hl7.org/CodeSystem/data-absent-reason"
+    unknown["medicationCodeableConcept"] = {"coding": [{"system": absent, "code": "unknown", "display": "Unknown"}]}
     old = _medication("m2", "Reaptan 5 MG/5 MG Oral Tablet", "active", "2015-01-01")
     renewed = _medication("m3", "Reaptan 5 MG/5 MG Oral Tablet", "active", "2026-01-02")
     texts = _texts(_write(tmp_path, _bundle(PATIENT, unknown, old, renewed)))
