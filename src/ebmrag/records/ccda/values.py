@@ -156,8 +156,10 @@ def coding(system: str | None, code: str | None, display: str | None) -> dict[st
 
 
 def concept(el: Element | None, refs: dict[str, str], fallback_text: str = "") -> dict[str, Any] | None:
-    """CD/CE -> CodeableConcept: the code (unless null-flavoured) and its translations as codings; the text from
-    originalText (through its narrative reference first), else a display name, else `fallback_text`."""
+    """CD/CE -> CodeableConcept: the code (unless null-flavoured) and its translations as codings; the text is the
+    code's own display name when it is coded (what the code means: a narrative reference can point at the wrong
+    cell, as in NIST's sample whose penicillin allergen references the "Hives" cell), else originalText (through
+    its narrative reference first), else a translation's display, else `fallback_text`."""
     if el is None:
         return None
     codings = []
@@ -170,7 +172,9 @@ def concept(el: Element | None, refs: dict[str, str], fallback_text: str = "") -
     original = el.find("h:originalText", NS)
     own = " ".join((original.text or "").split()) if original is not None else ""
     displays = [c["display"] for c in codings if c.get("display")]
-    text = resolve(original, refs) or own or (displays[0] if displays else "") or fallback_text
+    coded = el.get("displayName") if el.get("code") and not el.get("nullFlavor") else None
+    text = (coded or "").strip() or resolve(original, refs) or own or (displays[0] if displays else "") \
+        or fallback_text
     if not codings and not text:
         return None
     out: dict[str, Any] = {"coding": codings} if codings else {}
