@@ -46,6 +46,7 @@ def test_partial_dates_keep_their_precision() -> None:
     assert as_written("2016-03") == "2016-03" and as_written("1971") == "1971"
     assert partial_timestamp("2016-03") is not None and partial_timestamp("2016-03").month == 3  # type: ignore[union-attr]
     assert partial_timestamp("2016-13") is None and partial_timestamp("soon") is None and partial_timestamp(5) is None
+    assert partial_timestamp("0001-01") is None, "a placeholder year is no date"
     assert partial_timestamp("2014-09-17T10:30:00Z") is not None
 
 
@@ -389,8 +390,8 @@ def test_a_chart_whose_every_order_has_ended_says_none_are_active(tmp_path: Path
     orders = [_medication("m1", "Torsemide 20 MG Oral Tablet", "cancelled", "2020-01-01"),
               _medication("m2", "Ceftriaxone 1 G Injection", "completed", "2020-02-01")]
     texts = _texts(_write(tmp_path, _bundle(PATIENT, *orders)))
-    assert texts["summary/active-medications"] == ("Active medications: none (2 medication records, none of them "
-                                                   "current).")
+    assert texts["summary/active-medications"] == ("Active medications: none marked active (2 earlier medication "
+                                                   "records).")
 
 
 def test_a_panel_that_lists_itself_is_read_once(tmp_path: Path) -> None:

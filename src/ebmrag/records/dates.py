@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 _PARTIAL = re.compile(r"^(\d{4})(?:-(\d{2}))?(?:-(\d{2}))?$")
+_YEARS = range(1800, 2200)  # "0001-01" is a producer's placeholder, not a date of this patient's care
 
 
 def partial_timestamp(value: Any) -> datetime | None:
@@ -23,9 +24,11 @@ def partial_timestamp(value: Any) -> datetime | None:
     try:
         if match:
             year, month, day = (int(g) if g else 1 for g in match.groups())
-            return datetime(year, month, day, tzinfo=UTC)
+            return datetime(year, month, day, tzinfo=UTC) if year in _YEARS else None
         stamp = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
+        return None
+    if stamp.year not in _YEARS:
         return None
     return stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)
 

@@ -157,7 +157,7 @@ def medication_summary(subject: str, current: Sequence[str], unknown: Sequence[s
     elif stated:  # "No known medications" and "No information about medications" are not the same
         parts.append(f"Active medications: none listed; the chart states: {stated.rstrip('.')}.")
     elif ended and not unknown:
-        parts.append(f"Active medications: none ({ended} medication records, none of them current).")
+        parts.append(f"Active medications: none marked active ({ended} earlier medication records).")
     if unknown:
         parts.append(f"Medications whose status is not recorded ({len(unknown)}): {'; '.join(unknown)}.")
     if not parts:
