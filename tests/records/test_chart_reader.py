@@ -451,3 +451,15 @@ def test_a_binary_of_another_patient_is_not_read(tmp_path: Path) -> None:
     texts = " ".join(f.text for f in record.fragments)
     assert "wound healing well" in texts and "biopsy" not in texts
     assert "Binary x1: names a different patient than the chart's; not read" in record.skipped
+
+
+def test_a_result_in_words_is_no_drug_fact(tmp_path: Path) -> None:
+    def alt(rid: str, value: dict[str, Any], when: str) -> dict[str, Any]:
+        return {"resourceType": "Observation", "id": rid, "status": "final", "subject": ME,
+                "effectiveDateTime": when, "code": {"coding": [{"system": "http://loinc.org", "code": "1742-6"}]},
+                **value}
+    results = [alt("o1", {"valueQuantity": {"value": 31, "unit": "U/L"}}, "2026-01-01"),
+               alt("o2", {"valueString": "Test Not Performed U/L"}, "2026-02-01"),
+               alt("o3", {"valueQuantity": {"value": "n/a", "unit": "U/L"}}, "2026-03-01")]
+    texts = _texts(_write(tmp_path, _bundle(PATIENT, *results)))
+    assert texts["summary/drug-facts"] == "Drug decision facts: Hepatic (2026-01-01): ALT 31 U/L."

@@ -122,13 +122,22 @@ def _empty_sections(composition: Resource) -> list[SectionNote]:
         if kind is None:
             continue
         div = obj(section.get("text")).get("div")
-        narrative = " ".join(html_to_text(div).split()) if isinstance(div, str) else ""
+        narrative = _statement(div) if isinstance(div, str) else ""
         code = next((c for _, c, _ in codings(section.get("emptyReason"))), "")
         named = obj(section.get("emptyReason")).get("text") or any(d for _, _, d in codings(section.get("emptyReason")))
         reason = text_of(section.get("emptyReason")) if named else _EMPTY_REASON.get(code, code)
         said = "; ".join(dict.fromkeys(s for s in (reason, narrative if len(narrative.split()) <= 40 else "") if s))
         notes.append(SectionNote(kind[0], f"{kind[1]}: {said.rstrip('.')}.", f"#empty-{slug(kind[0])}"))
     return notes
+
+
+def _statement(div: str) -> str:
+    """What an empty section's narrative says, without its headings and table headers (an empty table of
+    "Allergen; Status; Category" says nothing)."""
+    text = html_to_text(_HEADER_CELL.sub(" ", div))
+    lines = [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    said = " ".join(" ".join(lines).split()).strip(" ;")
+    return said if _words(said) else ""
 
 
 def _as_notes(title: str, div: Any) -> Sequence[SectionNote]:

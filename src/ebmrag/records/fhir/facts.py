@@ -194,7 +194,7 @@ def _lab_facts(observations: Sequence[Resource], table: str = "fact") -> dict[st
     newest: dict[str, tuple[datetime, str, str]] = {}
     for r in observations:
         when, value = _stamp(r), value_of(r)
-        if when is None or not value:
+        if when is None or not re.search(r"\d", value):  # "Test Not Performed U/L" is no result
             continue
         loinc = {code for system, code, _ in codings(r.get("code")) if "loinc" in system}
         name = text_of(r.get("code"))

@@ -4,6 +4,7 @@ and the notes a report or document carries (attachments decoded by records.attac
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -37,9 +38,14 @@ def _number(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
+_NUMBER = re.compile(r"\s*[<>]?=?\s*[+-]?(\d+([.,]\d*)?|[.,]\d+)([eE][+-]?\d+)?\s*")
+
+
 def quantity(q: Any) -> str:
+    """"5.4 mmol/L"; "" when there is no value, or the value is words ("Test Not Performed" is no measurement)."""
     q = obj(q)
-    if q.get("value") is None:
+    value = q.get("value")
+    if value is None or isinstance(value, bool) or (isinstance(value, str) and not _NUMBER.fullmatch(value)):
         return ""
     unit = q.get("unit") or q.get("code") or ""
     return f"{q.get('comparator', '')}{_number(q['value'])} {unit if isinstance(unit, str) else ''}".strip()
