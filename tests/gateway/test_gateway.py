@@ -114,8 +114,10 @@ def test_messages_are_validated_and_hl7_lab_results_are_read() -> None:
 
 def test_killing_a_consumer_mid_batch_loses_and_duplicates_nothing(store: SQLiteStore, stream: str,
                                                                   tmp_path: Path) -> None:
-    """kill -9 a consumer process in the middle of 1,000 messages, start another: exactly 1,000 fragments."""
-    publish(REDIS_URL, [message(n) for n in range(1000)], stream)
+    """kill -9 a consumer process in the middle of 3,000 messages, start another: exactly 3,000 fragments. (With
+    1,000 the first consumer sometimes finished all of them between the poll that saw 100 and the kill.)"""
+    total = 3000
+    publish(REDIS_URL, [message(n) for n in range(total)], stream)
     command = [sys.executable, "-m", "ebmrag.cli", "gateway", "run", "--data-dir", str(tmp_path), "--broker",
                REDIS_URL, "--stream", stream, "--claim-idle-ms", "500"]
     first = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -124,17 +126,17 @@ def test_killing_a_consumer_mid_batch_loses_and_duplicates_nothing(store: SQLite
         time.sleep(0.05)
     os.kill(first.pid, signal.SIGKILL)
     first.wait(timeout=10)
-    assert len(fragments(store)) < 1000, "the first consumer was killed mid-batch"
+    assert len(fragments(store)) < total, "the first consumer was killed mid-batch"
     second = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        while len(fragments(store)) < 1000 and time.monotonic() < deadline + 60:
+        while len(fragments(store)) < total and time.monotonic() < deadline + 60:
             time.sleep(0.1)
         time.sleep(1.0)  # let it redeliver anything left pending
     finally:
         second.send_signal(signal.SIGTERM)
         assert second.wait(timeout=15) == 0, "SIGTERM ends the consumer cleanly"
     ids = fragments(store)
-    assert len(ids) == 1000 and len(set(ids)) == 1000
+    assert len(ids) == total and len(set(ids)) == total
 
 
 def fragments(store: SQLiteStore) -> list[str]:
