@@ -335,15 +335,16 @@ def _face_sheet(chart: _Chart, fragments: Sequence[Fragment], medications: Seque
     stated_none = next((f.text.removeprefix("Medications: ") for f in fragments if f.section == "Medication status"),
                        "")
     conditions = [e.resource for e in clinical if e.resource.get("resourceType") == "Condition"]
-    pregnancy = facts.pregnancy_status(chart.index, conditions)
+    results = facts.observations(chart.index)
+    pregnancy = facts.pregnancy_status(results, conditions)
     sheet = (facts.demographics(chart.patient, chart.subject, newest, pregnancy),
              facts.allergy_status(chart.subject, fragments, newest),
              facts.problem_summary(chart.subject, fragments, newest),
              facts.medication_summary(chart.subject, current, unknown, stated_none, newest,
                                       ended=sum(chart.index.medication_state.get(id(m), ("",))[0] == NOT_ACTIVE
                                                 for m in medications)),
-             facts.drug_facts(chart.subject, chart.index, conditions),
-             facts.latest_results(chart.subject, chart.index))
+             facts.drug_facts(chart.subject, results),
+             facts.latest_results(chart.subject, results))
     return [f for f in sheet if f is not None]
 
 

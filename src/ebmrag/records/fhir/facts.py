@@ -166,7 +166,9 @@ def medication_summary(subject: str, current: Sequence[str], unknown: Sequence[s
                     source="fhir")
 
 
-def _observations(index: ChartIndex) -> list[Resource]:
+def observations(index: ChartIndex) -> list[Resource]:
+    """The chart's Observations that count as results (not cancelled or entered in error), gathered once for
+    every face-sheet line."""
     return [r for r in index.unique() if r.get("resourceType") == "Observation"
             and r.get("status") not in ("entered-in-error", "cancelled")]
 
@@ -249,17 +251,16 @@ def _dated(found: Sequence[tuple[datetime, str, str]]) -> str:
     return ": " + ", ".join(f"{value} ({day})" for _, value, day in found)
 
 
-def pregnancy_status(index: ChartIndex, conditions: Sequence[Resource]) -> str:
+def pregnancy_status(results: Sequence[Resource], conditions: Sequence[Resource]) -> str:
     """"pregnancy status pregnant (2022-08-24), estimated due date 2020-02-18" for the face sheet's first
     line (every question about a pregnant or lactating patient must know it), or "" when none is recorded."""
-    return ", ".join(_pregnancy(_observations(index), conditions))
+    return ", ".join(_pregnancy(results, conditions))
 
 
-def drug_facts(subject: str, index: ChartIndex, conditions: Sequence[Resource]) -> Fragment | None:
+def drug_facts(subject: str, results: Sequence[Resource]) -> Fragment | None:
     """One line with the results a drug choice or dose turns on (renal and hepatic function, weight), each
     dated; pregnancy and lactation are on the patient's line of the face sheet."""
-    observations = _observations(index)
-    labs = _lab_facts(observations)
+    labs = _lab_facts(results)
     groups: list[str] = []
     for group, title in (("renal", "Renal"), ("hepatic", "Hepatic"), ("body", "Body")):
         found = [labs[f["name"]] for f in _vocab()["fact"] if f["group"] == group and f["name"] in labs]
@@ -272,9 +273,9 @@ def drug_facts(subject: str, index: ChartIndex, conditions: Sequence[Resource]) 
                     "Drug decision facts", max(stamps) if stamps else None, source="fhir")
 
 
-def latest_results(subject: str, index: ChartIndex) -> Fragment | None:
+def latest_results(subject: str, results: Sequence[Resource]) -> Fragment | None:
     """The newest value of other key results (sodium, hemoglobin, platelets, HbA1c, glucose), one dated line."""
-    newest = _lab_facts(_observations(index), "other")
+    newest = _lab_facts(results, "other")
     if not newest:
         return None
     by_day: dict[tuple[date, str], list[str]] = {}
