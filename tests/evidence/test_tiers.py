@@ -50,7 +50,7 @@ def test_standing_facts_marked(classifier: TierClassifier) -> None:
     ("content", "message"),
     [
         ('[[rules]]\nid = "x"\ntier = "T5"\nsections = ["a"]\n', "T1..T4"),
-        ('[[rules]]\nid = "x"\ntier = "T1"\n', "needs `sections` or `text_any`"),
+        ('[[rules]]\nid = "x"\ntier = "T1"\n', "needs `sections`, `text_any` or `detector`"),
         ('[[rules]]\nid = "x"\ntier = "T1"\ntext_any = ["("]\n', "not a valid regex"),
         ('[[rules]]\nid = "x"\ntier = "T1"\nsections = ["a"]\ncolour = 1\n', "unknown keys"),
         ("rules = [", "not valid TOML"),

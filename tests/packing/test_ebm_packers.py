@@ -70,7 +70,7 @@ def _check_trace(result: PackResult, candidates: list[Candidate], window: int) -
 @settings(max_examples=200, deadline=None)
 @given(candidate_sets(max_size=6), windows, k_mins, st.sampled_from(["critical", "paper"]))
 def test_exact_equals_brute_force(candidates: list[Candidate], window: int, k_min: int, objective: str) -> None:
-    result = ExactPacker(k_min=k_min, objective=objective).pack(candidates, window)
+    result = ExactPacker(k_min=k_min, objective=objective, findings_first=False).pack(candidates, window)
     _check_trace(result, candidates, window)
     best = _brute_force(candidates, window, k_min, objective)
     got = _score(candidates, _choice_of(result, candidates), k_min, objective)
@@ -81,7 +81,8 @@ def test_exact_equals_brute_force(candidates: list[Candidate], window: int, k_mi
 @settings(max_examples=150, deadline=None)
 @given(candidate_sets(max_size=10), windows, k_mins)
 def test_quotas_and_must_keep_whenever_feasible(candidates: list[Candidate], window: int, k_min: int) -> None:
-    result = ExactPacker(k_min=k_min).pack(candidates, window)
+    """The solver's guarantees; the findings pass after it may trade a T4 quota slot for a finding."""
+    result = ExactPacker(k_min=k_min, findings_first=False).pack(candidates, window)
     packed = {p.fragment_id for p in result.packed}
     cheapest = {c.fragment.id: min(o.tokens for o in c.options) for c in candidates}
     must = [c for c in candidates if c.must_keep]
@@ -102,7 +103,7 @@ def test_quotas_and_must_keep_whenever_feasible(candidates: list[Candidate], win
 @settings(max_examples=150, deadline=None)
 @given(candidate_sets(max_size=12), windows, k_mins)
 def test_exact_never_worse_than_greedy(candidates: list[Candidate], window: int, k_min: int) -> None:
-    exact = ExactPacker(k_min=k_min).pack(candidates, window)
+    exact = ExactPacker(k_min=k_min, findings_first=False).pack(candidates, window)
     greedy = GreedyPacker(k_min=k_min).pack(candidates, window)
     _check_trace(greedy, candidates, window)
     exact_score = _score(candidates, _choice_of(exact, candidates), k_min)

@@ -19,6 +19,7 @@ from functools import cache
 from pathlib import Path
 
 from ebmrag.errors import ConfigError
+from ebmrag.evidence.results import result_mentions, vocabulary_fingerprint
 from ebmrag.kvcache import KeyValueCache, digest
 from ebmrag.text.sentences import split_sentences
 
@@ -96,7 +97,8 @@ class EntityExtractor:
             lex = tomllib.loads(source)
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"entity lexicon {path} could not be read: {exc}") from exc
-        self.fingerprint = digest("entities", source)  # what a stored result computed from this lexicon depends on
+        # what a stored result computed from this lexicon depends on (and laboratory results, rules/analytes.toml)
+        self.fingerprint = digest("entities", source, vocabulary_fingerprint())
         missing = {
             "units",
             "tests",
@@ -143,6 +145,9 @@ class EntityExtractor:
             found += [(m.start(), m.end(), kind) for m in pattern.finditer(text)]
         if self._qualifier is not None:
             found += [(m.start(), m.end(), EntityKind.QUALIFIER) for m in self._qualifier.finditer(text) if m.group()]
+        # A laboratory result the lexicon cannot see ("K+ 6.8↑", "Na 118", "血清钾：6.8") is a value with its analyte.
+        found += [(m.start, m.end, EntityKind.VALUE) for m in result_mentions(text)
+                  if not any(start < m.end and m.start < end for start, end, _ in found)]
         found.sort(key=lambda item: (item[0], -(item[1] - item[0])))
         entities: list[Entity] = []
         scopes = self.negation_scopes(text)
@@ -223,9 +228,12 @@ class EntityCompressor:
             if entity.kind is EntityKind.DATE:
                 continue
             index = next(i for i, (s, e) in enumerate(spans) if s <= entity.start < e)
+            last = next((i for i, (s, e) in enumerate(spans) if s < entity.end <= e), index)  # "Na: 118" spans two
             cue = self.extractor.negation_cue_start(sentence, entity.start, scopes) if entity.negated else None
             first = index if cue is None else next(i for i, (s, e) in enumerate(spans) if s <= cue < e)
-            keep.update(range(first, index + 1))
+            keep.update(range(first, max(index, last) + 1))
+        for result in result_mentions(sentence):  # "Sodium: 138": the test is an entity, its value is not
+            keep.update(i for i, (s, e) in enumerate(spans) if s < result.end and result.start < e)
         if not keep:
             return ""
         kept = _join_clauses([sentence[s:e].strip() for i, (s, e) in enumerate(spans) if i in keep])

@@ -29,6 +29,11 @@ CHINESE = ("青霉素", "头孢", "磺胺", "阿莫西林", "抗生素", "抗菌
 _TOKEN = re.compile(r"[a-z][a-z-]+")
 
 
+def drug_names() -> frozenset[str]:
+    """The bundled lexicon's names (lower case)."""
+    return _names()
+
+
 @cache
 def _names(path: Path = DEFAULT_DRUGS_PATH) -> frozenset[str]:
     try:
@@ -43,7 +48,8 @@ def drug_mentions(text: str) -> list[str]:
     lowered = text.lower()
     names, classes = _names(), frozenset(DRUG_CLASSES)
     words = _TOKEN.findall(lowered)
-    found = [w for w in words if w in names or w in classes]
+    parts = [part for word in words if "-" in word for part in word.split("-")]  # "metoclopramide-induced"
+    found = [w for w in words + parts if w in names or w in classes]
     found += [f"{a} {b}" for a, b in itertools.pairwise(words) if f"{a} {b}" in classes]
     found += [term for term in CHINESE if term in text]
     return found

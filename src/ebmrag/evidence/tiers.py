@@ -7,16 +7,20 @@ on the fragment, so every tier in a trace can be traced back to one line of the 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 from ebmrag.errors import ConfigError
+from ebmrag.evidence.adr import adr_mentions
 from ebmrag.evidence.lexicon import drug_mentions
+from ebmrag.evidence.results import critical_results, result_mentions
 from ebmrag.kvcache import KeyValueCache, digest
 from ebmrag.models.text_classifier import LinearTextClassifier
 from ebmrag.records.fragment import PatientRecord, Tier, TierDecision
@@ -31,21 +35,33 @@ class TierRule:
     id: str
     tier: Tier
     sections: tuple[re.Pattern[str], ...] = ()
+    sections_none: tuple[re.Pattern[str], ...] = ()
     text_any: tuple[re.Pattern[str], ...] = ()
     text_none: tuple[re.Pattern[str], ...] = ()
     standing: bool = False
     must_keep: bool = False
     description: str = ""
     drug_within: int = 0  # > 0: a drug or drug class (evidence.lexicon) within this many characters of the match
+    detector: str = ""  # a recogniser that must find something (DETECTORS); what it finds is the decision's finding
+    critical: bool = False  # ranks with the current encounter's T1/T2 whatever its age
 
     def matches(self, section: str, text: str) -> bool:
-        if self.sections and not any(p.search(section) for p in self.sections):
-            return False
+        return self.match(section, text.lower(), text) is not None
+
+    def match(self, section: str, text: str, original: str) -> str | None:
+        """None when the rule does not apply, else what its detector found ('' without a detector). `section`
+        is normalized, `text` lower-cased; the detector reads the `original`."""
+        if self.sections and (not section or not any(p.search(section) for p in self.sections)):
+            return None
+        if any(p.search(section) for p in self.sections_none):
+            return None
         if self.text_any and not any(p.search(text) for p in self.text_any):
-            return False
+            return None
         if any(p.search(text) for p in self.text_none):
-            return False
-        return not self.drug_within or self._drug_near(text)
+            return None
+        if self.drug_within and not self._drug_near(text):
+            return None
+        return DETECTORS[self.detector](original) if self.detector else ""
 
     def _drug_near(self, text: str) -> bool:
         for pattern in self.text_any:
@@ -55,19 +71,56 @@ class TierRule:
                     return True
         return False
 
-    def decision(self) -> TierDecision:
-        return TierDecision(self.tier, self.id, standing=self.standing, must_keep=self.must_keep)
+    def decision(self, finding: str = "") -> TierDecision:
+        return TierDecision(self.tier, self.id, standing=self.standing, must_keep=self.must_keep,
+                            critical=self.critical, finding=finding)
+
+
+def _adr(text: str) -> str | None:
+    found = adr_mentions(text)
+    return "; ".join(dict.fromkeys(m.describe() for m in found)) if found else None
+
+
+def _results(text: str) -> str | None:
+    found = result_mentions(text)
+    return "; ".join(dict.fromkeys(f"{m.analyte} {m.value:g} {m.unit}".strip() for m in found)) if found else None
+
+
+def _critical(text: str) -> str | None:
+    found = critical_results(text)
+    return "; ".join(dict.fromkeys(m.critical for m in found)) if found else None
+
+
+@cache
+def _vocabulary_fingerprint() -> str:
+    """The detectors' code and data files: a stored decision is stale when any of them changes."""
+    here = Path(__file__).parent
+    files = [here / name for name in ("tiers.py", "adr.py", "results.py", "lexicon.py")]
+    files += sorted(path for path in (here / "rules").glob("*") if path.suffix in (".toml", ".txt", ".npz"))
+    return digest(*(hashlib.sha256(path.read_bytes()).hexdigest() for path in files))
+
+
+# What a rule's `detector` may name: each returns what it found, or None
+DETECTORS = {"adr": _adr, "result": _results, "critical_result": _critical}
 
 
 def _decision_to_json(decision: TierDecision | None) -> bytes:
     if decision is None:
         return b"null"
-    return json.dumps([decision.tier.value, decision.rule_id, decision.standing, decision.must_keep]).encode()
+    return json.dumps([decision.tier.value, decision.rule_id, decision.standing, decision.must_keep,
+                       decision.critical, decision.finding]).encode()
 
 
 def _decision_from_json(blob: bytes) -> TierDecision | None:
     value = json.loads(blob)
-    return None if value is None else TierDecision(Tier(value[0]), value[1], standing=value[2], must_keep=value[3])
+    if value is None:
+        return None
+    return TierDecision(Tier(value[0]), value[1], standing=value[2], must_keep=value[3], critical=value[4],
+                        finding=value[5])
+
+
+_ESCAPES = re.compile(r"\\[A-Za-z]")
+_UPPER = re.compile(r"[A-Z]")
 
 
 def normalize_section(section: str | None) -> str:
@@ -85,8 +138,8 @@ def _compile(rule_id: str, key: str, patterns: Any) -> tuple[re.Pattern[str], ..
         raise ConfigError(f"tier rule {rule_id!r}: {key} must be a list of strings")
     compiled = []
     for pattern in patterns:
-        try:
-            compiled.append(re.compile(pattern, re.IGNORECASE))
+        try:  # rules see lower-cased text; a pattern with an upper-case letter of its own still matches any case
+            compiled.append(re.compile(pattern, re.IGNORECASE if _UPPER.search(_ESCAPES.sub("", pattern)) else 0))
         except re.error as exc:
             raise ConfigError(f"tier rule {rule_id!r}: {key} pattern {pattern!r} is not a valid regex: {exc}") from exc
     return tuple(compiled)
@@ -103,23 +156,29 @@ def parse_rule(raw: Mapping[str, Any]) -> TierRule:
     rule_id = raw.get("id")
     if not isinstance(rule_id, str) or not rule_id:
         raise ConfigError(f"tier rule without an id: {dict(raw)!r}")
-    unknown = set(raw) - {"id", "tier", "sections", "text_any", "text_none", "standing", "must_keep", "description",
-                          "drug_within"}
+    unknown = set(raw) - {"id", "tier", "sections", "sections_none", "text_any", "text_none", "standing", "must_keep",
+                          "description", "drug_within", "detector", "critical"}
     if unknown:
         raise ConfigError(f"tier rule {rule_id!r}: unknown keys {sorted(unknown)}")
     rule = TierRule(
         id=rule_id,
         tier=_parse_tier(rule_id, raw.get("tier")),
         sections=_compile(rule_id, "sections", raw.get("sections")),
+        sections_none=_compile(rule_id, "sections_none", raw.get("sections_none")),
         text_any=_compile(rule_id, "text_any", raw.get("text_any")),
         text_none=_compile(rule_id, "text_none", raw.get("text_none")),
         standing=bool(raw.get("standing", False)),
         must_keep=bool(raw.get("must_keep", False)),
         description=str(raw.get("description", "")),
         drug_within=int(raw.get("drug_within", 0)),
+        detector=str(raw.get("detector", "")),
+        critical=bool(raw.get("critical", False)),
     )
-    if not rule.sections and not rule.text_any:
-        raise ConfigError(f"tier rule {rule_id!r}: needs `sections` or `text_any`, else it matches everything")
+    if rule.detector and rule.detector not in DETECTORS:
+        raise ConfigError(f"tier rule {rule_id!r}: detector must be one of {sorted(DETECTORS)}, got {rule.detector!r}")
+    if not rule.sections and not rule.text_any and not rule.detector:
+        raise ConfigError(f"tier rule {rule_id!r}: needs `sections`, `text_any` or `detector`, else it matches "
+                          "everything")
     return rule
 
 
@@ -136,7 +195,7 @@ class TierClassifier:
         path = self.rules_path or DEFAULT_RULES_PATH
         try:
             source = path.read_text(encoding="utf-8")
-            self.fingerprint = digest("tiers", source)
+            self.fingerprint = digest("tiers", source, _vocabulary_fingerprint())
             data = tomllib.loads(source)
         except FileNotFoundError:
             raise ConfigError(f"tier rule file not found: {path}") from None
@@ -161,7 +220,12 @@ class TierClassifier:
     def rule_decision(self, text: str, section: str | None = None) -> TierDecision | None:
         """The first matching rule's decision, or None when no rule speaks."""
         normalized = normalize_section(section)
-        return next((rule.decision() for rule in self.rules if rule.matches(normalized, text)), None)
+        lowered = text.lower()
+        for rule in self.rules:
+            finding = rule.match(normalized, lowered, text)
+            if finding is not None:
+                return rule.decision(finding)
+        return None
 
     def rule_decisions(self, items: Sequence[tuple[str, str | None]]) -> list[TierDecision | None]:
         """`rule_decision` for many items, read from and written to the disk store when there is one."""

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ebmrag.packing.findings import Moves, findings_before_filler
 from ebmrag.packing.quota import tier_quotas, validate_k_min
 from ebmrag.packing.types import (
     Candidate,
@@ -115,11 +116,12 @@ def _relax(target: _Scores, into: Any, source: _Scores, at: Any, level: int, uti
 class ExactPacker:
     """Optimal EBM-Pack with tier quotas and a hard must-keep flag for T1 allergy/pathology fragments."""
 
-    def __init__(self, k_min: int = 1, objective: str = "critical") -> None:
+    def __init__(self, k_min: int = 1, objective: str = "critical", findings_first: bool = True) -> None:
         validate_k_min(k_min)
         if objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
         self.k_min, self.objective = k_min, objective
+        self.findings_first = findings_first and objective == "critical"  # packing.findings, after the solver
         self.name = "ebm-exact" if objective == "critical" else "ebm-exact-paper"
 
     def _bonus(self, candidates: Sequence[Candidate], slots: int) -> Callable[[Candidate, int], int]:
@@ -209,11 +211,25 @@ class ExactPacker:
     def pack(self, candidates: Sequence[Candidate], window: int) -> PackResult:
         chosen, note = self._solve(candidates, window)
         filled = self._fill(candidates, chosen, window)
+        moves = findings_before_filler(candidates, chosen, window) if self.findings_first else Moves()
+        if moves.added:  # the room a finding left over goes to the best of what is still out, as before
+            refilled = self._fill(candidates, chosen, window)
+            filled |= refilled
+            for index in refilled:
+                moves.displaced.pop(index, None)
         room = window - sum(candidates[i].options[j].tokens for i, j in chosen.items())
         packed: list[PackedFragment] = []
         dropped: list[DroppedFragment] = []
         for index, candidate in enumerate(candidates):
-            if index in filled:
+            if index in moves.added:
+                packed.append(pack_entry(candidate, candidate.options[chosen[index]], PackReason.FINDING,
+                                         _took_place(moves.added[index])))
+            elif index in moves.displaced:
+                cheapest = min(o.tokens for o in candidate.options)
+                dropped.append(drop_entry(candidate, DropReason.FOR_FINDING,
+                                          f"gave its place to the T1/T2 finding {moves.displaced[index]} ({room} "
+                                          f"tokens were left, its smallest state needs {cheapest})"))
+            elif index in filled:
                 packed.append(pack_entry(candidate, candidate.options[chosen[index]], self._reason(candidate),
                                          "added in the room the optimal packing left"))
             elif index in chosen:
@@ -264,4 +280,11 @@ class ExactPacker:
                           f"the window went to higher-utility fragments ({left})")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"strategy": self.name, "k_min": self.k_min, "objective": self.objective}
+        return {"strategy": self.name, "k_min": self.k_min, "objective": self.objective,
+                "findings_first": self.findings_first}
+
+
+def _took_place(replaced: list[str]) -> str:
+    if not replaced:
+        return "a T1/T2 finding, packed in the room left"
+    return f"a T1/T2 finding, in the place of {len(replaced)} T4 fragment(s): {', '.join(replaced)}"

@@ -26,6 +26,7 @@ class PackReason(StrEnum):
     QUOTA = "quota"
     DENSITY_RANK = "density_rank"
     OPTIMAL = "optimal"
+    FINDING = "finding"  # a T1/T2 finding given the place of patient-report or filler fragments (packing.findings)
     QUEUE_ORDER = "queue_order"
     SIMILARITY_RANK = "similarity_rank"
     UNIFORM_SHARE = "uniform_share"
@@ -37,6 +38,7 @@ class DropReason(StrEnum):
     TRUNCATED_AWAY = "truncated_away"  # uniform share rounded the fragment down to zero words
     DUPLICATE = "duplicate"  # a near-copy of a kept fragment (copy-forward notes); `detail` names the kept one
     PREFILTERED = "prefiltered"  # a very large record: not among the fragments worth measuring (packing.prefilter)
+    FOR_FINDING = "for_finding"  # a T4 fragment that gave its place to a T1/T2 finding; `detail` names the finding
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,9 @@ class Candidate:
     @property
     def critical(self) -> bool:
         """What the critical-first objective protects: must-keep, or T1/T2 of the current encounter."""
-        return self.must_keep or (self.current and self.tier in (Tier.T1, Tier.T2))
+        decision = self.fragment.decision
+        return (self.must_keep or (self.current and self.tier in (Tier.T1, Tier.T2))
+                or (decision is not None and decision.critical))
 
 
 @dataclass(frozen=True)
@@ -115,6 +119,8 @@ class PackedFragment:
     excluded_states: tuple[State, ...] = ()
     detail: str = ""
     body: str = ""  # `text` without its header, as the state says it (full, compressed or truncated)
+    rule: str = ""  # the tier rule (or model) that decided the fragment's tier
+    finding: str = ""  # what that rule found in the text (an ADR's drug and reaction, a critical value)
 
 
 @dataclass(frozen=True)
@@ -125,6 +131,8 @@ class DroppedFragment:
     detail: str = ""
     must_keep: bool = False
     duplicate_of: str = ""  # reason duplicate: the fragment kept in its place
+    rule: str = ""
+    finding: str = ""
 
 
 @dataclass(frozen=True)
@@ -166,15 +174,21 @@ class PackResult:
             "packed": [{**({"n": numbers[p.fragment_id]} if p.fragment_id in numbers else {}),
                         "fragment_id": p.fragment_id, "state": p.state.value, "tier": p.tier.value, "tokens": p.tokens,
                         "utility": round(p.utility, 6), "reason": p.reason.value,
-                        "excluded_states": [s.value for s in p.excluded_states]} for p in self.packed],
+                        "excluded_states": [s.value for s in p.excluded_states], **_decided(p.rule, p.finding)}
+                       for p in self.packed],
             "dropped": [{"fragment_id": d.fragment_id, "tier": d.tier.value, "reason": d.reason.value,
-                         "detail": d.detail, **({"duplicate_of": d.duplicate_of} if d.duplicate_of else {})}
+                         "detail": d.detail, **({"duplicate_of": d.duplicate_of} if d.duplicate_of else {}),
+                         **_decided(d.rule, d.finding)}
                         for d in self.dropped],
             "context": self.context,
         }
 
     def state_of(self, fragment_id: str) -> State | None:
         return next((p.state for p in self.packed if p.fragment_id == fragment_id), None)
+
+
+def _decided(rule: str, finding: str) -> dict[str, str]:
+    return {**({"rule": rule} if rule else {}), **({"finding": finding} if finding else {})}
 
 
 _LINE_BREAKS = re.compile(r"\s*[\r\n\v\f\x85\u2028\u2029]+\s*")
@@ -215,11 +229,19 @@ def pack_entry(candidate: Candidate, option: PackOption, reason: PackReason, det
         excluded,
         detail,
         option.body,
+        *_rule_of(candidate),
     )
 
 
 def drop_entry(candidate: Candidate, reason: DropReason, detail: str) -> DroppedFragment:
-    return DroppedFragment(candidate.fragment.id, candidate.tier, reason, detail, candidate.must_keep)
+    rule, finding = _rule_of(candidate)
+    return DroppedFragment(candidate.fragment.id, candidate.tier, reason, detail, candidate.must_keep,
+                           rule=rule, finding=finding)
+
+
+def _rule_of(candidate: Candidate) -> tuple[str, str]:
+    decision = candidate.fragment.decision
+    return (decision.rule_id, decision.finding) if decision is not None else ("", "")
 
 
 def validate_window(window: int) -> None:

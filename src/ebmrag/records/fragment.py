@@ -63,6 +63,8 @@ class TierDecision:
     rule_id: str
     standing: bool = False
     must_keep: bool = False
+    critical: bool = False  # ranks with the current encounter's T1/T2 whatever its age (a critical result)
+    finding: str = ""  # what a detector found: "drug=amoxicillin; reaction=urticaria", "potassium 6.8 mmol/L ..."
 
 
 @dataclass(frozen=True)
