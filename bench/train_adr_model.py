@@ -7,7 +7,8 @@ The grammar of evidence/adr.py links a drug to a reaction when the clause says h
 reaction `reactx`, and learns the other ways a case report or a chart writes the link. Training text, all
 from the TUNE half of each corpus (eval.halves): ADE-Corpus-V2 (case-report sentences, adr / no_adr),
 BioCreative V CDR (sentences of human studies with a gold chemical-induced-disease pair, or with both a
-chemical and a disease but no such pair) and PsyTAR (patient reviews: ADR or withdrawal, or neither).
+chemical and a disease but no such pair), PsyTAR (patient reviews: ADR or withdrawal, or neither) and the
+sentences of sectioned notes that name a drug (MTSamples, MTS-Dialog, ACI-Bench; see chart_items).
 The threshold is chosen on out-of-fold predictions for the ADE tune half: the lowest one whose precision
 against an equal number of no_adr sentences stays at or above --min-precision. --report-check scores the
 check half once, at the end.
@@ -24,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from ebmrag.eval.halves import group_key, half_of
-from ebmrag.evidence.adr import MODEL_PATH, adr_mentions, scan
+from ebmrag.evidence.adr import MODEL_PATH, adr_mentions, drug_spans, scan
 from ebmrag.models.ngram_classifier import NgramFeatures, fit_ngram_classifier
 
 log = logging.getLogger("train_adr_model")
@@ -55,6 +56,23 @@ def other_items(root: Path) -> list[tuple[str, bool]]:
     for r in _jsonl(root / "text_corpora" / "psytar_sentences_shared.jsonl"):
         if half_of(group_key(str(r["id"]))) == "tune":
             items.append((str(r["text"]), r.get("label") == "T1"))
+    return items + chart_items(root)
+
+
+def chart_items(root: Path) -> list[tuple[str, bool]]:
+    """How charts write drugs: the sentences of sectioned notes (MTSamples, MTS-Dialog, ACI-Bench; tune half)
+    that name a drug. An allergy-section sentence is a reaction; a sentence of any other section is taken as
+    none (a medication list, an indication, a plan), which teaches the model 'asthma for which he uses
+    salbutamol' is no reaction. A few reaction stories told in the history are mislabelled by this; they are few."""
+    items: list[tuple[str, bool]] = []
+    for name in ("mtsamples_sections_shared.jsonl", "mts_dialog_sections_shared.jsonl", "aci_bench_notes_shared.jsonl"):
+        for r in _jsonl(root / "text_corpora" / name):
+            detail = r.get("label_detail") or {}
+            assert isinstance(detail, dict)
+            text = str(r["text"])
+            if half_of(group_key(str(r["id"]))) != "tune" or not drug_spans(text.lower()):
+                continue
+            items.append((text, detail.get("subtype") == "allergy"))
     return items
 
 

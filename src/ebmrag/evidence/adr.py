@@ -246,9 +246,13 @@ def _link(clause: str, drug: Span, reaction: Span, vocab: _Vocabulary) -> str:
     """The cue that makes the drug the cause of the reaction, or '' when there is none (or an indication)."""
     if reaction.start >= drug.end:
         between = clause[drug.end:reaction.start]
-        if len(between) > MAX_GAP or vocab.improvement.search(between) or _indication_for(clause, reaction, vocab,
-                                                                                          condition=False):
+        if len(between) > MAX_GAP or _indication_for(clause, reaction, vocab, condition=False):
             return ""
+        after = clause[reaction.end:reaction.end + 25]
+        if cut := _SCOPE_BREAK.search(after):
+            after = after[:cut.start()]
+        if vocab.improvement.search(between) or vocab.improvement.search(after):
+            return ""  # "after amoxicillin the cough improved", "输液治疗后头痛逐渐缓解": the drug helped
         if (compound := vocab.compound.match(clause, drug.end)) and compound.end() <= reaction.end:
             return compound.group().strip(" -")
         if cue := vocab.drug_then_reaction.search(between):
@@ -305,8 +309,7 @@ def adr_mentions(text: str, use_model: bool = True) -> list[AdrMention]:
     return found
 
 
-Unlinked = tuple[str, Span, Span, bool]  # masked clause, drug, nearest reaction (or _NONE), serious
-_NONE = Span(0, 0, "")
+Unlinked = tuple[str, Span, Span, bool]  # masked clause, drug, nearest reaction, serious
 
 
 def scan(text: str) -> tuple[list[AdrMention], list[Unlinked]]:
@@ -329,9 +332,12 @@ def scan(text: str) -> tuple[list[AdrMention], list[Unlinked]]:
         found += pairs
         if pairs:
             continue
-        reaction, serious = min(reactions, key=lambda r: abs(r[0].start - drugs[0].start), default=(_NONE, False))
-        if _stated(clause, drugs[0], reaction if reaction is not _NONE else drugs[0], vocab):
-            unlinked.append((masked(clause, drugs, [r for r, _ in reactions]), drugs[0], reaction, serious))
+        named = [d for d in drugs if d.text not in vocab.en_generic and d.text not in _CLASSES]
+        if not named or not reactions:  # "controlled with medication", "taking phenytoin": nothing to link
+            continue
+        reaction, serious = min(reactions, key=lambda r: abs(r[0].start - named[0].start))
+        if _stated(clause, named[0], reaction, vocab):
+            unlinked.append((masked(clause, drugs, [r for r, _ in reactions]), named[0], reaction, serious))
     return found, unlinked
 
 
@@ -356,7 +362,7 @@ def _model_mentions(model: HashedNgramClassifier, unlinked: list[Unlinked]) -> l
     threshold = float(model.meta.get("threshold", 0.5))
     column = model.labels.index("adr")
     p = model.probabilities([text for text, *_ in unlinked])[:, column]
-    return [AdrMention(drug.text, reaction.text or "(unnamed)", f"model p={p_i:.2f}", serious)
+    return [AdrMention(drug.text, reaction.text, f"model p={p_i:.2f}", serious)
             for (_, drug, reaction, serious), p_i in zip(unlinked, p, strict=True) if p_i >= threshold]
 
 
