@@ -303,31 +303,43 @@ def eval_compression(
 
 @eval_app.command("tiers")
 def eval_tiers(
-    data_dir: Annotated[Path, typer.Option("--data-dir", help="Folder with agentclinic_*.jsonl files (with "
-                                           "--text-only: AgentClinic, NEJM and CMB-Clin files, searched below).")],
+    data_dir: Annotated[Path | None, typer.Option("--data-dir", help="Folder with agentclinic_*.jsonl files (with "
+                                                  "--text-only: AgentClinic, NEJM and CMB-Clin files, searched "
+                                                  "below).")] = None,
     out: Annotated[Path | None, typer.Option(help="Write the markdown report here.")] = None,
     text_only: Annotated[bool, typer.Option("--text-only", help="Hide sections: tier from the text alone, "
                                             "per-tier precision and recall.")] = False,
+    labelled: Annotated[list[Path] | None, typer.Option(
+        "--labelled", help="--text-only: a JSONL file of labelled texts ({id, text, lang, tier, kind}; the "
+        "text_corpora and ADE shapes too) or a folder of *.jsonl; repeatable.")] = None,
+    half: Annotated[str, typer.Option(help="--text-only: all, or the fixed hash half of the cases and "
+                                      "documents: tune | check.")] = "all",
     as_json: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:
-    """Agreement of the tier classifier with labels that do not come from it (typed fields, sections)."""
-    from ebmrag.eval.tier_agreement import (
-        MEASURED_SOURCES,
-        agreement_report,
-        measure_agreement,
-        measure_text_only,
-        text_only_markdown,
-    )
+    """Agreement of the tier classifier with labels that do not come from it (typed fields, sections, corpora)."""
+    from ebmrag.eval.labelled_tiers import measure_labelled, tiers_command, tiers_json, tiers_markdown
+    from ebmrag.eval.tier_agreement import agreement_report, check_half, measure_agreement, measure_text_only
 
     with user_errors():
         if not text_only:
+            if labelled or half != "all":
+                raise ValueError("--labelled and --half need --text-only")
+            if data_dir is None:
+                raise ValueError("give the AgentClinic folder with --data-dir")
             report = agreement_report(measure_agreement(data_dir))
         else:
+            if data_dir is None and not labelled:
+                raise ValueError("give --data-dir, --labelled or both")
+            check_half(half)
+            command = tiers_command(data_dir, labelled or [], half, out)
             classifier = Resources(load_settings(config)).tier_classifier  # rules + the configured tier model
-            measured = measure_text_only(data_dir, classifier)
+            with progress_bar() as bar:
+                progress = progress_callback(bar)
+                scored = measure_labelled(labelled, classifier, half, progress) if labelled else None  # reads first
+                measured = measure_text_only(data_dir, classifier, half, progress) if data_dir else None
             if as_json:
-                typer.echo(json.dumps(measured.to_json(MEASURED_SOURCES), indent=1))
+                typer.echo(json.dumps(tiers_json(command, half, measured, scored), ensure_ascii=False, indent=1))
                 return
-            report = text_only_markdown(measured)
+            report = tiers_markdown(command, half, measured, scored)
     write_report(report, out)

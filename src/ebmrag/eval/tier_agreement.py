@@ -5,6 +5,9 @@ are T4 (history, complaints), physical-examination fields T3, test results T2, a
 are biopsy / pathology / cytology / genetic T1. Two numbers are reported: with the section visible
 (how records with typed sections are classified) and with the section hidden (text cues alone, which
 is what free text and MedQA vignettes get).
+
+The text-only measure can be restricted to one fixed half of the cases (eval.halves: a rule is tuned on
+'tune' and reported once on 'check'); labelled JSONL files from outside are scored in eval.labelled_tiers.
 """
 
 from __future__ import annotations
@@ -12,14 +15,16 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ebmrag.errors import RecordError
 from ebmrag.eval.cases import cmb_case, field_label
+from ebmrag.eval.halves import HALVES, half_of
 from ebmrag.evidence.tiers import TierClassifier
+from ebmrag.protocols import Progress, no_progress
 from ebmrag.records.fragment import Tier
 from ebmrag.records.loaders import load_records
 
@@ -123,36 +128,83 @@ def _nejm_units(raw: dict[str, Any]) -> Iterator[tuple[Tier, str]]:
             yield tier, f"{mark.group(1)}: {body}"
 
 
-def labelled_texts(data_dir: Path) -> dict[str, list[tuple[Tier, str]]]:
-    """(gold tier, text) per source, found by pattern anywhere under `data_dir`: AgentClinic MedQA fields,
-    NEJM case headings, CMB-Clin sections. Sections are returned only as labels, never shown to a classifier."""
+class CaseText(NamedTuple):
+    """One labelled text and the case it belongs to (the case decides its tune/check half)."""
+
+    case: str
+    tier: Tier
+    text: str
+
+
+def labelled_case_texts(data_dir: Path) -> dict[str, list[CaseText]]:
+    """(case key, gold tier, text) per source, found by pattern anywhere under `data_dir`: AgentClinic MedQA
+    fields, NEJM case headings, CMB-Clin sections. Sections are returned only as labels, never shown to a
+    classifier. The case key is the record's patient id (file stem and line; CMB-Clin: its case id), so a
+    half split by it never separates the texts of one case."""
     root = Path(data_dir)
-    found: dict[str, list[tuple[Tier, str]]] = {}
+    found: dict[str, list[CaseText]] = {}
     for path in sorted(root.rglob("agentclinic_medqa*.jsonl")):
         for record in load_records(path):
             found.setdefault("agentclinic-medqa", []).extend(
-                (gold, f.text) for f in record.fragments if (gold := field_label(f.section or "")) is not None)
+                CaseText(record.patient_id, gold, f.text)
+                for f in record.fragments if (gold := field_label(f.section or "")) is not None)
     for path in sorted(root.rglob("agentclinic_nejm*.jsonl")):
-        for line in path.read_text(encoding="utf-8").splitlines():
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             if line.strip():
-                found.setdefault("agentclinic-nejm", []).extend(_nejm_units(json.loads(line)))
+                found.setdefault("agentclinic-nejm", []).extend(
+                    CaseText(f"{path.stem}-{number}", tier, text) for tier, text in _nejm_units(json.loads(line)))
     for path in sorted(root.rglob("cmb_clin*.json")):
         for raw in json.loads(path.read_text(encoding="utf-8")):
             case = cmb_case(raw)
             if case:
                 texts = {f.id: f.text for f in case.record.fragments}
-                found.setdefault("cmb-clin", []).extend((tier, texts[fid]) for fid, tier in case.gold_tiers.items())
+                found.setdefault("cmb-clin", []).extend(
+                    CaseText(case.case_id, tier, texts[fid]) for fid, tier in case.gold_tiers.items())
     if not found:
         raise RecordError(str(data_dir), "no agentclinic_medqa*.jsonl, agentclinic_nejm*.jsonl or cmb_clin*.json found")
     return found
 
 
+def labelled_texts(data_dir: Path) -> dict[str, list[tuple[Tier, str]]]:
+    """`labelled_case_texts` without the case keys: (gold tier, text) per source (bench/train_tier_model.py)."""
+    return {source: [(item.tier, item.text) for item in items]
+            for source, items in labelled_case_texts(data_dir).items()}
+
+
 MEASURED_SOURCES = ("agentclinic-medqa", "cmb-clin")
+
+
+TEXT_ONLY_COMMAND = "ebmrag eval tiers --text-only --data-dir ../shared/data --out docs/results/tiers_text_only.md"
+HALF_CHOICES = ("all", *HALVES)
+BATCH = 512  # texts per classify_many call: the model embeds what no rule speaks for in one batch
+
+
+def check_half(half: str) -> str:
+    if half not in HALF_CHOICES:
+        raise ValueError(f"half must be one of {', '.join(HALF_CHOICES)}, got {half!r}")
+    return half
+
+
+def in_half(key: str, half: str) -> bool:
+    """Whether the item grouped under `key` belongs to `half` ('all' keeps everything)."""
+    return half == "all" or half_of(key) == half
+
+
+def classify_texts(classifier: TierClassifier, texts: Sequence[str], stage: str = "tiering",
+                   progress: Progress = no_progress, batch: int = BATCH) -> list[Tier]:
+    """The tier of each text from the text alone (no section), `batch` texts per `classify_many` call."""
+    tiers: list[Tier] = []
+    progress(stage, 0, len(texts))
+    for start in range(0, len(texts), batch):
+        tiers += [d.tier for d in classifier.classify_many([(t, None) for t in texts[start:start + batch]])]
+        progress(stage, len(tiers), len(texts))
+    return tiers
 
 
 @dataclass(frozen=True)
 class TextOnlyReport:
     confusion: dict[str, Counter[tuple[Tier, Tier]]]  # per source
+    half: str = "all"
 
     def combined(self, sources: tuple[str, ...] | None = None) -> Counter[tuple[Tier, Tier]]:
         """The confusion counts of the named sources (all of them without names), added up."""
@@ -176,29 +228,32 @@ class TextOnlyReport:
     def to_json(self, sources: tuple[str, ...] | None = None) -> dict[str, Any]:
         chosen = self.combined(sources)
         total = sum(chosen.values())
-        return {"fragments": total, "agreement": round(Agreement.rate(chosen) / 100, 4) if total else 0.0,
+        return {"half": self.half, "fragments": total,
+                "agreement": round(Agreement.rate(chosen) / 100, 4) if total else 0.0,
                 "per_tier": self.per_tier(chosen),
                 "sources": {name: {"fragments": sum(c.values()), "agreement": round(Agreement.rate(c) / 100, 4)}
                             for name, c in self.confusion.items()}}
 
 
-def measure_text_only(data_dir: Path, classifier: TierClassifier | None = None) -> TextOnlyReport:
+def measure_text_only(data_dir: Path, classifier: TierClassifier | None = None, half: str = "all",
+                      progress: Progress = no_progress) -> TextOnlyReport:
+    """Tier from the text alone of every labelled text of the cases in `half` (tune, check or all)."""
+    half = check_half(half)
     classifier = classifier or TierClassifier()
     confusion: dict[str, Counter[tuple[Tier, Tier]]] = {}
-    for source, items in labelled_texts(data_dir).items():
-        counts: Counter[tuple[Tier, Tier]] = Counter()
-        for gold, text in items:
-            counts[(gold, classifier.classify(text, None).tier)] += 1
-        confusion[source] = counts
-    return TextOnlyReport(confusion)
+    for source, items in labelled_case_texts(data_dir).items():
+        kept = [item for item in items if in_half(item.case, half)]
+        tiers = classify_texts(classifier, [item.text for item in kept], source, progress)
+        confusion[source] = Counter((item.tier, got) for item, got in zip(kept, tiers, strict=True))
+    return TextOnlyReport(confusion, half)
 
 
-def text_only_markdown(report: TextOnlyReport) -> str:
+def text_only_markdown(report: TextOnlyReport, command: str = TEXT_ONLY_COMMAND) -> str:
     """The measure pools AgentClinic MedQA and CMB-Clin (labels from typed fields and sections); NEJM, whose
     labels come from the headings of free text, is reported apart."""
     data = report.to_json(MEASURED_SOURCES)
-    lines = ["# Tier classifier from text alone (sections hidden)", "",
-             "Command: `ebmrag eval tiers --text-only --data-dir ../shared/data --out docs/results/tiers_text_only.md`",
+    lines = [f"# Tier classifier from text alone (sections hidden), half: {report.half}", "",
+             f"Command: `{command}`",
              "", f"AgentClinic MedQA + CMB-Clin: {data['fragments']} labelled fragments; agreement "
              f"**{100 * data['agreement']:.1f} %**.", "",
              "| source | fragments | agreement |", "|---|---|---|",
