@@ -17,6 +17,7 @@ import re
 import unicodedata
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from ebmrag.eval.halves import group_key, half_of
 
@@ -58,8 +59,8 @@ def harvest(corpora: Path) -> Counter[str]:
     return counts
 
 
-def _cid_disease(span: dict[str, object], item: dict[str, object]) -> bool:
-    pairs = (item.get("label_detail") or {}).get("cid_pairs") or []  # type: ignore[union-attr]
+def _cid_disease(span: dict[str, Any], item: dict[str, Any]) -> bool:
+    pairs = (item.get("label_detail") or {}).get("cid_pairs") or []
     return span.get("type") == "Disease" and any(span.get("mesh") == pair[1] for pair in pairs)
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from ebmrag.compose import Resources, build_packer
 from ebmrag.config import Settings, with_overrides
 from ebmrag.evidence.tiers import BUNDLED_TIER_MODEL, TierClassifier
-from ebmrag.models.text_classifier import LinearTextClassifier
+from ebmrag.models.text_classifier import load_text_classifier
 from ebmrag.packing.exact import ExactPacker
 from ebmrag.packing.greedy import GreedyPacker
 from ebmrag.packing.packer import ContextPacker
@@ -102,7 +102,7 @@ def dedup_and_tier_table() -> list[str]:
         record = PatientRecord("p", tuple(Fragment(f"f{i}", "p", t) for i, t in enumerate(texts)))
         # The tier model itself is timed: the bundled rules and model over the packer's embedder, without the
         # on-disk decision store the composition root gives the packer (else repeats would time SQLite reads).
-        classifier = TierClassifier(model=LinearTextClassifier(BUNDLED_TIER_MODEL, packer.embedder))
+        classifier = TierClassifier(model=load_text_classifier(BUNDLED_TIER_MODEL, packer.embedder))
         rules_ms = median_ms(lambda: [classifier.rule_decision(t) for t in texts], max_runs=5)
         packer.embedder.embed(texts)
         tiered_ms = median_ms(lambda: classifier.run(record), max_runs=5)

@@ -29,7 +29,7 @@ from pathlib import Path
 from ebmrag.config import Settings, load_settings
 from ebmrag.evidence.tiers import BUNDLED_TIER_MODEL, TierClassifier
 from ebmrag.models.embeddings import SentenceEmbedder
-from ebmrag.models.text_classifier import LinearTextClassifier
+from ebmrag.models.text_classifier import load_text_classifier
 from ebmrag.records.fragment import TierDecision
 from report import emit, machine  # bench/ is on sys.path when a script here runs
 
@@ -56,7 +56,7 @@ def default_classifier(settings: Settings) -> TierClassifier:
     embedder = SentenceEmbedder(m.embedding_model or None)
     embedder.warm_up()
     tier_model = BUNDLED_TIER_MODEL if m.tier_model == "bundled" else m.tier_model
-    return TierClassifier(m.tier_rules or None, LinearTextClassifier(tier_model, embedder) if tier_model else None)
+    return TierClassifier(m.tier_rules or None, load_text_classifier(tier_model, embedder) if tier_model else None)
 
 
 def rules_only(settings: Settings) -> TierClassifier:

@@ -57,7 +57,7 @@ ALLOWED: dict[str, set[str]] = {
     "text": {"errors"},
     "records": {"errors", "text"},
     "models": {"errors", "kvcache", "protocols"},
-    "evidence": {"errors", "kvcache", "models", "records", "text"},
+    "evidence": {"errors", "kvcache", "models", "protocols", "records", "text"},
     "packing": {"evidence", "models", "protocols", "records"},
     "ingest": {"errors", "protocols", "records", "text"},
     "llm": {"errors", "kvcache", "protocols"},

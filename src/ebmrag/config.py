@@ -34,7 +34,7 @@ class ModelSettings:
     embedding_model: str = ""  # a local sentence-transformers folder; empty = bundled all-MiniLM-L6-v2
     cache_dir: str = ""  # empty = $XDG_CACHE_HOME/ebmrag
     tier_rules: str = ""  # empty = the bundled rules/tiers.toml
-    tier_model: str = "bundled"  # where no tier rule speaks: "bundled" (rules/tier_model.npz), a path, or "" for none
+    tier_model: str = "bundled"  # where no tier rule speaks: "bundled" (rules/tier_ngram.npz), a path, or "" for none
     question_rules: str = ""  # empty = the bundled rules/questions.toml
 
 

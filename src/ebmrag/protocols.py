@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -23,6 +24,15 @@ Progress = Callable[[str, int, int], None]
 
 def no_progress(stage: str, done: int, total: int) -> None:
     """The default `Progress`: report nothing."""
+
+
+class TextClassifier(Protocol):
+    """A saved classifier of short texts (the tier model): (label, probability) per text."""
+
+    path: Path
+    labels: list[str]
+
+    def predict(self, texts: Sequence[str]) -> list[tuple[str, float]]: ...
 
 
 class Embedder(Protocol):

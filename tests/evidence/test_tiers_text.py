@@ -58,5 +58,5 @@ def test_the_bundled_model_speaks_only_where_rules_are_silent(context_packer) ->
     assert ruled.rule_id == "text.pathology.result"
     assert RULES.rule_decision("Findings: Enlarged left ventricle and left atrium") is None, "no rule speaks"
     decided = classifier.classify("Findings: Enlarged left ventricle and left atrium")
-    assert decided.rule_id.startswith("model:tier_model p=") and decided.tier is Tier.T2
-    assert classifier.to_dict()["model_path"].endswith("tier_model.npz")
+    assert decided.rule_id.startswith("model:tier_ngram p=") and decided.tier is Tier.T2
+    assert classifier.to_dict()["model_path"].endswith("tier_ngram.npz")

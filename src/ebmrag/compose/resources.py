@@ -22,7 +22,7 @@ from ebmrag.kvcache import KeyValueCache
 from ebmrag.llm.local import LlamaCppChatClient
 from ebmrag.llm.openai import OpenAIChatClient
 from ebmrag.models.embeddings import SentenceEmbedder, default_cache_dir
-from ebmrag.models.text_classifier import LinearTextClassifier
+from ebmrag.models.text_classifier import load_text_classifier
 from ebmrag.models.tokens import make_token_counter
 from ebmrag.protocols import ChatClient, TokenCounter
 from ebmrag.records.fragment import Fragment
@@ -51,7 +51,7 @@ class Resources:
         derived = self.cache_dir / "derived.sqlite"  # tier decisions and state B, keyed by their rule file's content
         tier_model = BUNDLED_TIER_MODEL if m.tier_model == "bundled" else m.tier_model
         self.tier_classifier = TierClassifier(m.tier_rules or None,
-                                              LinearTextClassifier(tier_model, self.embedder) if tier_model else None,
+                                              load_text_classifier(tier_model, self.embedder) if tier_model else None,
                                               store=KeyValueCache(derived, "tier_rules"))
         self.questions = QuestionClassifier(m.question_rules) if m.question_rules else default_question_classifier()
         self.extractor = default_extractor()

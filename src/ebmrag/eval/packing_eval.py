@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, replace
 from ebmrag.eval.cases import EvalCase
 from ebmrag.evidence.entities import EntityExtractor, EntityKind, default_extractor
 from ebmrag.evidence.tiers import BUNDLED_TIER_MODEL, TierClassifier
-from ebmrag.models.text_classifier import LinearTextClassifier
+from ebmrag.models.text_classifier import load_text_classifier
 from ebmrag.packing.dedup import collapse_duplicates
 from ebmrag.packing.exact import ExactPacker
 from ebmrag.packing.packer import Packer
@@ -70,7 +70,7 @@ def _prefetch_embeddings(cases: Sequence[EvalCase], builder: CandidateBuilder, l
 
 def prepare(cases: Iterable[EvalCase], builder: CandidateBuilder, classifier: TierClassifier | None = None,
             progress: Progress | None = None, label: str = "cases") -> list[PreparedCase]:
-    classifier = classifier or TierClassifier(model=LinearTextClassifier(BUNDLED_TIER_MODEL, builder.embedder))
+    classifier = classifier or TierClassifier(model=load_text_classifier(BUNDLED_TIER_MODEL, builder.embedder))
     cases = list(cases)
     _prefetch_embeddings(cases, builder, label, progress)
     prepared = []

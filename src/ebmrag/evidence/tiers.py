@@ -22,12 +22,12 @@ from ebmrag.evidence.adr import adr_mentions
 from ebmrag.evidence.lexicon import drug_mentions
 from ebmrag.evidence.results import critical_results, result_mentions
 from ebmrag.kvcache import KeyValueCache, digest
-from ebmrag.models.text_classifier import LinearTextClassifier
+from ebmrag.protocols import TextClassifier
 from ebmrag.records.fragment import PatientRecord, Tier, TierDecision
 
 DEFAULT_RULES_PATH = Path(__file__).parent / "rules" / "tiers.toml"
-MODEL_T1_MIN = 0.85  # below this the model's T1 is not taken (T1 precision; measured in docs/results/tiers.md)
-BUNDLED_TIER_MODEL = Path(__file__).parent / "rules" / "tier_model.npz"  # bench/train_tier_model.py
+MODEL_T1_MIN = 0.85  # below this the model's T1 is not taken (T1 precision; measured in docs/tiers.md)
+BUNDLED_TIER_MODEL = Path(__file__).parent / "rules" / "tier_ngram.npz"  # bench/train_tier_model.py
 
 
 @dataclass(frozen=True)
@@ -187,7 +187,7 @@ class TierClassifier:
     where no rule speaks, an optional learned classifier over sentence embeddings (`model`). A rule hit
     always takes precedence; a model decision records the model and its probability as its rule id."""
 
-    def __init__(self, rules_path: str | Path | None = None, model: LinearTextClassifier | None = None,
+    def __init__(self, rules_path: str | Path | None = None, model: TextClassifier | None = None,
                  store: KeyValueCache | None = None) -> None:
         self.model = model
         self.store = store  # rule decisions on disk, keyed by the rule file's content: a record is classified once
@@ -274,7 +274,8 @@ class TierClassifier:
         return record.replace_fragments(f.with_decision(d) for f, d in zip(record.fragments, decisions, strict=True))
 
     def to_dict(self) -> dict[str, Any]:
-        """The model, when there is one, is rebuilt by its owner (it needs the embedder): see ContextPacker."""
+        """The model, when there is one, is rebuilt by its owner (an embedding model needs the embedder): see
+        compose.resources.load_tier_model."""
         data: dict[str, Any] = {"rules_path": str(self.rules_path) if self.rules_path else None}
         if self.model is not None:
             data["model_path"] = str(self.model.path)

@@ -4,8 +4,9 @@ The tier classifier's fallback where no rule speaks (rules/tier_ngram.npz, train
 It needs no embedding, so a fragment costs tens of microseconds instead of milliseconds. Features: lower-cased
 NFKC word unigrams and bigrams for Latin text (every number collapsed to its shape, so '6.8' and '7.2' are one
 feature), character 1- to n-grams (n = 3 by default) inside each run of Chinese characters, and a few shape
-features (a number with a unit, a length bucket). Each feature is hashed with `zlib.crc32` (stable across processes and Python versions,
-unlike `hash()`) into a power-of-two number of buckets; a text is the set of its buckets, L2-normalized.
+features (a number with a unit, a length bucket). Each feature is hashed with `zlib.crc32` (stable across processes
+and Python versions, unlike `hash()`) into a power-of-two number of buckets; a text is the set of its buckets,
+L2-normalized.
 
 A file holds `columns` (the buckets with a non-zero weight, increasing), `weights` (labels × columns), `bias` and a
 JSON `meta` (labels, buckets, the feature spec, training sources and date). Loading runs no code and checks every
@@ -193,7 +194,8 @@ def fit_ngram_classifier(texts: Sequence[str], labels: Sequence[str], out: str |
         weights, bias = np.vstack([-weights[0] / 2, weights[0] / 2]), np.array([-bias[0] / 2, bias[0] / 2])
     kept = np.flatnonzero(np.abs(weights).max(axis=0) >= prune).astype(np.uint32)
     meta = {"format": FORMAT, "labels": [str(label) for label in model.classes_], "features": features.to_dict(),
-            "c": c, "trained": datetime.date.today().isoformat(), "texts": len(texts), **(extra_meta or {})}
+            "c": c, "trained": datetime.date.today().isoformat(), "texts": len(texts), "kept_buckets": int(kept.size),
+            **(extra_meta or {})}
     with Path(out).open("wb") as handle:
         np.savez_compressed(handle, columns=kept, weights=weights[:, kept].astype(np.float16),
                             bias=bias.astype(np.float32), meta=np.array(json.dumps(meta, ensure_ascii=False)))

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ebmrag.errors import ConfigError, require_extra
-from ebmrag.protocols import Embedder
+from ebmrag.protocols import Embedder, TextClassifier
 
 FloatMatrix = np.ndarray[Any, np.dtype[np.float64]]
 
@@ -64,3 +64,18 @@ def fit_linear_classifier(texts: Sequence[str], labels: Sequence[str], embedder:
     with Path(out).open("wb") as handle:
         np.savez(handle, weights=weights, bias=bias, meta=np.array(json.dumps(meta)))
     return vectors
+
+
+def load_text_classifier(path: str | Path, embedder: Embedder) -> TextClassifier:
+    """Either kind of saved classifier, told apart by its file: a hashed n-gram model (no embedder needed,
+    models.ngram_classifier) or a linear model over `embedder`'s sentence vectors."""
+    from ebmrag.models.ngram_classifier import FORMAT, HashedNgramClassifier
+
+    try:
+        with np.load(Path(path), allow_pickle=False) as data:
+            meta = json.loads(str(data["meta"])) if "meta" in data.files else {}
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"classifier {path} could not be read: {exc}") from exc
+    if isinstance(meta, dict) and meta.get("format") == FORMAT:
+        return HashedNgramClassifier(path)
+    return LinearTextClassifier(path, embedder)
