@@ -77,6 +77,7 @@ class _Vocabulary:
     drug_then_reaction: re.Pattern[str]
     before_drug: re.Pattern[str]
     indication: re.Pattern[str]
+    condition_then_drug: re.Pattern[str]
     improvement: re.Pattern[str]
     withdrawal: re.Pattern[str]
     negation: re.Pattern[str]
@@ -143,6 +144,7 @@ def vocabulary(rules_path: Path = RULES_PATH, reactions_path: Path = REACTIONS_P
         drug_then_reaction=alt(links, "drug_then_reaction"),
         before_drug=alt(links, "before_drug"),
         indication=alt(links, "indication"),
+        condition_then_drug=alt(links, "condition_then_drug"),
         improvement=alt(links, "improvement"),
         withdrawal=alt(links, "withdrawal"),
         negation=alt(qualifiers, "negation"),
@@ -286,6 +288,19 @@ def _indication_for(clause: str, reaction: Span, vocab: _Vocabulary, condition: 
     return bool(vocab.indication.search(lead)) or (condition and bool(_CONDITION_OF.search(lead)))
 
 
+def _treated(clause: str, reaction: Span, vocab: _Vocabulary) -> bool:
+    """What the grammar knows against a reaction, for the model's clauses too: the condition a drug is given
+    for ("for asthma", "治疗肺炎"), or a condition that got better ("wheeze improved", "咳嗽好转")."""
+    after = clause[reaction.end:reaction.end + 25]
+    if cut := _SCOPE_BREAK.search(after):
+        after = after[:cut.start()]
+    lead = clause[max(0, reaction.start - 25): reaction.start]
+    return (_indication_for(clause, reaction, vocab) or bool(vocab.improvement.search(after))
+            or bool(vocab.indication.search(clause[reaction.end:reaction.end + 4]))
+            or bool(vocab.condition_then_drug.search(clause[reaction.end:reaction.end + 30]))
+            or bool(vocab.improvement.search(lead)))
+
+
 def _stated(clause: str, drug: Span, reaction: Span, vocab: _Vocabulary) -> bool:
     """Not negated, not tolerated, not hypothetical."""
     first = min(drug.start, reaction.start)
@@ -336,7 +351,7 @@ def scan(text: str) -> tuple[list[AdrMention], list[Unlinked]]:
         if not named or not reactions:  # "controlled with medication", "taking phenytoin": nothing to link
             continue
         reaction, serious = min(reactions, key=lambda r: abs(r[0].start - named[0].start))
-        if _stated(clause, named[0], reaction, vocab):
+        if _stated(clause, named[0], reaction, vocab) and not _treated(clause, reaction, vocab):
             unlinked.append((masked(clause, drugs, [r for r, _ in reactions]), named[0], reaction, serious))
     return found, unlinked
 
