@@ -183,9 +183,10 @@ def parse_rule(raw: Mapping[str, Any]) -> TierRule:
 
 
 class TierClassifier:
-    """Assigns T1..T4 to fragments: section/resource type first, text cues second (see the rule file), and,
-    where no rule speaks, an optional learned classifier over sentence embeddings (`model`). A rule hit
-    always takes precedence; a model decision records the model and its probability as its rule id."""
+    """Assigns T1..T4 to fragments: section/resource type first, text cues and detectors second (see the rule
+    file), and, where no rule speaks, an optional learned classifier (`model`: the bundled hashed n-gram model,
+    or one over sentence embeddings). A rule hit always takes precedence; a model decision records the model
+    and its probability as its rule id."""
 
     def __init__(self, rules_path: str | Path | None = None, model: TextClassifier | None = None,
                  store: KeyValueCache | None = None) -> None:

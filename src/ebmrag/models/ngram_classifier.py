@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from ebmrag.errors import ConfigError, require_extra
+from ebmrag.models.text_classifier import most_likely, softmax
 
 FORMAT = "ebmrag-hashed-ngram/1"
 FloatMatrix = np.ndarray[Any, np.dtype[np.float64]]
@@ -155,18 +156,11 @@ class HashedNgramClassifier:
         for row, text in enumerate(texts):
             buckets = self.spec.buckets_of(text) or [0]  # [0]: an empty text without shape features (as in fitting)
             logits[row] = self._weights[buckets].sum(axis=0) / math.sqrt(len(buckets))
-        logits += self.bias
-        logits -= logits.max(axis=1, keepdims=True)
-        exp = np.exp(logits)
-        return np.asarray(exp / exp.sum(axis=1, keepdims=True))
+        return softmax(logits + self.bias)
 
     def predict(self, texts: Sequence[str]) -> list[tuple[str, float]]:
         """(label, probability) per text."""
-        if not texts:
-            return []
-        p = self.probabilities(texts)
-        best = p.argmax(axis=1)
-        return [(self.labels[int(b)], float(p[i, b])) for i, b in enumerate(best)]
+        return most_likely(self.labels, self.probabilities(texts)) if texts else []
 
 
 def fit_ngram_classifier(texts: Sequence[str], labels: Sequence[str], out: str | Path, c: float = 1.0,

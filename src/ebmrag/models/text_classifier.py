@@ -34,18 +34,24 @@ class LinearTextClassifier:
         self.embedder = embedder
 
     def probabilities(self, texts: Sequence[str]) -> FloatMatrix:
-        logits = np.asarray(self.embedder.embed(list(texts)), np.float64) @ self.weights.T + self.bias
-        logits -= logits.max(axis=1, keepdims=True)
-        exp = np.exp(logits)
-        return np.asarray(exp / exp.sum(axis=1, keepdims=True))
+        return softmax(np.asarray(self.embedder.embed(list(texts)), np.float64) @ self.weights.T + self.bias)
 
     def predict(self, texts: Sequence[str]) -> list[tuple[str, float]]:
         """(label, probability) per text, in one embedding call."""
-        if not texts:
-            return []
-        p = self.probabilities(texts)
-        best = p.argmax(axis=1)
-        return [(self.labels[int(b)], float(p[i, b])) for i, b in enumerate(best)]
+        return most_likely(self.labels, self.probabilities(texts)) if texts else []
+
+
+def softmax(logits: FloatMatrix) -> FloatMatrix:
+    """Row-wise softmax, shifted by each row's maximum so exp never overflows."""
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    exp = np.exp(shifted)
+    return np.asarray(exp / exp.sum(axis=1, keepdims=True))
+
+
+def most_likely(labels: Sequence[str], probabilities: FloatMatrix) -> list[tuple[str, float]]:
+    """(label, probability) of each row's most probable label."""
+    best = probabilities.argmax(axis=1)
+    return [(labels[int(b)], float(probabilities[i, b])) for i, b in enumerate(best)]
 
 
 def fit_linear_classifier(texts: Sequence[str], labels: Sequence[str], embedder: Embedder, out: str | Path,
