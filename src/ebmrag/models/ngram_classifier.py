@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from ebmrag.errors import ConfigError, require_extra
-from ebmrag.models.text_classifier import most_likely, softmax
+from ebmrag.models.softmax import most_likely, softmax
 
 FORMAT = "ebmrag-hashed-ngram/1"
 FloatMatrix = np.ndarray[Any, np.dtype[np.float64]]

@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 
 from ebmrag.errors import ConfigError, require_extra
+from ebmrag.models.ngram_classifier import FORMAT, HashedNgramClassifier
+from ebmrag.models.softmax import most_likely, softmax
 from ebmrag.protocols import Embedder, TextClassifier
 
 FloatMatrix = np.ndarray[Any, np.dtype[np.float64]]
@@ -41,19 +43,6 @@ class LinearTextClassifier:
         return most_likely(self.labels, self.probabilities(texts)) if texts else []
 
 
-def softmax(logits: FloatMatrix) -> FloatMatrix:
-    """Row-wise softmax, shifted by each row's maximum so exp never overflows."""
-    shifted = logits - logits.max(axis=1, keepdims=True)
-    exp = np.exp(shifted)
-    return np.asarray(exp / exp.sum(axis=1, keepdims=True))
-
-
-def most_likely(labels: Sequence[str], probabilities: FloatMatrix) -> list[tuple[str, float]]:
-    """(label, probability) of each row's most probable label."""
-    best = probabilities.argmax(axis=1)
-    return [(labels[int(b)], float(probabilities[i, b])) for i, b in enumerate(best)]
-
-
 def fit_linear_classifier(texts: Sequence[str], labels: Sequence[str], embedder: Embedder, out: str | Path,
                           c: float = 1.0, extra_meta: dict[str, Any] | None = None) -> FloatMatrix:
     """Fit multinomial logistic regression (balanced classes) and save it; returns the embedded texts."""
@@ -75,8 +64,6 @@ def fit_linear_classifier(texts: Sequence[str], labels: Sequence[str], embedder:
 def load_text_classifier(path: str | Path, embedder: Embedder) -> TextClassifier:
     """Either kind of saved classifier, told apart by its file: a hashed n-gram model (no embedder needed,
     models.ngram_classifier) or a linear model over `embedder`'s sentence vectors."""
-    from ebmrag.models.ngram_classifier import FORMAT, HashedNgramClassifier
-
     try:
         with np.load(Path(path), allow_pickle=False) as data:
             meta = json.loads(str(data["meta"])) if "meta" in data.files else {}
