@@ -235,13 +235,18 @@ def _clauses(text: str) -> Iterator[tuple[int, str]]:
     yield start, text[start:]
 
 
-def _in_scope(clause: str, end: int, pattern: re.Pattern[str], reach: int) -> bool:
-    """Whether `pattern` occurs before `end` without a scope break (a 'but', a comma) in between."""
+def _before(clause: str, end: int, reach: int) -> str:
+    """Up to `reach` characters before `end`, from the last scope break (a 'but', a comma) on."""
     window = clause[max(0, end - reach): end]
     breaks = list(_SCOPE_BREAK.finditer(window))
-    if breaks:
-        window = window[breaks[-1].end():]
-    return bool(pattern.search(window))
+    return window[breaks[-1].end():] if breaks else window
+
+
+def _after(clause: str, start: int, reach: int) -> str:
+    """Up to `reach` characters from `start`, to the first scope break."""
+    window = clause[start:start + reach]
+    cut = _SCOPE_BREAK.search(window)
+    return window[:cut.start()] if cut else window
 
 
 def _link(clause: str, drug: Span, reaction: Span, vocab: _Vocabulary) -> str:
@@ -250,10 +255,7 @@ def _link(clause: str, drug: Span, reaction: Span, vocab: _Vocabulary) -> str:
         between = clause[drug.end:reaction.start]
         if len(between) > MAX_GAP or _indication_for(clause, reaction, vocab, condition=False):
             return ""
-        after = clause[reaction.end:reaction.end + 25]
-        if cut := _SCOPE_BREAK.search(after):
-            after = after[:cut.start()]
-        if vocab.improvement.search(between) or vocab.improvement.search(after):
+        if vocab.improvement.search(between) or vocab.improvement.search(_after(clause, reaction.end, 25)):
             return ""  # "after amoxicillin the cough improved", "输液治疗后头痛逐渐缓解": the drug helped
         if (compound := vocab.compound.match(clause, drug.end)) and compound.end() <= reaction.end:
             return compound.group().strip(" -")
@@ -281,21 +283,15 @@ def _link(clause: str, drug: Span, reaction: Span, vocab: _Vocabulary) -> str:
 def _indication_for(clause: str, reaction: Span, vocab: _Vocabulary, condition: bool = True) -> bool:
     """'treated for pneumonia', 'patients with asthma on ...': the condition the drug was given for (`condition`:
     also 'with X' before the drug; after it, 'left her with X' is the reaction)."""
-    lead = clause[max(0, reaction.start - 25): reaction.start]
-    breaks = list(_SCOPE_BREAK.finditer(lead))
-    if breaks:
-        lead = lead[breaks[-1].end():]
+    lead = _before(clause, reaction.start, 25)
     return bool(vocab.indication.search(lead)) or (condition and bool(_CONDITION_OF.search(lead)))
 
 
 def _treated(clause: str, reaction: Span, vocab: _Vocabulary) -> bool:
     """What the grammar knows against a reaction, for the model's clauses too: the condition a drug is given
     for ("for asthma", "治疗肺炎"), or a condition that got better ("wheeze improved", "咳嗽好转")."""
-    after = clause[reaction.end:reaction.end + 25]
-    if cut := _SCOPE_BREAK.search(after):
-        after = after[:cut.start()]
     lead = clause[max(0, reaction.start - 25): reaction.start]
-    return (_indication_for(clause, reaction, vocab) or bool(vocab.improvement.search(after))
+    return (_indication_for(clause, reaction, vocab) or bool(vocab.improvement.search(_after(clause, reaction.end, 25)))
             or bool(vocab.indication.search(clause[reaction.end:reaction.end + 4]))
             or bool(vocab.condition_then_drug.search(clause[reaction.end:reaction.end + 30]))
             or bool(vocab.improvement.search(lead)))
@@ -304,7 +300,7 @@ def _treated(clause: str, reaction: Span, vocab: _Vocabulary) -> bool:
 def _stated(clause: str, drug: Span, reaction: Span, vocab: _Vocabulary) -> bool:
     """Not negated, not tolerated, not hypothetical."""
     first = min(drug.start, reaction.start)
-    if _in_scope(clause, reaction.start, vocab.negation, 45):
+    if vocab.negation.search(_before(clause, reaction.start, 45)):
         return False
     if vocab.tolerated.search(clause[max(0, drug.start - 40): drug.end + 30]):
         return False
