@@ -25,7 +25,7 @@ import ebmrag
 
 assert "site-packages" in ebmrag.__file__, f"imported from the checkout, not the wheel: {ebmrag.__file__}"
 packed = {p["fragment_id"]: p["reason"] for p in json.loads(pathlib.Path("pack.json").read_text())["packed"]}
-assert packed.get("admission-2026-03-08") == "must_keep", packed  # the penicillin anaphylaxis
+assert packed.get("admission-2026-03-08") == "allergy", packed  # the penicillin anaphylaxis
 print(f"package check: {len(packed)} fragments packed from the installed wheel, the allergy kept")
 PY
 echo "package check: $version from $(basename "$wheel") in a fresh virtual environment"

@@ -94,8 +94,11 @@ def test_the_model_reads_masked_clauses() -> None:
 def test_tier_rule_records_drug_and_reaction_and_makes_a_standing_must_keep_t1() -> None:
     decision = TierClassifier().classify(STATED[0][0], "nursing note")
     assert decision.tier is Tier.T1 and decision.standing and decision.must_keep
-    assert decision.rule_id == "text.adr"
+    assert decision.rule_id == "text.adr.serious" and decision.always == "allergy" and decision.severe, \
+        "a serious reaction is packing level 1, like a drug allergy"
     assert "drug=clarithromycin" in decision.finding and "reaction=" in decision.finding
+    mild = TierClassifier().classify("After starting lisinopril she developed a persistent dry cough.", "nursing note")
+    assert mild.rule_id == "text.adr" and mild.must_keep and not mild.always, "not serious: it ranks with its encounter"
     chinese = TierClassifier().classify(STATED[10][0], None)
     assert chinese.tier is Tier.T1 and "青霉素" in chinese.finding
 

@@ -40,7 +40,7 @@ def test_the_allergy_survives_a_budget_the_plain_retriever_loses(
     pipeline.connect("retriever.documents", "pack.documents")
     out = pipeline.run({"retriever": {"query": QUESTION}, "pack": {"query": QUESTION}})["pack"]
     allergy = next(d for d in out["documents"] if d.id == f"patient:{ALLERGY}")
-    assert allergy.meta["ebmrag_reason"] == "must_keep" and allergy.meta["ebmrag_tier"] == "T1"
+    assert allergy.meta["ebmrag_reason"] == "allergy" and allergy.meta["ebmrag_tier"] == "T1"
     assert sum(context_packer.token_counter.count(d.content or "") for d in out["documents"]) <= BUDGET
     retrieved = {d.id for d in InMemoryBM25Retriever(store_of(guides)).run(query=QUESTION)["documents"]}
     placed = {d.id for d in out["documents"] if d.meta["ebmrag_kind"] == "evidence"}

@@ -41,7 +41,7 @@ def test_the_allergy_survives_a_budget_the_plain_retriever_loses(
     pipeline = ContextualCompressionRetriever(base_compressor=compressor, base_retriever=guides_only)
     documents = pipeline.invoke(QUESTION)
     allergy = next(d for d in documents if d.id == f"patient:{ALLERGY}")
-    assert allergy.metadata["ebmrag_reason"] == "must_keep" and allergy.metadata["ebmrag_kind"] == "patient"
+    assert allergy.metadata["ebmrag_reason"] == "allergy" and allergy.metadata["ebmrag_kind"] == "patient"
     assert sum(context_packer.token_counter.count(d.page_content) for d in documents) <= BUDGET
     kept, selection = compressor.select(guides_only.invoke(QUESTION), QUESTION)
     assert [d.id for d in kept] == [d.id for d in documents]

@@ -41,7 +41,7 @@ def test_the_allergy_survives_a_budget_the_plain_retriever_loses(
     assert f"patient:{ALLERGY}" in [n.node.node_id for n in kept]
     assert selection.tokens_used <= BUDGET
     allergy = next(n for n in kept if n.node.node_id == f"patient:{ALLERGY}")
-    assert allergy.node.metadata["ebmrag_reason"] == "must_keep" and allergy.node.metadata["ebmrag_tier"] == "T1"
+    assert allergy.node.metadata["ebmrag_reason"] == "allergy" and allergy.node.metadata["ebmrag_tier"] == "T1"
     accounted = {p.id for p in selection.placed if p.kind == "evidence"} | {
         d.id for d in selection.dropped if d.kind == "evidence"}
     assert accounted == {n.node.node_id for n in guideline_hits}  # every retrieved node has a recorded fate

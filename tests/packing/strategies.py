@@ -15,7 +15,11 @@ def candidate_sets(draw: st.DrawFn, max_size: int = 8, max_tokens: int = 60) -> 
     for order in range(size):
         tier = draw(st.sampled_from(list(Tier)))
         must_keep = tier is Tier.T1 and draw(st.booleans())
-        fragment = Fragment(f"f{order}", "p", f"text {order}", decision=TierDecision(tier, "test", must_keep=must_keep))
+        always = draw(st.sampled_from(["", "allergy", "face_sheet"])) if must_keep else ""
+        decision = TierDecision(tier, "test", standing=draw(st.booleans()), must_keep=must_keep,
+                                critical=tier is Tier.T2 and draw(st.booleans()), always=always,
+                                severe=bool(always) and draw(st.booleans()))
+        fragment = Fragment(f"f{order}", "p", f"text {order}", decision=decision)
         full_tokens = draw(st.integers(min_value=1, max_value=max_tokens))
         utility = draw(st.floats(min_value=0.0, max_value=3.0, allow_nan=False))
         options = [PackOption(State.FULL, f"line {order}", full_tokens, utility)]

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from ebmrag.packing.exact import ExactPacker
 from ebmrag.packing.greedy import GreedyPacker
+from ebmrag.packing.levels import Level, allergy_overflow, is_allergy
 from ebmrag.packing.quota import tier_quotas
 from ebmrag.packing.types import Candidate, PackResult
 from tests.packing.strategies import candidate_sets
@@ -25,30 +26,35 @@ def _assignments(candidates: list[Candidate]) -> itertools.product[tuple[int, ..
     return itertools.product(*[range(-1, len(c.options)) for c in candidates])
 
 
-Score = tuple[int, int, int, int, float]
+Score = tuple[int, int, int, int, int, int, int, float]
 
 
 def _score(candidates: list[Candidate], choice: tuple[int, ...], k_min: int, objective: str = "critical") -> Score:
-    """The lexicographic objective of ebm-exact, written out plainly: (must-keep packed, current-encounter
-    T1/T2 packed, critical ones in full text, quota slots filled, utility); "paper" keeps only the last two."""
+    """The lexicographic objective of ebm-exact, written out plainly: (allergies packed, level 1, level 2, level 3
+    packed, levels 1-2 in full text, level 3 in full text, quota slots filled, utility); "paper" keeps the last two."""
     quotas = tier_quotas(candidates, k_min)
     taken = [(c, j) for c, j in zip(candidates, choice, strict=True) if j >= 0]
     packed = Counter(c.tier for c, _ in taken)
     slots = sum(min(q, packed[t]) for t, q in quotas.items())
     utility = sum(c.options[j].utility for c, j in taken)
     if objective == "paper":
-        return 0, 0, 0, slots, utility
-    must = sum(1 for c, _ in taken if c.must_keep)
-    current = sum(1 for c, _ in taken if c.critical and not c.must_keep)
-    full = sum(1 for c, j in taken if c.critical and j == 0)
-    return must, current, full, slots, utility
+        return 0, 0, 0, 0, 0, 0, slots, utility
+    levels = Counter(c.level for c, _ in taken)
+    full = Counter(c.level for c, j in taken if j == 0)
+    first = Level.ALWAYS, Level.CURRENT_ENCOUNTER
+    return (sum(is_allergy(c) for c, _ in taken), levels[Level.ALWAYS], levels[Level.CURRENT_ENCOUNTER],
+            levels[Level.STANDING_HISTORY],
+            sum(full[v] for v in first), full[Level.STANDING_HISTORY], slots, utility)
 
 
 def _brute_force(candidates: list[Candidate], window: int, k_min: int, objective: str = "critical") -> Score:
+    """Allergies that overflow the window on their own are chosen by their rule (severe, newest) before the search."""
+    left_out = allergy_overflow(candidates, window) if objective == "critical" else set()
     feasible = (
         choice
         for choice in _assignments(candidates)
         if sum(c.options[j].tokens for c, j in zip(candidates, choice, strict=True) if j >= 0) <= window
+        and all(choice[i] < 0 for i in left_out)
     )
     return max(_score(candidates, choice, k_min, objective) for choice in feasible)
 
@@ -74,8 +80,8 @@ def test_exact_equals_brute_force(candidates: list[Candidate], window: int, k_mi
     _check_trace(result, candidates, window)
     best = _brute_force(candidates, window, k_min, objective)
     got = _score(candidates, _choice_of(result, candidates), k_min, objective)
-    assert got[:4] == best[:4], "each level of the objective is maximal before the next is considered"
-    assert got[4] == pytest.approx(best[4], abs=1e-6)
+    assert got[:7] == best[:7], "each level of the objective is maximal before the next is considered"
+    assert got[7] == pytest.approx(best[7], abs=1e-6)
 
 
 @settings(max_examples=150, deadline=None)
@@ -85,13 +91,11 @@ def test_quotas_and_must_keep_whenever_feasible(candidates: list[Candidate], win
     result = ExactPacker(k_min=k_min, findings_first=False).pack(candidates, window)
     packed = {p.fragment_id for p in result.packed}
     cheapest = {c.fragment.id: min(o.tokens for o in c.options) for c in candidates}
-    must = [c for c in candidates if c.must_keep]
-    if sum(cheapest[c.fragment.id] for c in must) <= window:
-        assert all(c.fragment.id in packed for c in must), "all must-keep fragments fit together, so all are kept"
+    for level in (Level.ALWAYS, Level.CURRENT_ENCOUNTER, Level.STANDING_HISTORY):
+        upto = [c for c in candidates if c.level <= level]
+        if sum(cheapest[c.fragment.id] for c in upto) <= window:
+            assert all(c.fragment.id in packed for c in upto), f"levels 1..{level.value} fit together, so all are kept"
     critical = [c for c in candidates if c.critical]
-    if sum(cheapest[c.fragment.id] for c in critical) <= window:
-        assert all(c.fragment.id in packed for c in critical), \
-            "must-keep and current-encounter T1/T2 fragments fit together, so none is dropped"
     quotas = tier_quotas(candidates, k_min)
     cheapest_per_tier = {t: sorted(cheapest[c.fragment.id] for c in candidates if c.tier is t) for t in quotas}
     need = sum(sum(cheapest_per_tier[t][:q]) for t, q in quotas.items())
@@ -108,9 +112,9 @@ def test_exact_never_worse_than_greedy(candidates: list[Candidate], window: int,
     _check_trace(greedy, candidates, window)
     exact_score = _score(candidates, _choice_of(exact, candidates), k_min)
     greedy_score = _score(candidates, _choice_of(greedy, candidates), k_min)
-    assert exact_score[:4] >= greedy_score[:4]
-    if exact_score[:4] == greedy_score[:4]:
-        assert exact_score[4] >= greedy_score[4] - 1e-9
+    assert exact_score[:7] >= greedy_score[:7]
+    if exact_score[:7] == greedy_score[:7]:
+        assert exact_score[7] >= greedy_score[7] - 1e-9
 
 
 @settings(max_examples=100, deadline=None)
@@ -131,7 +135,7 @@ def test_greedy_follows_density_and_tier_quota() -> None:
     dense_t4 = make_candidate("chat", "T4", tokens=10, utility=2.0)
     sparse_t1 = make_candidate("biopsy", "T1", tokens=40, utility=1.0)
     filler = make_candidate("note", "T4", tokens=30, utility=1.5)
-    result = GreedyPacker(k_min=1, must_keep=False).pack([dense_t4, sparse_t1, filler], window=50)
+    result = GreedyPacker(k_min=1, levels=False).pack([dense_t4, sparse_t1, filler], window=50)
     reasons = {p.fragment_id: p.reason.value for p in result.packed}
     assert reasons == {"biopsy": "quota", "chat": "quota"}, "T1 quota first, then T4 quota; filler no longer fits"
 
@@ -160,4 +164,5 @@ def test_no_fragment_that_fits_is_dropped_while_room_is_left(candidates: list[Ca
     by_id = {c.fragment.id: c for c in tiny}
     for dropped in result.dropped:
         assert min(o.tokens for o in by_id[dropped.fragment_id].options) > room, dropped
-        assert f"{room} tokens were left" in dropped.detail or "exceeds the window" in dropped.detail
+        assert (f"{room} tokens were left" in dropped.detail or "exceeds the window" in dropped.detail
+                or "allergies alone overflow" in dropped.detail)

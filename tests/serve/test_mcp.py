@@ -112,7 +112,7 @@ def test_http_tools_answer_within_the_keys_scope(mcp_url: tuple[str, SQLiteStore
     assert any(f["id"] == "admission-2026-03-08" and f["must_keep"] for f in listed)
     assert not any("TENANT-TWO" in f["text"] for f in listed)  # the same patient id in another tenant stays apart
     pack = json.loads(text(packed))
-    assert {p["fragment_id"]: p["reason"] for p in pack["packed"]}["admission-2026-03-08"] == "must_keep"
+    assert {p["fragment_id"]: p["reason"] for p in pack["packed"]}["admission-2026-03-08"] == "allergy"
     answer = json.loads(text(asked))
     assert answer["answer"] and answer["citations"]
     assert "TENANT-TWO" not in text(asked) and "TENANT-ONE-P2" not in text(asked)

@@ -13,6 +13,8 @@ Definitions (percentages, pooled over all critical fragments of all cases):
 - utility ratio: mean over cases of the strategy's utility / the ebm-exact utility (the optimum under
   the same must-keep and quota constraints; a strategy that ignores them can exceed 100).
 - ms per pack: median time of the packing step alone; candidate building is shared by all strategies.
+- history retention: share of the noise's level-3 fragments (packing.levels: pathology, genetics, chronic
+  diagnoses and critical results of other visits) that are packed, so the cost of the clinical order is shown.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from ebmrag.evidence.tiers import BUNDLED_TIER_MODEL, TierClassifier
 from ebmrag.models.text_classifier import load_text_classifier
 from ebmrag.packing.dedup import collapse_duplicates
 from ebmrag.packing.exact import ExactPacker
+from ebmrag.packing.levels import Level
 from ebmrag.packing.packer import Packer
 from ebmrag.packing.types import Candidate, DroppedFragment, PackResult
 from ebmrag.packing.utility import CandidateBuilder, MeasuredFragment, UtilityParams, score_candidates
@@ -97,6 +100,8 @@ class CaseScore:
     t1_kept: int = 0
     utility_ratio: float = 100.0
     ms: float = 0.0
+    history: int = 0  # the noise's level-3 fragments (other visits' pathology, genetics, chronic diagnoses)
+    history_kept: int = 0
 
 
 def _body(candidate: Candidate, line: str) -> str:
@@ -154,6 +159,10 @@ def score_pack(prepared: PreparedCase, candidates: Sequence[Candidate], result: 
         score.t1_kept += tier is Tier.T1
         body = _body(by_id[holder], entry.text)
         score.entity_kept += prepared.critical_keys[fragment_id] <= entity_keys(body)
+    history = [c.fragment.id for c in candidates
+               if c.level is Level.STANDING_HISTORY and c.fragment.id not in prepared.case.gold_tiers]
+    score.history = len(history)
+    score.history_kept = sum(twin.get(fid, fid) in packed for fid in history)
     return score
 
 
@@ -171,6 +180,7 @@ class PackingRow:
     t1_retention: float | None
     utility_ratio: float
     ms_per_pack: float
+    history_retention: float | None = None  # share of the noise's level-3 fragments packed (the cost of the order)
 
     def to_json(self) -> dict[str, object]:
         row = asdict(self)
@@ -187,12 +197,14 @@ def _share(part: int, whole: int) -> float:
 def summarize(dataset: str, strategy: str, window: int, scores: Sequence[CaseScore]) -> PackingRow:
     critical = sum(s.critical for s in scores)
     t1 = sum(s.t1 for s in scores)
+    history = sum(s.history for s in scores)
     return PackingRow(
         dataset, strategy, window, len(scores), _share(sum(s.kept for s in scores), critical),
         _share(sum(s.entity_kept for s in scores), critical), _share(sum(s.ceiling for s in scores), critical),
         _share(sum(s.t1_kept for s in scores), t1) if t1 else None,
         statistics.fmean(s.utility_ratio for s in scores) if scores else 100.0,
-        statistics.median(s.ms for s in scores) if scores else 0.0)
+        statistics.median(s.ms for s in scores) if scores else 0.0,
+        _share(sum(s.history_kept for s in scores), history) if history else None)
 
 
 def evaluate(prepared: Sequence[PreparedCase], packers: Sequence[Packer], windows: Sequence[int],

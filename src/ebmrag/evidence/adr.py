@@ -27,6 +27,7 @@ from ebmrag.models.ngram_classifier import HashedNgramClassifier
 RULES_PATH = Path(__file__).parent / "rules" / "adr.toml"
 REACTIONS_PATH = Path(__file__).parent / "rules" / "reactions.txt"
 MODEL_PATH = Path(__file__).parent / "rules" / "adr_model.npz"  # bench/train_adr_model.py
+SERIOUS = "serious"  # the last part of a serious reaction's description ("drug=...; reaction=...; serious")
 _SENTENCE = re.compile(r"(?<!\d)[.](?!\d)|[;!?。；！？\n]")
 _WORD = re.compile(r"[a-z][a-z0-9]*(?:['-][a-z0-9]+)*")
 _CJK = re.compile(r"[\u4e00-\u9fff]")
@@ -55,7 +56,7 @@ class AdrMention:
     serious: bool
 
     def describe(self) -> str:
-        return f"drug={self.drug}; reaction={self.reaction}" + ("; serious" if self.serious else "")
+        return f"drug={self.drug}; reaction={self.reaction}" + (f"; {SERIOUS}" if self.serious else "")
 
 
 @dataclass(frozen=True)

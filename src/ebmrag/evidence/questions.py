@@ -21,6 +21,8 @@ from ebmrag.errors import ConfigError
 from ebmrag.evidence.tiers import normalize_section
 from ebmrag.records.fragment import PatientRecord
 
+QUESTION_NEED = "question_need"  # TierDecision.always of a fragment the question cannot be answered without
+
 DEFAULT_QUESTION_RULES = Path(__file__).parent / "rules" / "questions.toml"
 
 
@@ -80,7 +82,8 @@ def default_question_classifier() -> QuestionClassifier:
 
 
 def mark_needed(record: PatientRecord, question_type: QuestionType) -> PatientRecord:
-    """Fragments in a section the question needs become must-keep for this packing; their rule id says why.
+    """Fragments in a section the question needs become level 1 (always kept) for this packing; their rule id
+    says which question type.
     The record must be classified (every fragment has a decision)."""
     if not question_type.needs:
         return record
@@ -88,7 +91,7 @@ def mark_needed(record: PatientRecord, question_type: QuestionType) -> PatientRe
     for fragment in record.fragments:
         decision = fragment.decision
         if decision is not None and not decision.must_keep and question_type.needed(fragment.section):
-            fragment = fragment.with_decision(replace(decision, must_keep=True,
+            fragment = fragment.with_decision(replace(decision, must_keep=True, always=QUESTION_NEED,
                                                       rule_id=f"{decision.rule_id}+question:{question_type.id}"))
         marked.append(fragment)
     return record.replace_fragments(marked)

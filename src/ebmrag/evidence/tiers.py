@@ -13,12 +13,12 @@ import re
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
 from ebmrag.errors import ConfigError
-from ebmrag.evidence.adr import adr_mentions
+from ebmrag.evidence.adr import SERIOUS, AdrMention, adr_mentions
 from ebmrag.evidence.lexicon import drug_mentions
 from ebmrag.evidence.results import critical_results, result_mentions
 from ebmrag.kvcache import KeyValueCache, digest
@@ -27,6 +27,7 @@ from ebmrag.records.fragment import PatientRecord, Tier, TierDecision
 
 DEFAULT_RULES_PATH = Path(__file__).parent / "rules" / "tiers.toml"
 MODEL_T1_MIN = 0.85  # below this the model's T1 is not taken (T1 precision; measured in docs/tiers.md)
+ALWAYS_KINDS = ("allergy", "face_sheet")  # what a rule's `always` may name (a question's needs are marked per query)
 BUNDLED_TIER_MODEL = Path(__file__).parent / "rules" / "tier_ngram.npz"  # bench/train_tier_model.py
 
 
@@ -43,7 +44,9 @@ class TierRule:
     description: str = ""
     drug_within: int = 0  # > 0: a drug or drug class (evidence.lexicon) within this many characters of the match
     detector: str = ""  # a recogniser that must find something (DETECTORS); what it finds is the decision's finding
-    critical: bool = False  # ranks with the current encounter's T1/T2 whatever its age
+    critical: bool = False  # a critical (panic) result: packing level 2 when current, 3 when older
+    always: str = ""  # packing level 1 whatever its age and encounter: "allergy" (and serious ADRs) or "face_sheet"
+    severe: bool = False  # a high-risk or severe allergy: first when allergies alone overflow the window
 
     def matches(self, section: str, text: str) -> bool:
         return self.match(section, text.lower(), text) is not None
@@ -72,12 +75,24 @@ class TierRule:
         return False
 
     def decision(self, finding: str = "") -> TierDecision:
+        severe = self.severe or SERIOUS in finding.split("; ")  # an ADR detector's serious reaction
         return TierDecision(self.tier, self.id, standing=self.standing, must_keep=self.must_keep,
-                            critical=self.critical, finding=finding)
+                            critical=self.critical, finding=finding, always=self.always, severe=severe)
+
+
+@lru_cache(maxsize=4096)
+def _adr_mentions(text: str) -> tuple[AdrMention, ...]:
+    """Both ADR rules read the same text in turn (serious first): recognise it once."""
+    return tuple(adr_mentions(text))
 
 
 def _adr(text: str) -> str | None:
-    found = adr_mentions(text)
+    found = _adr_mentions(text)
+    return "; ".join(dict.fromkeys(m.describe() for m in found)) if found else None
+
+
+def _serious_adr(text: str) -> str | None:
+    found = [m for m in _adr_mentions(text) if m.serious]
     return "; ".join(dict.fromkeys(m.describe() for m in found)) if found else None
 
 
@@ -101,14 +116,14 @@ def _vocabulary_fingerprint() -> str:
 
 
 # What a rule's `detector` may name: each returns what it found, or None
-DETECTORS = {"adr": _adr, "result": _results, "critical_result": _critical}
+DETECTORS = {"adr": _adr, "adr_serious": _serious_adr, "result": _results, "critical_result": _critical}
 
 
 def _decision_to_json(decision: TierDecision | None) -> bytes:
     if decision is None:
         return b"null"
     return json.dumps([decision.tier.value, decision.rule_id, decision.standing, decision.must_keep,
-                       decision.critical, decision.finding]).encode()
+                       decision.critical, decision.finding, decision.always, decision.severe]).encode()
 
 
 def _decision_from_json(blob: bytes) -> TierDecision | None:
@@ -116,7 +131,7 @@ def _decision_from_json(blob: bytes) -> TierDecision | None:
     if value is None:
         return None
     return TierDecision(Tier(value[0]), value[1], standing=value[2], must_keep=value[3], critical=value[4],
-                        finding=value[5])
+                        finding=value[5], always=value[6], severe=value[7])
 
 
 _ESCAPES = re.compile(r"\\[A-Za-z]")
@@ -157,7 +172,7 @@ def parse_rule(raw: Mapping[str, Any]) -> TierRule:
     if not isinstance(rule_id, str) or not rule_id:
         raise ConfigError(f"tier rule without an id: {dict(raw)!r}")
     unknown = set(raw) - {"id", "tier", "sections", "sections_none", "text_any", "text_none", "standing", "must_keep",
-                          "description", "drug_within", "detector", "critical"}
+                          "description", "drug_within", "detector", "critical", "always", "severe"}
     if unknown:
         raise ConfigError(f"tier rule {rule_id!r}: unknown keys {sorted(unknown)}")
     rule = TierRule(
@@ -173,7 +188,14 @@ def parse_rule(raw: Mapping[str, Any]) -> TierRule:
         drug_within=int(raw.get("drug_within", 0)),
         detector=str(raw.get("detector", "")),
         critical=bool(raw.get("critical", False)),
+        always=str(raw.get("always", "")),
+        severe=bool(raw.get("severe", False)),
     )
+    if rule.always not in ("", *ALWAYS_KINDS):
+        raise ConfigError(f"tier rule {rule_id!r}: always must be one of {ALWAYS_KINDS}, got {rule.always!r}")
+    if (rule.always or rule.severe) and not rule.must_keep:
+        raise ConfigError(f"tier rule {rule_id!r}: `always` and `severe` describe must-keep facts; "
+                          "set must_keep = true")
     if rule.detector and rule.detector not in DETECTORS:
         raise ConfigError(f"tier rule {rule_id!r}: detector must be one of {sorted(DETECTORS)}, got {rule.detector!r}")
     if not rule.sections and not rule.text_any and not rule.detector:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from ebmrag.generate.assembler import SelectedChunk, edges_first
-from ebmrag.packing.types import EvidenceItem, PackReason, PackResult
+from ebmrag.packing.types import EvidenceItem, PackResult
 from ebmrag.packing.utility import fragment_header
 from ebmrag.records.fragment import Fragment, PatientRecord, Tier, TierDecision
 
@@ -102,7 +102,7 @@ def context_items(numbering: Numbering, result: PackResult) -> list[ContextItem]
     for packed in result.packed:
         i = position[packed.fragment_id]
         header, body = headers[i], packed.body
-        pinned = packed.reason is PackReason.MUST_KEEP
+        pinned = packed.must_keep
         if i < len(numbering.patient):
             items.append(ContextItem(i + 1, PATIENT, packed.fragment_id, packed.tier, header, body, i, "",
                                      packed.utility, pinned, numbering.patient[i].section))

@@ -1,15 +1,19 @@
 """ebm-exact: the optimal multiple-choice knapsack under the EBM-Pack constraints (ours, not the paper's).
 
-Objective "critical" (the default), lexicographic:
-  (1) as many must-keep fragments as any packing can hold (T1 allergy, pathology, genetics);
-  (2) as many T1/T2 fragments of the current encounter, at least compressed;
-  (3) as many of the fragments of (1) and (2) as possible in their full text (room permitting);
-  (4) as many tier quota slots filled as possible; (5) the largest total utility.
+Objective "critical" (the default) follows the clinical order of packing.levels, lexicographically:
+  (1) as many level-1 fragments as any packing can hold, allergies and serious ADRs first, then the face
+      sheet and the question's needs (when allergies alone overflow the window, the severe and newest first);
+  (2) as many level-2 fragments (the current encounter's T1/T2 findings), at least compressed;
+  (3) as many level-3 fragments (standing history from earlier encounters), at least compressed;
+  (4) as many of the fragments of (1) and (2) as possible in their full text; (5) then those of (3);
+  (6) as many tier quota slots filled; (7) the largest total utility.
+A critical fact in its entity-preserving compressed state is worth more than another one's full text: a
+biopsy of last month is not dropped so that today's lab line keeps its wording.
 Utility U = W·Sim alone let relevance override tier: a T2 result the question did not mention lost to
-a verbose, on-topic history line (docs/results/README.md (a)).
-Objective "paper" is the paper's MCKP: (1) quota slots, (2) utility; no must-keep, no encounter.
-Each level is a hard constraint whenever it is feasible; encoding the levels as nested bonuses means an
-infeasible level degrades gracefully instead of failing the request.
+a verbose, on-topic history line (docs/results/README.md (a)), and another visit's biopsy pushed out today's.
+Objective "paper" is the paper's MCKP: (1) quota slots, (2) utility; no levels.
+Each level is a hard constraint whenever it is feasible; encoding the levels as nested integer bonuses means
+an infeasible level degrades gracefully instead of failing the request.
 
 Method: dynamic programming over capacity, tier by tier. Within a tier the state is (quota slots
 filled so far, capped at the tier's quota; tokens used); at the tier boundary the slot count is
@@ -20,6 +24,7 @@ back-pointers for the largest tier (n: fragments, q: k_min, W: window).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -28,6 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ebmrag.packing.findings import Moves, findings_before_filler
+from ebmrag.packing.levels import Level, allergy_overflow, is_allergy
 from ebmrag.packing.quota import tier_quotas, validate_k_min
 from ebmrag.packing.types import (
     Candidate,
@@ -37,6 +43,7 @@ from ebmrag.packing.types import (
     PackReason,
     PackResult,
     drop_entry,
+    level_reason,
     pack_entry,
     validate_window,
 )
@@ -114,7 +121,7 @@ def _relax(target: _Scores, into: Any, source: _Scores, at: Any, level: int, uti
 
 
 class ExactPacker:
-    """Optimal EBM-Pack with tier quotas and a hard must-keep flag for T1 allergy/pathology fragments."""
+    """Optimal EBM-Pack with tier quotas under the clinical order of critical facts (packing.levels)."""
 
     def __init__(self, k_min: int = 1, objective: str = "critical", findings_first: bool = True) -> None:
         validate_k_min(k_min)
@@ -125,22 +132,27 @@ class ExactPacker:
         self.name = "ebm-exact" if objective == "critical" else "ebm-exact-paper"
 
     def _bonus(self, candidates: Sequence[Candidate], slots: int) -> Callable[[Candidate, int], int]:
-        """The integer level of each objective tier above utility; each one outweighs everything below it
-        (one quota slot is worth 1 at the tier boundary)."""
+        """The integer level of each objective step above utility; each outweighs everything below it (one
+        quota slot is worth 1 at the tier boundary). Built bottom up: a step's unit exceeds the most that all
+        steps below it can add."""
         if self.objective == "paper":
             return lambda candidate, option: 0
-        critical = sum(c.critical for c in candidates)
-        current = sum(c.critical and not c.must_keep for c in candidates)
-        full = slots + 1
-        encounter = full * (critical + 1)
-        must_keep = encounter * (current + 1)
-        if must_keep * (len(candidates) + 1) >= 2**62:
+        count = Counter(c.level for c in candidates)
+        history_full = slots + 1
+        first_full = history_full * (count[Level.STANDING_HISTORY] + 1)
+        history = first_full * (count[Level.ALWAYS] + count[Level.CURRENT_ENCOUNTER] + 1)
+        current = history * (count[Level.STANDING_HISTORY] + 1)
+        allergies = sum(is_allergy(c) for c in candidates)
+        always = current * (count[Level.CURRENT_ENCOUNTER] + 1)
+        allergy = always * (count[Level.ALWAYS] - allergies + 1)
+        if allergy * (allergies + 1) >= 2**62:
             raise ValueError(f"{len(candidates)} fragments are too many for one exact packing; pre-filter the record")
+        units = {Level.ALWAYS: (always, first_full), Level.CURRENT_ENCOUNTER: (current, first_full),
+                 Level.STANDING_HISTORY: (history, history_full)}
 
         def bonus(candidate: Candidate, option: int) -> int:
-            if not candidate.critical:
-                return 0
-            return (must_keep if candidate.must_keep else encounter) + (full if option == 0 else 0)
+            packed, in_full = (allergy, first_full) if is_allergy(candidate) else units.get(candidate.level, (0, 0))
+            return packed + (in_full if option == 0 else 0)
 
         return bonus
 
@@ -209,7 +221,11 @@ class ExactPacker:
         return chosen
 
     def pack(self, candidates: Sequence[Candidate], window: int) -> PackResult:
-        chosen, note = self._solve(candidates, window)
+        validate_window(window)
+        left_out = allergy_overflow(candidates, window) if self.objective == "critical" else set()
+        chosen, note = self._solve_without(candidates, window, left_out)
+        if left_out:
+            note = "; ".join(filter(None, [note, _overflow_note(candidates, left_out)]))
         filled = self._fill(candidates, chosen, window)
         moves = findings_before_filler(candidates, chosen, window) if self.findings_first else Moves()
         if moves.added:  # the room a finding left over goes to the best of what is still out, as before
@@ -235,9 +251,20 @@ class ExactPacker:
             elif index in chosen:
                 packed.append(pack_entry(candidate, candidate.options[chosen[index]], self._reason(candidate),
                                          "in the optimal packing"))
+            elif index in left_out:
+                dropped.append(drop_entry(candidate, DropReason.CAPACITY, _overflow_note(candidates, left_out)))
             else:
                 dropped.append(self._why_dropped(candidate, window, room))
         return PackResult(self.name, window, tuple(packed), tuple(dropped), note)
+
+    def _solve_without(self, candidates: Sequence[Candidate], window: int,
+                       left_out: set[int]) -> tuple[dict[int, int], str]:
+        """Solve on the candidates not left out; indices map back to `candidates`."""
+        if not left_out:
+            return self._solve(candidates, window)
+        kept = [i for i in range(len(candidates)) if i not in left_out]
+        chosen, note = self._solve([candidates[i] for i in kept], window)
+        return {kept[k]: option for k, option in chosen.items()}, note
 
     @staticmethod
     def _fill(candidates: Sequence[Candidate], chosen: dict[int, int], window: int) -> set[int]:
@@ -259,9 +286,7 @@ class ExactPacker:
     def _reason(self, candidate: Candidate) -> PackReason:
         if self.objective == "paper":
             return PackReason.OPTIMAL
-        if candidate.must_keep:
-            return PackReason.MUST_KEEP
-        return PackReason.CURRENT_ENCOUNTER if candidate.critical else PackReason.OPTIMAL
+        return level_reason(candidate) or PackReason.OPTIMAL
 
     def _why_dropped(self, candidate: Candidate, window: int, room: int) -> DroppedFragment:
         """The reason names the room that was left: after the fill, any dropped fragment was larger than it."""
@@ -272,10 +297,9 @@ class ExactPacker:
             )
         left = f"{room} tokens were left, its smallest state needs {cheapest}"
         if candidate.critical and self.objective == "critical":
-            kind = "must-keep" if candidate.must_keep else "a current-encounter T1/T2 finding"
             return drop_entry(candidate, DropReason.CAPACITY,
-                              f"{kind}, but no packing holds it together with the critical fragments ranked above "
-                              f"it ({left})")
+                              f"level {candidate.level.value} ({level_reason(candidate)}), but no packing holds it "
+                              f"together with the critical fragments ranked above it ({left})")
         return drop_entry(candidate, DropReason.DENSITY_RANK,
                           f"the window went to higher-utility fragments ({left})")
 
@@ -288,3 +312,9 @@ def _took_place(replaced: list[str]) -> str:
     if not replaced:
         return "a T1/T2 finding, packed in the room left"
     return f"a T1/T2 finding, in the place of {len(replaced)} T4 fragment(s): {', '.join(replaced)}"
+
+
+def _overflow_note(candidates: Sequence[Candidate], left_out: set[int]) -> str:
+    allergies = sum(is_allergy(c) for c in candidates)
+    return (f"allergies alone overflow the window: {allergies - len(left_out)} of {allergies} kept "
+            f"(severe first, then newest), {len(left_out)} left out")

@@ -2,78 +2,108 @@
 
 Flatten every state of every fragment, sort by density U/C descending (O(M log M)), fill each tier's
 quota with its densest fitting states, then walk the list skipping a state whose fragment is already
-packed (mutual exclusion) or that does not fit (capacity). Ours: with `must_keep=True` (default) a
-first pass packs each must-keep fragment's densest fitting state before the quotas; set it False for
-the paper's algorithm as published.
+packed (mutual exclusion) or that does not fit (capacity). Ours: with `levels=True` (default) passes in the
+clinical order of packing.levels come first, as ebm-exact ranks them: allergies (the same choice when
+they alone overflow), the rest of level 1, level 2, level 3, then the full text of levels 1-2, then of 3.
+A level pass fits the smallest states first (most fragments), an upgrade pass then spends the room left on
+full text in record order. Set it False for the paper's algorithm as published.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from ebmrag.packing.levels import Level, allergy_overflow, cheapest, is_allergy
 from ebmrag.packing.quota import tier_quotas, validate_k_min
 from ebmrag.packing.types import (
     Candidate,
     DropReason,
     PackedFragment,
-    PackOption,
     PackReason,
     PackResult,
     drop_entry,
+    level_reason,
     pack_entry,
     validate_window,
+)
+
+LEVEL_PASSES: tuple[tuple[str, Callable[[Candidate], bool]], ...] = (  # fit as many as possible, then full text
+    ("fit", is_allergy),
+    ("fit", lambda c: c.level is Level.ALWAYS),
+    ("fit", lambda c: c.level is Level.CURRENT_ENCOUNTER),
+    ("fit", lambda c: c.level is Level.STANDING_HISTORY),
+    ("full", lambda c: c.level in (Level.ALWAYS, Level.CURRENT_ENCOUNTER)),
+    ("full", lambda c: c.level is Level.STANDING_HISTORY),
 )
 
 
 class GreedyPacker:
     name = "ebm-greedy"
 
-    def __init__(self, k_min: int = 1, must_keep: bool = True) -> None:
+    def __init__(self, k_min: int = 1, levels: bool = True) -> None:
         validate_k_min(k_min)
         self.k_min = k_min
-        self.must_keep = must_keep
+        self.levels = levels
 
     def pack(self, candidates: Sequence[Candidate], window: int) -> PackResult:
         validate_window(window)
-        flat = sorted(
-            ((i, o) for i, c in enumerate(candidates) for o in c.options),
-            key=lambda item: item[1].density,
-            reverse=True,
-        )
-        packed: dict[int, PackedFragment] = {}
-        room = window
-
-        def take(index: int, option: PackOption, reason: PackReason, detail: str) -> None:
-            nonlocal room
-            packed[index] = pack_entry(candidates[index], option, reason, detail)
-            room -= option.tokens
-
-        if self.must_keep:
-            for index, option in flat:
-                if candidates[index].must_keep and index not in packed and option.tokens <= room:
-                    take(index, option, PackReason.MUST_KEEP, "must-keep pass")
+        flat = sorted(((i, j) for i, c in enumerate(candidates) for j in range(len(c.options))),
+                      key=lambda item: candidates[item[0]].options[item[1]].density, reverse=True)
+        chosen: dict[int, int] = {}
+        reasons: dict[int, tuple[PackReason, str]] = {}
+        left_out = allergy_overflow(candidates, window) if self.levels else set()
+        room = self._level_passes(candidates, chosen, reasons, window, left_out) if self.levels else window
         for tier, quota in tier_quotas(candidates, self.k_min).items():
-            filled = sum(1 for i in packed if candidates[i].tier is tier)
-            for index, option in flat:
+            filled = sum(1 for i in chosen if candidates[i].tier is tier)
+            for index, j in flat:
                 if filled >= quota:
                     break
-                if candidates[index].tier is tier and index not in packed and option.tokens <= room:
-                    take(index, option, PackReason.QUOTA, f"tier {tier.value} quota")
+                cost = candidates[index].options[j].tokens
+                if candidates[index].tier is tier and index not in chosen and cost <= room:
+                    chosen[index], reasons[index], room = j, (PackReason.QUOTA, f"tier {tier.value} quota"), room - cost
                     filled += 1
-        for rank, (index, option) in enumerate(flat, 1):
-            if index not in packed and option.tokens <= room:
-                take(index, option, PackReason.DENSITY_RANK, f"density rank {rank} of {len(flat)}")
-        dropped = tuple(
-            drop_entry(
-                c,
-                DropReason.CAPACITY,
-                f"none of its states ({min(o.tokens for o in c.options)}+ tokens) fitted the room left",
-            )
-            for i, c in enumerate(candidates)
-            if i not in packed
-        )
-        return PackResult(self.name, window, tuple(packed[i] for i in sorted(packed)), dropped)
+        for rank, (index, j) in enumerate(flat, 1):
+            cost = candidates[index].options[j].tokens
+            if index not in chosen and index not in left_out and cost <= room:
+                chosen[index], room = j, room - cost
+                reasons[index] = (PackReason.DENSITY_RANK, f"density rank {rank} of {len(flat)}")
+        packed: list[PackedFragment] = [pack_entry(candidates[i], candidates[i].options[chosen[i]], *reasons[i])
+                                        for i in sorted(chosen)]
+        dropped = tuple(drop_entry(c, DropReason.CAPACITY, self._why_dropped(c, i in left_out))
+                        for i, c in enumerate(candidates) if i not in chosen)
+        return PackResult(self.name, window, tuple(packed), dropped)
+
+    @staticmethod
+    def _level_passes(candidates: Sequence[Candidate], chosen: dict[int, int],
+                      reasons: dict[int, tuple[PackReason, str]], window: int, left_out: set[int]) -> int:
+        """The clinical order's passes (LEVEL_PASSES); returns the room left. Updates `chosen` and `reasons`."""
+        room = window
+        for step, belongs in LEVEL_PASSES:
+            members = [i for i, c in enumerate(candidates) if belongs(c) and i not in left_out]
+            if step == "full":  # upgrade to the full text, record order
+                for index in members:
+                    if index in chosen and chosen[index] != 0:
+                        extra = candidates[index].full.tokens - candidates[index].options[chosen[index]].tokens
+                        if extra <= room:
+                            chosen[index], room = 0, room - extra
+                continue
+            for index in sorted((i for i in members if i not in chosen), key=lambda i: (cheapest(candidates[i]), i)):
+                options = candidates[index].options
+                smallest = min(range(len(options)), key=lambda j: (options[j].tokens, j))
+                if options[smallest].tokens <= room:
+                    chosen[index], room = smallest, room - options[smallest].tokens
+                    reasons[index] = (level_reason(candidates[index]) or PackReason.DENSITY_RANK,
+                                      f"level {candidates[index].level.value} pass")
+        return room
+
+    def _why_dropped(self, candidate: Candidate, overflowed: bool) -> str:
+        detail = f"none of its states ({cheapest(candidate)}+ tokens) fitted the room left"
+        if overflowed:
+            return f"allergies alone overflow the window (severe first, then newest): {detail}"
+        if self.levels and candidate.critical:
+            return f"level {candidate.level.value} ({level_reason(candidate)}): {detail}"
+        return detail
 
     def to_dict(self) -> dict[str, Any]:
-        return {"strategy": self.name, "k_min": self.k_min, "must_keep": self.must_keep}
+        return {"strategy": self.name, "k_min": self.k_min, "levels": self.levels}

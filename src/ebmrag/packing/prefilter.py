@@ -5,7 +5,7 @@ Measuring a fragment (entity compression, an embedding, token counts) costs abou
 record's estimated size exceeds `windows` times the window (and it has more than `min_fragments`
 fragments), this step keeps:
 
-- every critical fragment (must-keep, or T1/T2 of the current encounter) and the rest of the current
+- every critical fragment (levels 1-3 of packing.levels) and the rest of the current
   encounter: the safety guarantee of the critical-first packer is untouched, because no critical
   fragment is ever pre-filtered;
 - the best of the rest by an estimate of their utility that needs no model: tier weight × recency
@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from ebmrag.packing.levels import Level, level_of
 from ebmrag.packing.types import DroppedFragment, DropReason
 from ebmrag.packing.utility import (
     UtilityParams,
@@ -33,7 +34,7 @@ from ebmrag.packing.utility import (
     hours_before,
     in_current_encounter,
 )
-from ebmrag.records.fragment import Fragment, Tier
+from ebmrag.records.fragment import Fragment
 
 _WORD = re.compile(r"[a-z0-9]+|[\u4e00-\u9fff]")
 _CHARS_PER_TOKEN = 4  # a rough estimate: only the order of magnitude of the kept set depends on it
@@ -82,7 +83,8 @@ def estimated_tokens(text: str) -> int:
 
 
 def _critical(fragments: Sequence[Fragment], as_of: datetime | None, params: UtilityParams) -> set[int]:
-    """Must-keep fragments, T1/T2 of the current encounter (packing.utility.is_current), and every dated or
+    """Critical fragments (levels 1-3 of packing.levels: allergies, the current encounter's T1/T2, standing
+    history), and every dated or
     encounter-named fragment of the current encounter: the visit being asked about is always measured, and
     the fragments that define "current" for the packer stay in the record it sees."""
     encounter = current_encounter_id(fragments)
@@ -91,8 +93,7 @@ def _critical(fragments: Sequence[Fragment], as_of: datetime | None, params: Uti
         same = (fragment.encounter == encounter) if encounter and fragment.encounter else None
         current = in_current_encounter(same, hours_before(fragment, as_of), params)
         situated = fragment.timestamp is not None or fragment.encounter is not None
-        if (fragment.decision is not None and fragment.decision.must_keep) or (
-                current and (situated or fragment.tier in (Tier.T1, Tier.T2))):
+        if level_of(fragment.decision, current) < Level.UTILITY or (current and situated):
             protected.add(index)
     return protected
 

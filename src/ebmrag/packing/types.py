@@ -9,6 +9,7 @@ from datetime import timedelta
 from enum import StrEnum
 from typing import Any, Protocol
 
+from ebmrag.packing.levels import Level, level_name, level_of
 from ebmrag.records.fragment import Fragment, Tier, TierDecision
 
 MAX_WINDOW = 1_000_000  # far above today's largest model windows (~200k); a guard against typos, not a tuning knob
@@ -21,8 +22,12 @@ class State(StrEnum):
 
 
 class PackReason(StrEnum):
-    MUST_KEEP = "must_keep"
-    CURRENT_ENCOUNTER = "current_encounter"  # a T1/T2 finding of this visit, protected by the critical-first objective
+    # the critical-first objective's levels (packing.levels), highest first
+    ALLERGY = "allergy"  # level 1: a drug allergy or serious adverse reaction, whatever its age
+    FACE_SHEET = "face_sheet"  # level 1: the chart's face sheet (age, sex, pregnancy, the allergy status)
+    QUESTION_NEED = "question_need"  # level 1: a section the question type cannot be answered without
+    CURRENT_ENCOUNTER = "current_encounter"  # level 2: a T1/T2 finding or critical result of this visit
+    STANDING_HISTORY = "standing_history"  # level 3: pathology, genetics, a chronic diagnosis from an earlier visit
     QUOTA = "quota"
     DENSITY_RANK = "density_rank"
     OPTIMAL = "optimal"
@@ -99,11 +104,14 @@ class Candidate:
         return self.options[0]
 
     @property
+    def level(self) -> Level:
+        """Its place in the clinical order of critical facts (packing.levels)."""
+        return level_of(self.fragment.decision, self.current)
+
+    @property
     def critical(self) -> bool:
-        """What the critical-first objective protects: must-keep, or T1/T2 of the current encounter."""
-        decision = self.fragment.decision
-        return (self.must_keep or (self.current and self.tier in (Tier.T1, Tier.T2))
-                or (decision is not None and decision.critical))
+        """What the critical-first objective protects: levels 1-3."""
+        return self.level < Level.UTILITY
 
 
 @dataclass(frozen=True)
@@ -121,6 +129,8 @@ class PackedFragment:
     body: str = ""  # `text` without its header, as the state says it (full, compressed or truncated)
     rule: str = ""  # the tier rule (or model) that decided the fragment's tier
     finding: str = ""  # what that rule found in the text (an ADR's drug and reaction, a critical value)
+    level: str = ""  # its level in the clinical order (packing.levels.level_name); "" for the rest
+    must_keep: bool = False  # a decisive fact (allergy, pathology, genetics) or one the question needs
 
 
 @dataclass(frozen=True)
@@ -133,6 +143,7 @@ class DroppedFragment:
     duplicate_of: str = ""  # reason duplicate: the fragment kept in its place
     rule: str = ""
     finding: str = ""
+    level: str = ""
 
 
 @dataclass(frozen=True)
@@ -174,11 +185,11 @@ class PackResult:
             "packed": [{**({"n": numbers[p.fragment_id]} if p.fragment_id in numbers else {}),
                         "fragment_id": p.fragment_id, "state": p.state.value, "tier": p.tier.value, "tokens": p.tokens,
                         "utility": round(p.utility, 6), "reason": p.reason.value,
-                        "excluded_states": [s.value for s in p.excluded_states], **_decided(p.rule, p.finding)}
+                        "excluded_states": [s.value for s in p.excluded_states], **_decided(p.rule, p.finding, p.level)}
                        for p in self.packed],
             "dropped": [{"fragment_id": d.fragment_id, "tier": d.tier.value, "reason": d.reason.value,
                          "detail": d.detail, **({"duplicate_of": d.duplicate_of} if d.duplicate_of else {}),
-                         **_decided(d.rule, d.finding)}
+                         **_decided(d.rule, d.finding, d.level)}
                         for d in self.dropped],
             "context": self.context,
         }
@@ -187,8 +198,9 @@ class PackResult:
         return next((p.state for p in self.packed if p.fragment_id == fragment_id), None)
 
 
-def _decided(rule: str, finding: str) -> dict[str, str]:
-    return {**({"rule": rule} if rule else {}), **({"finding": finding} if finding else {})}
+def _decided(rule: str, finding: str, level: str) -> dict[str, str]:
+    return {**({"rule": rule} if rule else {}), **({"finding": finding} if finding else {}),
+            **({"level": level} if level else {})}
 
 
 _LINE_BREAKS = re.compile(r"\s*[\r\n\v\f\x85\u2028\u2029]+\s*")
@@ -230,18 +242,26 @@ def pack_entry(candidate: Candidate, option: PackOption, reason: PackReason, det
         detail,
         option.body,
         *_rule_of(candidate),
+        candidate.must_keep,
     )
 
 
 def drop_entry(candidate: Candidate, reason: DropReason, detail: str) -> DroppedFragment:
-    rule, finding = _rule_of(candidate)
+    rule, finding, level = _rule_of(candidate)
     return DroppedFragment(candidate.fragment.id, candidate.tier, reason, detail, candidate.must_keep,
-                           rule=rule, finding=finding)
+                           rule=rule, finding=finding, level=level)
 
 
-def _rule_of(candidate: Candidate) -> tuple[str, str]:
+def _rule_of(candidate: Candidate) -> tuple[str, str, str]:
     decision = candidate.fragment.decision
-    return (decision.rule_id, decision.finding) if decision is not None else ("", "")
+    level = level_name(decision, candidate.current)
+    return (decision.rule_id, decision.finding, level) if decision is not None else ("", "", level)
+
+
+def level_reason(candidate: Candidate) -> PackReason | None:
+    """The pack reason that names a critical fragment's level; None for the rest (level 4)."""
+    name = level_name(candidate.fragment.decision, candidate.current)
+    return PackReason(name) if name else None
 
 
 def validate_window(window: int) -> None:

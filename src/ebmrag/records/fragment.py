@@ -63,8 +63,10 @@ class TierDecision:
     rule_id: str
     standing: bool = False
     must_keep: bool = False
-    critical: bool = False  # ranks with the current encounter's T1/T2 whatever its age (a critical result)
+    critical: bool = False  # a critical (panic) result: level 2 when current, level 3 (history) when older
     finding: str = ""  # what a detector found: "drug=amoxicillin; reaction=urticaria", "potassium 6.8 mmol/L ..."
+    always: str = ""  # packing level 1 whatever its age, and why: "allergy", "face_sheet", "question_need"
+    severe: bool = False  # a severe or high-risk allergy or reaction: first when allergies alone overflow the window
 
 
 @dataclass(frozen=True)
