@@ -8,20 +8,24 @@ import pytest
 from typer.testing import CliRunner
 
 from ebmrag.cli import app
-from ebmrag.eval.cases import load_cases
-from ebmrag.eval.noise import NoiseConfig
-from ebmrag.eval.packing_eval import entity_ceiling, evaluate, score_pack
+from ebmrag.eval.cases import EvalCase, load_cases
+from ebmrag.eval.noise import NoiseConfig, noisy_cases
+from ebmrag.eval.packing_eval import entity_ceiling, evaluate, prepare, score_pack
 from ebmrag.eval.packing_report import dataset_dir, prepare_cases, run_suite
 from ebmrag.eval.packing_suite import NEUTRAL, Suite, split_of, tier_weight_grid
 from ebmrag.models.tokens import make_token_counter
+from ebmrag.evidence.tiers import TierClassifier
+from ebmrag.packing.dedup import collapse_duplicates
 from ebmrag.packing.exact import ExactPacker
+from ebmrag.packing.greedy import GreedyPacker
+from ebmrag.packing.levels import is_allergy
 from ebmrag.packing.packer import STRATEGIES, make_packer
 from ebmrag.packing.utility import CandidateBuilder, UtilityParams
 from ebmrag.records.fragment import Tier
 from tests.eval.helpers import measured, prepared_case
 
 ROW_KEYS = {"dataset", "strategy", "window", "cases", "rrce", "entity_rrce", "entity_ceiling", "t1_retention",
-            "utility_ratio", "ms_per_pack"}
+            "history_retention", "utility_ratio", "ms_per_pack"}
 
 
 def test_entity_ceiling_takes_the_cheapest_complete_state_and_bounds_every_packer() -> None:
@@ -81,6 +85,36 @@ def test_invariants_on_real_cases(suite: Suite, shared_data: Path) -> None:
     result = ExactPacker().pack(candidates, 256)
     assert len(result.packed) + len(result.dropped) == len(candidates)
     assert all(p.reason for p in result.packed) and all(d.reason for d in result.dropped)
+
+
+def _with_allergies(dataset: str, folder: Path, noise: NoiseConfig, wanted: int) -> list[EvalCase]:
+    """The first noisy cases whose signal or noise holds an allergy by the tier rules (cheap: no model)."""
+    rules, found = TierClassifier(), []
+    for case in noisy_cases(load_cases(dataset, folder, 60), noise):
+        if any(rules.classify(f.text, f.section).always == "allergy" for f in case.record.fragments):
+            found.append(case)
+        if len(found) == wanted:
+            break
+    return found
+
+
+def test_every_allergy_of_signal_and_noise_is_packed_at_256_when_allergies_fit(suite: Suite,
+                                                                            shared_data: Path) -> None:
+    """Level 1 of the clinical order on real cases with the protocol's noise (other cases' allergies included)."""
+    cases = [*_with_allergies("medqa", shared_data / "mirage", suite.noise, 3),
+             *_with_allergies("agentclinic", shared_data / "agentclinic", suite.noise, 3)]
+    assert len(cases) >= 4, "the slice must hold allergies, or the test proves nothing"
+    checked = 0
+    for item in prepare(cases, suite.builder):
+        candidates, _ = collapse_duplicates(item.candidates(UtilityParams()))
+        allergies = [c for c in candidates if is_allergy(c)]
+        if sum(min(o.tokens for o in c.options) for c in allergies) > 256:
+            continue
+        for packer in (ExactPacker(), GreedyPacker()):
+            packed = {p.fragment_id: p.reason.value for p in packer.pack(candidates, 256).packed}
+            assert all(packed.get(c.fragment.id) == "allergy" for c in allergies), (item.case.case_id, packer.name)
+        checked += len(allergies)
+    assert checked >= 4
 
 
 def test_small_suite_writes_every_table_and_plot(suite: Suite, shared_data: Path, tmp_path: Path) -> None:
