@@ -13,8 +13,8 @@ from ebmrag.eval.noise import NoiseConfig, noisy_cases
 from ebmrag.eval.packing_eval import entity_ceiling, evaluate, prepare, score_pack
 from ebmrag.eval.packing_report import dataset_dir, prepare_cases, run_suite
 from ebmrag.eval.packing_suite import NEUTRAL, Suite, split_of, tier_weight_grid
-from ebmrag.models.tokens import make_token_counter
 from ebmrag.evidence.tiers import TierClassifier
+from ebmrag.models.tokens import make_token_counter
 from ebmrag.packing.dedup import collapse_duplicates
 from ebmrag.packing.exact import ExactPacker
 from ebmrag.packing.greedy import GreedyPacker
@@ -149,3 +149,15 @@ def test_eval_packing_command_writes_results_json(shared_data: Path, tmp_path: P
     missing = CliRunner().invoke(app, ["eval", "packing", "--dataset", "cmb", "--data-dir", str(tmp_path),
                                        "--out", str(tmp_path / "o")])
     assert missing.exit_code == 2 and "cmb_clin" in missing.output
+    cases = {}
+    for half in ("tune", "check"):
+        run = CliRunner().invoke(app, [
+            "eval", "packing", "--dataset", "cmb", "--data-dir", str(shared_data / "cmb_clin"), "--limit", "6",
+            "--windows", "256", "--strategies", "fifo", "--half", half, "--out", str(tmp_path / half),
+            "--config", str(config)])
+        assert run.exit_code == 0, run.output
+        cases[half] = json.loads((tmp_path / half / "results.json").read_text())[0]["cases"]
+    assert cases["tune"] + cases["check"] == 6, "the two halves split the cases"
+    wrong = CliRunner().invoke(app, ["eval", "packing", "--dataset", "cmb", "--data-dir", str(shared_data / "cmb_clin"),
+                                     "--out", str(tmp_path / "o"), "--half", "both"])
+    assert wrong.exit_code == 2 and "half must be" in wrong.output

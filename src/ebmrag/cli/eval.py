@@ -90,6 +90,8 @@ def eval_packing(
     noise_ratio: NoiseRatio = 12,
     recent_share: RecentShare = 0.0,
     seed: Seed = 0,
+    half: Annotated[str, typer.Option(help="all, or a fixed hash half of the cases: tune | check (the noise is "
+                                      "drawn from every case either way).")] = "all",
     llm: LlmOption = None,
     model: ModelOption = None,
     base_url: BaseUrlOption = None,
@@ -120,7 +122,7 @@ def eval_packing(
         window_list = _ints(windows, "windows")
         with progress_bar() as bar:
             rows, prepared = run_packing(suite, dataset, data_dir, window_list, names, out, limit, k_min, params,
-                                         progress_callback(bar))
+                                         progress_callback(bar), half)
         typer.echo(rows_table("results", f"{dataset}: packing results", rows).markdown())
         stderr.print(f"wrote {out / 'results.json'}")
         if client:

@@ -18,6 +18,7 @@ from typing import Any
 
 from ebmrag.eval import plots
 from ebmrag.eval.cases import DATASETS, EvalCase, load_cases
+from ebmrag.eval.halves import HALVES, half_of
 from ebmrag.eval.noise import NoiseConfig, noisy_cases
 from ebmrag.eval.packing_eval import PackingRow, PreparedCase, evaluate, prepare
 from ebmrag.eval.packing_suite import Suite, Table, greedy_vs_exact, rows_table, write_table
@@ -71,8 +72,14 @@ def write_results(rows: Sequence[PackingRow], out: Path) -> None:
 
 def run_packing(suite: Suite, dataset: str, data_dir: Path, windows: Sequence[int], strategies: Sequence[str],
                 out: Path, limit: int = 0, k_min: int = 1, params: UtilityParams | None = None,
-                progress: Progress | None = None) -> tuple[list[PackingRow], list[PreparedCase]]:
-    prepared = prepare_cases(suite, dataset, load_cases(dataset, data_dir, limit), suite.noise, progress)
+                progress: Progress | None = None, half: str = "all") -> tuple[list[PackingRow], list[PreparedCase]]:
+    """`half` "tune" or "check" scores one fixed hash half of the cases (eval.halves); the noise of every case
+    is drawn from all of them, so a case's record is the same whichever half is asked for."""
+    if half not in ("all", *HALVES):
+        raise ValueError(f"half must be all, tune or check, got {half!r}")
+    noisy = [c for c in noisy_cases(load_cases(dataset, data_dir, limit), suite.noise)
+             if half == "all" or half_of(c.case_id) == half]
+    prepared = prepare(noisy, suite.builder, progress=progress, label=dataset)
     packers = [make_packer(s, suite.token_counter, k_min) for s in strategies]
     rows = evaluate(prepared, packers, windows, params or UtilityParams(), k_min)
     write_results(rows, out)
