@@ -18,7 +18,7 @@ from ebmrag.models.tokens import make_token_counter
 from ebmrag.packing.dedup import collapse_duplicates
 from ebmrag.packing.exact import ExactPacker
 from ebmrag.packing.greedy import GreedyPacker
-from ebmrag.packing.levels import is_allergy
+from ebmrag.packing.overflow import is_allergy
 from ebmrag.packing.packer import STRATEGIES, make_packer
 from ebmrag.packing.utility import CandidateBuilder, UtilityParams
 from ebmrag.records.fragment import Tier

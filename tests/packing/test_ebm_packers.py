@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from ebmrag.packing.exact import ExactPacker
 from ebmrag.packing.greedy import GreedyPacker
-from ebmrag.packing.levels import Level, allergy_overflow, is_allergy
+from ebmrag.packing.levels import Level
+from ebmrag.packing.overflow import allergy_overflow, is_allergy
 from ebmrag.packing.quota import tier_quotas
 from ebmrag.packing.types import Candidate, PackResult
 from tests.packing.strategies import candidate_sets

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from ebmrag.packing.exact import ExactPacker
 from ebmrag.packing.greedy import GreedyPacker
-from ebmrag.packing.levels import Level, allergy_overflow, level_name, level_of
+from ebmrag.packing.levels import Level, level_name, level_of
+from ebmrag.packing.overflow import allergy_overflow
 from ebmrag.packing.types import Candidate, PackOption, PackResult, State
 from ebmrag.records.fragment import Fragment, Tier, TierDecision
 from tests.packing.strategies import candidate_sets

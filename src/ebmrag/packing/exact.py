@@ -33,7 +33,8 @@ import numpy as np
 import numpy.typing as npt
 
 from ebmrag.packing.findings import Moves, findings_before_filler
-from ebmrag.packing.levels import Level, allergy_overflow, is_allergy
+from ebmrag.packing.levels import Level
+from ebmrag.packing.overflow import allergy_overflow, is_allergy
 from ebmrag.packing.quota import tier_quotas, validate_k_min
 from ebmrag.packing.types import (
     Candidate,

@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ebmrag.packing.levels import Level, allergy_overflow, cheapest, is_allergy
+from ebmrag.packing.levels import Level
+from ebmrag.packing.overflow import allergy_overflow, cheapest, is_allergy
 from ebmrag.packing.quota import tier_quotas, validate_k_min
 from ebmrag.packing.types import (
     Candidate,

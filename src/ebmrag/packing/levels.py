@@ -3,7 +3,7 @@ the window cannot hold it all.
 
 1. ALWAYS: drug allergies and serious adverse drug reactions, the face sheet with the allergy status, and what
    the question type needs (evidence.questions), whatever their age. Allergies come first within the level;
-   when allergies alone overflow the window, the severe ones first, then the newest (`allergy_overflow`).
+   when allergies alone overflow the window, the severe ones first, then the newest (packing.overflow).
 2. CURRENT_ENCOUNTER: this visit's T1/T2 findings (pathology, genetics, labs, imaging) and critical results.
 3. STANDING_HISTORY: pathology, genetics and chronic diagnoses (must-keep or standing T1/T2) and critical
    results from earlier encounters. They never decay and rank above everything that is not critical.
@@ -16,15 +16,9 @@ level is never promoted by the text's own wording beyond what the rules read in 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from datetime import UTC, datetime
 from enum import IntEnum
-from typing import TYPE_CHECKING
 
 from ebmrag.records.fragment import Tier, TierDecision
-
-if TYPE_CHECKING:
-    from ebmrag.packing.types import Candidate
 
 FINDING_TIERS = (Tier.T1, Tier.T2)
 ALLERGY = "allergy"  # TierDecision.always of a drug allergy or serious adverse reaction
@@ -57,44 +51,3 @@ def level_name(decision: TierDecision | None, current: bool) -> str:
     if level is Level.ALWAYS and decision is not None:
         return decision.always
     return {Level.CURRENT_ENCOUNTER: "current_encounter", Level.STANDING_HISTORY: "standing_history"}.get(level, "")
-
-
-def _seconds(stamp: datetime | None) -> float:
-    """A timestamp on one scale (naive ones read as UTC); undated is the newest."""
-    if stamp is None:
-        return float("inf")
-    return (stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)).timestamp()
-
-
-def cheapest(candidate: Candidate) -> int:
-    return min(o.tokens for o in candidate.options)
-
-
-def is_allergy(candidate: Candidate) -> bool:
-    """A drug allergy or serious adverse reaction: first within level 1."""
-    decision = candidate.fragment.decision
-    return decision is not None and decision.always == ALLERGY
-
-
-def allergy_overflow(candidates: Sequence[Candidate], window: int) -> set[int]:
-    """Indices of the allergies left out when allergies alone cannot fit in the window, each in its smallest
-    state: severe ones first, then the newest (undated counts as newest), then record order; one that does not
-    fit in the room left is skipped and the next tried. Empty when they all fit, the usual case: an allergy is
-    a line."""
-    allergies = [i for i, c in enumerate(candidates) if is_allergy(c)]
-    if sum(cheapest(candidates[i]) for i in allergies) <= window:
-        return set()
-
-    def priority(index: int) -> tuple[bool, float, int]:
-        fragment = candidates[index].fragment
-        severe = bool(fragment.decision and fragment.decision.severe)
-        return (not severe, -_seconds(fragment.timestamp), index)
-
-    room, left_out = window, set()
-    for index in sorted(allergies, key=priority):
-        cost = cheapest(candidates[index])
-        if cost <= room:
-            room -= cost
-        else:
-            left_out.add(index)
-    return left_out
