@@ -36,11 +36,23 @@ def _required_str(raw: Mapping[str, Any], key: str, where: str) -> str:
     return value
 
 
+RECORD_FIELDS = frozenset({"patient_id", "fragments", "query"})  # "query": a demo record's example question
+FRAGMENT_FIELDS = frozenset({"id", "patient_id", "text", "section", "timestamp", "source", "encounter"})
+
+
+def _known_fields(data: Mapping[str, Any], known: frozenset[str], where: str) -> None:
+    """A misspelt field ("timestmp") would otherwise be dropped without a word, and its value lost."""
+    unknown = sorted(str(k) for k in data if k not in known)
+    if unknown:
+        raise RecordError(where, f"unknown fields {unknown}; the fields are {sorted(known)}")
+
+
 def record_from_json(data: Any, origin: str) -> PatientRecord:
     """The native format: {"patient_id", "fragments": [{"id", "text", "section"?, "timestamp"?, "source"?,
     "encounter"?}]}."""
     if not isinstance(data, Mapping):
         raise RecordError(origin, "a patient record must be a JSON object")
+    _known_fields(data, RECORD_FIELDS, origin)
     patient_id = _required_str(data, "patient_id", origin)
     raw_fragments = data.get("fragments")
     if not isinstance(raw_fragments, list):
@@ -52,6 +64,7 @@ def record_from_json(data: Any, origin: str) -> PatientRecord:
         where = f"{origin}: fragments[{index}]"
         if not isinstance(raw, Mapping):
             raise RecordError(where, "must be an object")
+        _known_fields(raw, FRAGMENT_FIELDS, where)
         owner = raw.get("patient_id", patient_id)
         if owner != patient_id:
             raise RecordError(f"{where}.patient_id", f"{owner!r} differs from the record's {patient_id!r}")

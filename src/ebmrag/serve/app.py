@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -22,10 +23,12 @@ from fastapi import FastAPI, Request
 from fastapi import Path as PathParameter
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
+from starlette.routing import Match
 
 from ebmrag.answer.engine import Engine
 from ebmrag.compose import Resources
 from ebmrag.config import Settings
+from ebmrag.serve.guard import BodyGuard
 from ebmrag.serve.kb_routes import install_kb
 from ebmrag.serve.models import AskBody, PackBody, SearchBody
 from ebmrag.serve.problems import ProblemError, install_errors, install_openapi, problem_response
@@ -88,7 +91,28 @@ def create_app(store: PatientStore, settings: Settings | None = None, engine: En
     _install_answers(app, service)
     install_kb(app, service)
     install_ui(app, service, stored)
+    app.add_middleware(BodyGuard, store=store, max_bytes=int(settings.serve.max_body_mb * 2**20),  # outermost
+                       refused=lambda scope, status: service.metrics.observe(_route_of(app, scope), status, 0.0))
     return app
+
+
+def _route_of(app: FastAPI, scope: Any) -> str:
+    """The route template a request would reach ("/v1/patients/{pid}/ask"), for the metrics of requests the
+    guard answers before routing."""
+    for route in app.router.routes:
+        if route.matches(scope)[0] is Match.FULL:
+            return str(getattr(route, "path", "unmatched"))
+    return "unmatched"
+
+
+_CLIENT_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+
+
+def request_id(sent: str | None) -> str:
+    """Server-made and unique: a client's id is kept as a prefix only when it is short and plain (no names,
+    dates of birth or 20 KB strings reach the audit or the logs), and never alone, so ids cannot repeat."""
+    made = uuid.uuid4().hex
+    return f"{sent}.{made[:12]}" if sent and _CLIENT_ID.fullmatch(sent) else made
 
 
 def _install_middleware(app: FastAPI, service: Service) -> None:
@@ -96,7 +120,7 @@ def _install_middleware(app: FastAPI, service: Service) -> None:
 
     @app.middleware("http")
     async def frame(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        request.state.request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+        request.state.request_id = request_id(request.headers.get("x-request-id"))
         length = request.headers.get("content-length")
         started = asyncio.get_running_loop().time()
         if length and length.isdigit() and int(length) > limit:

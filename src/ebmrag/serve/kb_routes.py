@@ -46,7 +46,7 @@ def install_kb(app: FastAPI, service: Service) -> None:
         service.audit(key, "", "kb_upload", request, tuple(d.doc_id for d in documents))
         return {"added": report.added, "updated": report.updated, "unchanged": report.unchanged}
 
-    @app.delete("/v1/kb/documents/{doc_id}", tags=["knowledge base"])
+    @app.delete("/v1/kb/documents/{doc_id:path}", tags=["knowledge base"])  # file-ingested ids hold "/"
     async def kb_delete(doc_id: str, request: Request) -> dict[str, Any]:
         key = await kb_admin(request, change=True)
         report = await service.run(lambda: knowledge_base().apply([], [doc_id]))

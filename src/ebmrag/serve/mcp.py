@@ -12,6 +12,7 @@ server starts (`--key` or EBMRAG_API_KEY). A bad argument or a refused call is a
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -24,6 +25,7 @@ from mcp.server.mcpserver.exceptions import ToolError  # noqa: E402
 from starlette.types import ASGIApp, Receive, Scope, Send  # noqa: E402
 
 from ebmrag import __version__  # noqa: E402
+from ebmrag.serve.models import bounded_text  # noqa: E402
 from ebmrag.serve.problems import ProblemError  # noqa: E402
 from ebmrag.serve.service import Service  # noqa: E402
 from ebmrag.store import audit  # noqa: E402
@@ -74,12 +76,14 @@ class McpTools:
 
     def pack(self, key: ApiKey, call: str, patient_id: str, question: str, window: int,
              strategy: str | None) -> dict[str, Any]:
+        bounded_text("question", question)
         record = self._record(key, patient_id)
         result = self.service.locked(lambda: self.service.packer(strategy).run(record, question, window))()
         self._audit(key, patient_id, "pack", call, tuple(p.fragment_id for p in result.packed))
         return dict(result.to_json(), context=result.context)
 
     def ask(self, key: ApiKey, call: str, patient_id: str, question: str, window: int | None) -> dict[str, Any]:
+        bounded_text("question", question)
         record = self._record(key, patient_id)
         result = self.service.locked(lambda: self.service.engine().ask(question, record, window))()
         self._audit(key, patient_id, "ask", call, tuple(i.id for i in result.items))
@@ -88,6 +92,7 @@ class McpTools:
 
     def search(self, key: ApiKey, call: str, query: str, k: int) -> list[dict[str, Any]]:
         require(key, SEARCH)
+        bounded_text("query", query)
         try:
             retriever = self.service.locked(self.service.retriever)()
         except ProblemError as exc:
@@ -122,7 +127,7 @@ def build_mcp_server(service: Service, stdio_key: str | None = None) -> MCPServe
         if wait > 0:
             raise AccessError(429, f"more than {service.settings.serve.rate_per_second:g} calls per second for "
                                    f"this key; retry in {max(1, round(wait))} s")
-        return key, f"mcp-{ctx.request_id}"
+        return key, f"mcp-{ctx.request_id}.{uuid.uuid4().hex[:12]}"  # JSON-RPC ids repeat per session
 
     def guarded(work: Callable[[], Any]) -> str:
         try:

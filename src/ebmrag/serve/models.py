@@ -8,20 +8,31 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ebmrag.packing.types import MAX_WINDOW
 
+MAX_TEXT = 4000  # characters of a question or query, on every transport (HTTP, MCP)
+
+
+def bounded_text(name: str, text: str) -> str:
+    """A question or query as every transport accepts it: not empty, at most MAX_TEXT characters."""
+    if not text.strip():
+        raise ValueError(f"{name} is empty")
+    if len(text) > MAX_TEXT:
+        raise ValueError(f"{name} is longer than {MAX_TEXT:,} characters ({len(text):,})")
+    return text
+
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")  # a misspelt field is an error, not a silent default
 
 
 class AskBody(_Body):
-    question: str = Field(min_length=1, max_length=4000)
+    question: str = Field(min_length=1, max_length=MAX_TEXT)
     window: int | None = Field(default=None, ge=1, le=MAX_WINDOW)
     retrieval: Literal["auto", "always", "never"] | None = None
     wait_ms: int = Field(default=0, ge=0, le=600_000)  # wait this long for announced results before packing
 
 
 class PackBody(_Body):
-    query: str = Field(min_length=1, max_length=4000)
+    query: str = Field(min_length=1, max_length=MAX_TEXT)
     window: int = Field(ge=1, le=MAX_WINDOW)
     strategy: str | None = None
 
@@ -40,6 +51,6 @@ class UploadBody(_Body):
 
 
 class SearchBody(_Body):
-    query: str = Field(min_length=1, max_length=4000)
+    query: str = Field(min_length=1, max_length=MAX_TEXT)
     k: int = Field(default=10, ge=1, le=200)
     mode: Literal["bm25", "dense", "hybrid"] | None = None

@@ -17,7 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ebmrag.errors import EbmragError
 from ebmrag.store.access import AccessError
-from ebmrag.store.patients import StoreError
+from ebmrag.store.patients import IdempotencyConflictError, StoreError
 
 log = logging.getLogger(__name__)
 PROBLEM = "https://ebmrag.dev/problems/"
@@ -42,10 +42,10 @@ PROBLEM_SCHEMA = {"type": "object", "required": ["type", "title", "status", "det
                   "properties": {"type": {"type": "string"}, "title": {"type": "string"},
                                  "status": {"type": "integer"}, "detail": {"type": "string"},
                                  "instance": {"type": "string"}}}
-_PROBLEMS = {"400": "malformed JSON", "401": "no or bad key", "403": "the key's role may not", "404":
-             "no such patient (or not this key's)", "413": "body too large", "415": "not JSON", "422": "invalid "
-             "request or record", "429": "rate limited", "500": "internal error", "503": "store unavailable",
-             "504": "took too long"}
+_PROBLEMS = {"400": "malformed JSON", "401": "no or bad key", "403": "the key's role may not",
+             "404": "no such patient (or not this key's)", "409": "Idempotency-Key reused with another body",
+             "413": "body too large", "415": "not JSON", "422": "invalid request or record", "429": "rate limited",
+             "500": "internal error", "503": "store unavailable", "504": "took too long"}
 
 def install_openapi(app: FastAPI) -> None:
     """Every error any route can return is documented as application/problem+json (FastAPI documents only
@@ -93,6 +93,10 @@ def install_errors(app: FastAPI) -> None:
     async def on_store(request: Request, exc: StoreError) -> JSONResponse:
         log.error("store error on %s: %s", request.url.path, type(exc).__name__)
         return problem_response(503, "store-unavailable", "the patient store is not reachable", request)
+
+    @app.exception_handler(IdempotencyConflictError)
+    async def on_conflict(request: Request, exc: IdempotencyConflictError) -> JSONResponse:
+        return problem_response(409, "idempotency-conflict", str(exc), request)
 
     @app.exception_handler(EbmragError)
     async def on_ebmrag(request: Request, exc: EbmragError) -> JSONResponse:

@@ -209,9 +209,10 @@ def _one(records: list[PatientRecord]) -> PatientRecord:
 
 
 async def wait_for_results(service: Service, key: ApiKey, pid: str, wait_ms: int) -> int:
-    """Wait up to `wait_ms` for the patient's announced results to arrive (the paper's "pack at question time
-    with what has arrived"); returns the milliseconds waited."""
+    """Wait up to `wait_ms`, and at most half of [serve] request_seconds, for the patient's announced results
+    to arrive (the paper's "pack at question time with what has arrived"); returns the milliseconds waited."""
     started = asyncio.get_running_loop().time()
+    wait_ms = min(wait_ms, int(service.settings.serve.request_seconds * 1000) // 2)  # half the request's time
     deadline = started + wait_ms / 1000
     while wait_ms:
         waiting: list[dict[str, str]] = await run_in_threadpool(service.store.pending, key.tenant, pid)

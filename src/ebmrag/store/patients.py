@@ -9,6 +9,7 @@ Bundle is stored whole or not at all, and a crash leaves the previous state.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import sqlite3
@@ -46,6 +47,19 @@ SCHEMA = (
 
 TENANT_TABLES = ("patients", "fragments", "idempotency", "pending")  # rows of patient data: scoped by tenant everywhere
 log = logging.getLogger(__name__)
+
+
+REQUEST_DIGEST = "_request_digest"  # kept beside an idempotent response: what the first request carried
+
+
+class IdempotencyConflictError(EbmragError):
+    """An Idempotency-Key reused with a different body."""
+
+
+def _record_digest(record: PatientRecord) -> str:
+    rows = sorted((f.id, f.text, f.section or "", f.timestamp.isoformat() if f.timestamp else "", f.source or "",
+                   f.encounter or "") for f in record.fragments)
+    return hashlib.sha256(json.dumps(rows, ensure_ascii=False).encode()).hexdigest()
 
 
 class StoreError(EbmragError):
@@ -242,17 +256,23 @@ class PatientStore:
     # ------------------------------------------------------------------ idempotency
     def upsert_idempotent(self, tenant: str, patient: str, idem_key: str, record: PatientRecord,
                           respond: Any) -> dict[str, Any]:
-        """The upsert and its remembered response in one transaction: a retried request with the same key
-        gets the first response and writes nothing."""
+        """The upsert and its remembered response in one transaction: a retried request with the same key and
+        the same fragments gets the first response and writes nothing; the same key with other fragments is an
+        IdempotencyConflictError (silently replaying would drop a new result)."""
         with self.transaction(tenant) as cur:
             row = self._execute(cur, "SELECT response FROM idempotency WHERE tenant = ? AND patient = ? AND "
                                      "idem_key = ?", (tenant, patient, idem_key)).fetchone()
+            digest = _record_digest(record)
             if row:
-                return dict(json.loads(row[0]), replayed=True)
+                stored = json.loads(row[0])
+                if stored.pop(REQUEST_DIGEST, digest) != digest:
+                    raise IdempotencyConflictError(f"the Idempotency-Key {idem_key!r} was used with another body; "
+                                              "nothing was stored (send the new body under a new key)")
+                return dict(stored, replayed=True)
             added, replaced = self._upsert(cur, tenant, patient, record)
             response: dict[str, Any] = respond(added, replaced)
             self._execute(cur, "INSERT INTO idempotency VALUES (?, ?, ?, ?)",
-                          (tenant, patient, idem_key, json.dumps(response)))
+                          (tenant, patient, idem_key, json.dumps({**response, REQUEST_DIGEST: digest})))
         return response
 
     # ------------------------------------------------------------------ audit (see serve.audit)

@@ -1,0 +1,159 @@
+"""Issue 32 regressions: what an attacker or a careless integrator tried, against a real server (SQLite and
+PostgreSQL) and against the outermost ASGI layer itself."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from ebmrag.serve.guard import BodyGuard
+from ebmrag.serve.models import MAX_TEXT
+from ebmrag.store.access import create_key
+from ebmrag.store.patients import SQLiteStore
+from tests.serve.conftest import Live
+from tests.serve.test_service import RECORD, problem
+
+
+def _chunks(count: int, size: int) -> Any:
+    for _ in range(count):
+        yield b" " * size
+
+
+def test_no_body_is_read_before_the_key_is_checked(serve: Callable[..., Live]) -> None:
+    """A body FastAPI would parse first (pydantic) answered 422 to a caller without a key: now 401."""
+    live = serve(max_body_mb=0.01)
+    with live.client() as anonymous:
+        problem(anonymous.post("/v1/search", json={"query": 5}), 401, "unauthorized")
+        problem(anonymous.post("/v1/patients/p1/ask", content=_chunks(40, 1000),
+                               headers={"Content-Type": "application/json"}), 401, "unauthorized")
+    with live.client("ebm_not-a-key") as forged:
+        problem(forged.post("/v1/patients/p1/pack", json={"query": "q", "window": 0}), 401, "unauthorized")
+    with live.client(live.key("t", "clinician")) as http:
+        problem(http.post("/v1/search", content=_chunks(40, 1000), headers={"Content-Type": "application/json"}),
+                413, "payload-too-large")
+        problem(http.post("/v1/search", json={"query": 5}), 422, "invalid-request")
+
+
+def _call(guard: BodyGuard, path: str, chunks: int, headers: list[tuple[bytes, bytes]]) -> tuple[int, int, bool]:
+    """Drive the guard with a real ASGI exchange; returns (status sent, body chunks pulled, app ran)."""
+    pulled, sent, ran = [0], [], [False]
+
+    async def receive() -> dict[str, Any]:
+        pulled[0] += 1
+        return {"type": "http.request", "body": b"x" * 1000, "more_body": pulled[0] < chunks}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async def app(scope: Any, receive_: Any, send_: Any) -> None:
+        ran[0] = True
+        while True:
+            message = await receive_()
+            if message["type"] != "http.request" or not message.get("more_body"):
+                break
+        await send_({"type": "http.response.start", "status": 200, "headers": []})
+        await send_({"type": "http.response.body", "body": b"{}"})
+
+    guard.app = app
+    scope = {"type": "http", "path": path, "headers": headers}
+    asyncio.run(guard(scope, receive, send))  # type: ignore[arg-type]
+    return sent[0]["status"], pulled[0], ran[0]
+
+
+def test_the_guard_reads_nothing_without_a_key_and_stops_reading_at_the_limit(tmp_path: Any) -> None:
+    store = SQLiteStore(tmp_path / "s.sqlite")
+    key = create_key(store, "t", "clinician", ())[0]
+    guard = BodyGuard(lambda *a: None, store, max_bytes=10_000)  # type: ignore[arg-type, return-value]
+    assert _call(guard, "/v1/search", 300_000, []) == (401, 0, False), "not a byte read, the app never ran"
+    status, pulled, ran = _call(guard, "/v1/search", 300_000, [(b"authorization", f"Bearer {key}".encode())])
+    assert status == 413 and pulled == 11 and ran, "the 11th kilobyte ends the upload"
+    assert _call(guard, "/healthz", 3, []) == (200, 3, True)
+    with pytest.raises(ValueError, match="max_bytes"):
+        BodyGuard(lambda *a: None, store, max_bytes=0)  # type: ignore[arg-type, return-value]
+
+
+def test_every_transport_has_the_same_text_limits() -> None:
+    """MCP search took a 1 MB query; the HTTP API caps it at MAX_TEXT characters."""
+    from ebmrag.serve.models import bounded_text
+
+    assert bounded_text("query", "penicillin") == "penicillin"
+    with pytest.raises(ValueError, match=f"query is longer than {MAX_TEXT:,} characters"):
+        bounded_text("query", "x" * (MAX_TEXT + 1))
+    with pytest.raises(ValueError, match="question is empty"):
+        bounded_text("question", "  ")
+
+
+def test_a_document_id_with_a_slash_can_be_deleted(tmp_path: Any, store: Any, resources: Any,
+                                                   context_packer: Any, embedder: Any) -> None:
+    from ebmrag.answer.engine import AnswerParams
+    from ebmrag.index.kb import KnowledgeBase
+    from ebmrag.retrieve.vote import DocumentVoter
+    from tests.engines import engine_from_parts, over_knowledge_base, rrf_retriever
+    from tests.serve.conftest import running
+
+    kb = KnowledgeBase(tmp_path / "kb", embedder=embedder)
+    voter = DocumentVoter(rrf_retriever(kb))
+    engine = engine_from_parts(resources, AnswerParams(retrieval="never"), packer=context_packer, voter=voter)
+    docs = {"documents": [{"doc_id": "guides/renal dosing.md", "text": "Reduce the dose when eGFR falls."}]}
+    with running(store, engine, over_knowledge_base(resources, kb)) as live, \
+            live.client(live.key("ebmrag", "admin")) as admin:
+        assert admin.post("/v1/kb/documents", json=docs).json()["added"] == ["guides/renal dosing.md"]
+        assert admin.delete("/v1/kb/documents/guides/renal%20dosing.md").json() == {
+            "deleted": ["guides/renal dosing.md"]}
+
+
+def test_waiting_for_results_ends_within_the_request_time(serve: Callable[..., Live]) -> None:
+    live = serve(request_seconds=2)
+    announced = {"tenant": "t", "patient_id": "p1", "result_id": "s9", "kind": "pathology",
+                 "producer": "slide-model 2.1", "produced_at": "2026-03-14T09:00:00Z", "status": "pending"}
+    with live.client(live.key("t", "service")) as http:
+        http.put("/v1/patients/p1", json=RECORD)
+        http.post("/v1/results", json=[announced])
+        started = time.monotonic()
+        answer = http.post("/v1/patients/p1/ask", json={"question": "What did the biopsy show?", "wait_ms": 6000})
+        elapsed = time.monotonic() - started
+    assert answer.status_code in (200, 504) and elapsed < 4.5, elapsed
+    if answer.status_code == 200:
+        assert answer.json()["trace"]["waited_ms"] < 1300, "the wait takes at most half the request time (+ a poll)"
+
+
+def test_request_ids_are_bounded_sanitised_and_unique(serve: Callable[..., Live]) -> None:
+    live = serve()
+    with live.client() as anonymous:
+        hostile = anonymous.get("/healthz", headers={"X-Request-ID": "Jane Doe 1957-02-02 " + "x" * 20_000})
+        plain = [anonymous.get("/healthz", headers={"X-Request-ID": "trace-7"}).headers["X-Request-ID"]
+                 for _ in range(2)]
+    echoed = hostile.headers["X-Request-ID"]
+    assert len(echoed) <= 80 and "Jane" not in echoed and re.fullmatch(r"[0-9a-f]{32}", echoed)
+    assert plain[0] != plain[1] and all(p.startswith("trace-7.") for p in plain), plain
+
+
+def test_a_reused_idempotency_key_with_another_body_is_a_conflict(serve: Callable[..., Live]) -> None:
+    live = serve()
+    first = {"patient_id": "p1", "fragments": [{"id": "k1", "text": "Potassium 4.1 mmol/L.", "section": "Labs"}]}
+    second = {"patient_id": "p1", "fragments": [{"id": "k2", "text": "Potassium 6.9 mmol/L.", "section": "Labs"}]}
+    with live.client(live.key("t", "service")) as http:
+        http.put("/v1/patients/p1", json=RECORD)
+        headers = {"Idempotency-Key": "batch-1"}
+        assert http.post("/v1/patients/p1/fragments", json=first, headers=headers).json()["added"] == 1
+        assert http.post("/v1/patients/p1/fragments", json=first, headers=headers).json()["replayed"] is True
+        problem(http.post("/v1/patients/p1/fragments", json=second, headers=headers), 409, "idempotency-conflict")
+        ids = [f["id"] for f in http.get("/v1/patients/p1/fragments").json()["fragments"]]
+    assert "k1" in ids and "k2" not in ids
+
+
+def test_misspelt_record_fields_are_an_error_not_silence(serve: Callable[..., Live]) -> None:
+    live = serve()
+    body = {"patient_id": "p1", "fragments": [{"id": "a", "text": "Creatinine 2.8 mg/dL.", "timestmp": "2026-03-01",
+                                               "sectoin": "Labs"}]}
+    with live.client(live.key("t", "service")) as http:
+        response = http.put("/v1/patients/p1", json=body)
+    assert response.status_code == 422
+    assert "timestmp" in response.json()["detail"] and "sectoin" in response.json()["detail"]
+    assert json.loads(json.dumps(response.json()))["type"].endswith("invalid-record")
