@@ -157,3 +157,36 @@ def test_misspelt_record_fields_are_an_error_not_silence(serve: Callable[..., Li
     assert response.status_code == 422
     assert "timestmp" in response.json()["detail"] and "sectoin" in response.json()["detail"]
     assert json.loads(json.dumps(response.json()))["type"].endswith("invalid-record")
+
+
+def _files_hold(folder: Any, marker: bytes) -> list[str]:
+    return [str(p) for p in folder.rglob("*") if p.is_file() and marker in p.read_bytes()]
+
+
+def test_erasure_leaves_no_text_in_the_store_or_cache_files(tmp_path: Any, resources: Any, context_packer: Any,
+                                                            demo_voter: Any) -> None:
+    """The erased text was readable in the SQLite WAL files, and a sentence's vector stayed in the cache."""
+    from ebmrag.kvcache import KeyValueCache
+    from tests.serve.conftest import demo_engine, running
+
+    store = SQLiteStore(tmp_path / "data" / "store.sqlite")
+    cache = KeyValueCache(tmp_path / "data" / "cache.sqlite", "vectors", column="vector")
+    marker = "Quetiapine-Zorblax reaction noted by Dr Fennimore"
+    record = {"patient_id": "p1", "fragments": [
+        {"id": "a", "text": f"{marker}. Rash on both arms.", "section": "Allergies"},
+        {"id": "b", "text": "Creatinine 2.8 mg/dL.", "section": "Labs"}]}
+    cache.put_many({"k": marker.encode()})
+    with running(store, *demo_engine(resources, context_packer, demo_voter)) as live:
+        with live.client(live.key("t", "service")) as feed:
+            feed.put("/v1/patients/p1", json=record)
+            feed.post("/v1/patients/p1/pack", json={"query": "allergies?", "window": 256})
+        assert _files_hold(tmp_path / "data", marker.encode()), "the test must see the text before the erasure"
+        with live.client(live.key("t", "admin")) as admin:
+            assert admin.delete("/v1/patients/p1").json()["erased_fragments"] == 2
+    cache.forget(["k"])
+    assert not _files_hold(tmp_path / "data", marker.encode())
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "data").iterdir()}
+    assert all(mode == 0o600 for mode in modes.values()), modes
+    assert (tmp_path / "data").stat().st_mode & 0o777 == 0o700
+    embedder = context_packer.embedder
+    assert all(embedder._key(s) not in embedder._memory for s in (f"{marker}.", "Rash on both arms."))

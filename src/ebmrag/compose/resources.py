@@ -26,6 +26,7 @@ from ebmrag.models.text_classifier import load_text_classifier
 from ebmrag.models.tokens import make_token_counter
 from ebmrag.protocols import ChatClient, TokenCounter
 from ebmrag.records.fragment import Fragment
+from ebmrag.text.sentences import split_sentences
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +88,8 @@ class Resources:
         cache entries removed."""
         texts = [f.text for f in fragments]
         states = [c.text for c in self.compressor.compress_many(texts) if c.text]
-        forgotten = self.embedder.forget(texts + states)
+        sentences = [s.text for text in texts for s in split_sentences(text)]  # the gate and the brief embed these
+        forgotten = self.embedder.forget(texts + states + sentences)
         forgotten += self.tier_classifier.forget([(f.text, f.section) for f in fragments])
         forgotten += self.compressor.forget(texts)
         client = self._client if self._client_built else None

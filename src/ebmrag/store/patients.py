@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ebmrag.errors import ConfigError, EbmragError
+from ebmrag.kvcache import private_sqlite, scrub
 from ebmrag.records.fragment import Fragment, PatientRecord, parse_timestamp
 
 SCHEMA = (
@@ -234,7 +235,11 @@ class PatientStore:
             self._execute(cur, "DELETE FROM fragments WHERE tenant = ? AND patient = ?", (tenant, patient))
             self._execute(cur, "DELETE FROM idempotency WHERE tenant = ? AND patient = ?", (tenant, patient))
             self._execute(cur, "DELETE FROM pending WHERE tenant = ? AND patient = ?", (tenant, patient))
+        self.after_erasure()
         return [fragment_from_json(r[0], patient) for r in rows]
+
+    def after_erasure(self) -> None:
+        """What the backend does once an erasure has committed so the text leaves its files (SQLite: the WAL)."""
 
     # ------------------------------------------------------------------ results announced, not yet arrived
     def announce(self, tenant: str, patient: str, fragment_id: str, kind: str, producer: str) -> None:
@@ -294,13 +299,15 @@ class SQLiteStore(PatientStore):
     """One SQLite file (WAL) in the data directory; one connection shared under a lock."""
 
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db = private_sqlite(path)
         self._db.execute("PRAGMA synchronous=FULL")
         self._lock = threading.RLock()
         self.setup()
+
+    def after_erasure(self) -> None:
+        with self._lock:
+            scrub(self._db)
 
     @contextmanager
     def transaction(self, tenant: str | None = None) -> Iterator[sqlite3.Cursor]:
