@@ -190,3 +190,24 @@ def test_erasure_leaves_no_text_in_the_store_or_cache_files(tmp_path: Any, resou
     assert (tmp_path / "data").stat().st_mode & 0o777 == 0o700
     embedder = context_packer.embedder
     assert all(embedder._key(s) not in embedder._memory for s in (f"{marker}.", "Rash on both arms."))
+
+
+def test_every_refused_attempt_is_audited_and_bad_keys_are_throttled(serve: Callable[..., Live]) -> None:
+    live = serve()
+    with live.client(live.key("t", "service")) as feed:
+        feed.put("/v1/patients/p1", json=RECORD)
+    with live.client() as anonymous:
+        problem(anonymous.get("/v1/patients/p1/fragments"), 401, "unauthorized")
+    with live.client(live.key("t", "clinician", "p2")) as other:
+        problem(other.get("/v1/patients/p1/fragments"), 404, "not-found")
+    with live.client(live.key("t", "clinician")) as reader:
+        problem(reader.delete("/v1/patients/p1"), 403, "forbidden")
+    actions = [(r[2], r[5]) for r in live.store.audit_rows()]
+    assert ("-", "refused 401 /v1/patients/{pid}/fragments") in actions
+    assert sum(a.startswith("refused 404") for _, a in actions) == 1
+    assert sum(a.startswith("refused 403") for _, a in actions) == 1
+    with live.client("ebm_guess") as guesser:
+        statuses = [guesser.get("/v1/patients/p1/fragments").status_code for _ in range(40)]
+    assert statuses.count(401) < 25 and statuses[-1] == 429, statuses
+    refused = [a for _, a in [(r[2], r[5]) for r in live.store.audit_rows()] if a.startswith("refused")]
+    assert len(refused) == 3 + 40, "the throttled attempts are audited too"

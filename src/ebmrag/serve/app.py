@@ -91,8 +91,13 @@ def create_app(store: PatientStore, settings: Settings | None = None, engine: En
     _install_answers(app, service)
     install_kb(app, service)
     install_ui(app, service, stored)
+    async def refused(scope: Any, status: int) -> None:
+        route = _route_of(app, scope)
+        service.metrics.observe(route, status, 0.0)
+        await run_in_threadpool(service.audit_refused, None, status, route, uuid.uuid4().hex)
+
     app.add_middleware(BodyGuard, store=store, max_bytes=int(settings.serve.max_body_mb * 2**20),  # outermost
-                       refused=lambda scope, status: service.metrics.observe(_route_of(app, scope), status, 0.0))
+                       refused=refused)
     return app
 
 

@@ -8,12 +8,18 @@ megabytes before it answered 401 or 422. This ASGI middleware sits in front of e
 - on /v1/ routes, the Authorization header is checked before a byte of the body is read; a missing or bad key
   is answered 401 at once (the handler still checks roles and patients);
 - on every route, the body is counted as it arrives; past [serve] max_body_mb the request is answered 413 and
-  the application sees the client gone, so nothing more is buffered.
+  the application sees the client gone, so nothing more is buffered;
+- a client address that keeps sending bad keys is answered 429 without its key being tried
+  (FAILED_KEYS_BURST at once, then FAILED_KEYS_PER_SECOND), so keys cannot be guessed at network speed.
+Every request this layer refuses is reported to `refused` (the service audits and counts it) before it is
+answered, so the audit row exists when the client reads the answer.
 """
 
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -31,7 +37,36 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 KEYED_PREFIX = "/v1/"
 
 
-Refused = Callable[[Scope, int], None]  # told of each request this layer answers itself: (scope, status)
+Refused = Callable[[Scope, int], Awaitable[None]]  # told of each request this layer answers itself
+FAILED_KEYS_BURST = 20
+FAILED_KEYS_PER_SECOND = 0.5
+
+
+class FailedKeys:
+    """Bad-key attempts per client address: a bucket of FAILED_KEYS_BURST that refills slowly."""
+
+    def __init__(self, burst: float = FAILED_KEYS_BURST, rate: float = FAILED_KEYS_PER_SECOND) -> None:
+        self.burst, self.rate = burst, rate
+        self._left: dict[str, tuple[float, float]] = {}
+        self._lock = threading.Lock()
+
+    def _tokens(self, client: str, moment: float) -> float:
+        tokens, last = self._left.get(client, (self.burst, moment))
+        return min(self.burst, tokens + (moment - last) * self.rate)
+
+    def wait(self, client: str) -> float:
+        """Seconds until this client may try a key again (0: now)."""
+        with self._lock:
+            tokens = self._tokens(client, time.monotonic())
+            return 0.0 if tokens >= 1 else (1 - tokens) / self.rate
+
+    def failed(self, client: str) -> None:
+        with self._lock:
+            moment = time.monotonic()
+            self._left[client] = (max(0.0, self._tokens(client, moment) - 1), moment)
+            if len(self._left) > 100_000:  # bounded memory under a spoofed-address flood: forget the oldest half
+                for stale in sorted(self._left, key=lambda c: self._left[c][1])[:50_000]:
+                    del self._left[stale]
 
 
 class BodyGuard:
@@ -39,27 +74,40 @@ class BodyGuard:
         if max_bytes < 1:
             raise ValueError(f"max_bytes must be >= 1, got {max_bytes}")
         self.app, self.store, self.max_bytes = app, store, max_bytes
-        self.refused = refused or (lambda scope, status: None)
+        self.refused = refused or _ignore
+        self.failed_keys = FailedKeys()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        if str(scope.get("path", "")).startswith(KEYED_PREFIX):
-            try:
-                await run_in_threadpool(authenticate, self.store, headers.get("authorization"))
-            except AccessError as exc:
-                await _problem(send, scope, exc.status, ACCESS_KINDS[exc.status], exc.detail,
-                               {"www-authenticate": "Bearer"})
-                self.refused(scope, exc.status)
-                return
+        if str(scope.get("path", "")).startswith(KEYED_PREFIX) and not await self._key_ok(scope, headers, send):
+            return
         length = headers.get("content-length", "")
         if length.isdigit() and int(length) > self.max_bytes:
+            await self.refused(scope, 413)
             await _problem(send, scope, 413, "payload-too-large", self._too_large())
-            self.refused(scope, 413)
             return
         await self._counted(scope, receive, send)
+
+    async def _key_ok(self, scope: Scope, headers: dict[str, str], send: Send) -> bool:
+        client = str((scope.get("client") or ("unknown",))[0])
+        wait = self.failed_keys.wait(client)
+        if wait > 0:
+            await self.refused(scope, 429)
+            await _problem(send, scope, 429, "rate-limited", "too many bad keys from this address",
+                           {"retry-after": str(max(1, round(wait)))})
+            return False
+        try:
+            await run_in_threadpool(authenticate, self.store, headers.get("authorization"))
+        except AccessError as exc:
+            self.failed_keys.failed(client)
+            await self.refused(scope, exc.status)
+            await _problem(send, scope, exc.status, ACCESS_KINDS[exc.status], exc.detail,
+                           {"www-authenticate": "Bearer"})
+            return False
+        return True
 
     async def _counted(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Run the application with a receive that counts the body and a send that is silenced once this
@@ -74,8 +122,8 @@ class BodyGuard:
                 state["size"] += len(message.get("body", b""))
                 if state["size"] > self.max_bytes:
                     state["refused"] = True
+                    await self.refused(scope, 413)
                     await _problem(send, scope, 413, "payload-too-large", self._too_large())
-                    self.refused(scope, 413)
                     return {"type": "http.disconnect"}
             return message
 
@@ -99,6 +147,10 @@ async def _problem(send: Send, scope: Scope, status: int, kind: str, detail: str
                        "instance": str(scope.get("path", ""))}).encode()
     headers = [(b"content-type", b"application/problem+json"), (b"content-length", str(len(body)).encode()),
                (b"connection", b"close")]
-    headers += [(k.encode(), v.encode()) for k, v in (extra or {}).items() if status == 401]
+    headers += [(k.encode(), v.encode()) for k, v in (extra or {}).items()]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+async def _ignore(scope: Scope, status: int) -> None:
+    return None

@@ -13,6 +13,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ebmrag.errors import EbmragError
@@ -76,6 +77,11 @@ def install_errors(app: FastAPI) -> None:
 
     @app.exception_handler(AccessError)
     async def on_access(request: Request, exc: AccessError) -> JSONResponse:
+        service = getattr(request.app.state, "service", None)
+        if service is not None:  # every refused attempt leaves an audit row
+            route = getattr(request.scope.get("route"), "path", request.url.path)
+            await run_in_threadpool(service.audit_refused, getattr(request.state, "key", None), exc.status, route,
+                                    getattr(request.state, "request_id", ""), request.path_params.get("pid", ""))
         headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
         return problem_response(exc.status, ACCESS_KINDS[exc.status], exc.detail, request, headers)
 

@@ -134,6 +134,11 @@ class Service:
             raise ProblemError(504, "timeout", f"the request took longer than {seconds:g} s; it may still finish "
                                                "in the background") from None
 
+    def audit_refused(self, key: ApiKey | None, status: int, route: str, request_id: str, patient: str = "") -> None:
+        """A refused attempt is audited too: no key ("-") or the key that was refused, and where it knocked."""
+        audit.append(self.store, audit.AuditEntry(key.key_id if key else "-", key.tenant if key else "-", patient,
+                                                  f"refused {status} {route}", request_id))
+
     def audit(self, key: ApiKey, patient: str, action: str, request: Request, fragments: tuple[str, ...] = ()) -> None:
         audit.append(self.store, audit.AuditEntry(key.key_id, key.tenant, patient, action,
                                                   request.state.request_id, fragments))
@@ -141,6 +146,7 @@ class Service:
 
 async def caller(request: Request, service: Service) -> ApiKey:
     key = await run_in_threadpool(authenticate, service.store, request.headers.get("authorization"))
+    request.state.key = key  # a later refusal (403, 404) is audited under it
     wait = service.limiter.take(key.key_id)
     if wait > 0:
         raise ProblemError(429, "rate-limited", f"more than {service.settings.serve.rate_per_second:g} requests per "
