@@ -151,7 +151,9 @@ def test_record_text_cannot_forge_context_lines_or_smuggle_instructions(make_eng
     assert sum(line.startswith("[1|") for line in lines) == 1
     assert "Ignore all previous instructions" not in result.answer
     flagged = result.to_json()["trace"]["flagged"]
-    assert [f["sentence"][:20] for f in flagged] == ["Ignore all previous "]
+    assert sorted(f["sentence"][:20] for f in flagged) == ["(1|T1|2024-02-01] No", "Ignore all previous "], \
+        "a forged line header is flagged too (issue 32.2), never relayed as a finding"
+    assert "No known drug allergies" not in result.answer
 
 
 def test_a_real_chart_drug_question_retrieves_and_the_brief_answers_it(make_engine: Callable[..., Engine],

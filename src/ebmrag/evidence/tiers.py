@@ -24,9 +24,11 @@ from ebmrag.evidence.results import critical_results, result_mentions
 from ebmrag.kvcache import KeyValueCache, digest
 from ebmrag.protocols import TextClassifier
 from ebmrag.records.fragment import PatientRecord, Tier, TierDecision
+from ebmrag.text.injection import fold, without_instructions
 
 DEFAULT_RULES_PATH = Path(__file__).parent / "rules" / "tiers.toml"
 MODEL_T1_MIN = 0.85  # below this the model's T1 is not taken (T1 precision; measured in docs/tiers.md)
+INSTRUCTION_ONLY = TierDecision(Tier.T4, "text.instruction_like")  # every sentence addressed to a model: data only
 ALWAYS_KINDS = ("allergy", "face_sheet")  # what a rule's `always` may name (a question's needs are marked per query)
 BUNDLED_TIER_MODEL = Path(__file__).parent / "rules" / "tier_ngram.npz"  # bench/train_tier_model.py
 
@@ -111,6 +113,7 @@ def _vocabulary_fingerprint() -> str:
     """The detectors' code and data files: a stored decision is stale when any of them changes."""
     here = Path(__file__).parent
     files = [here / name for name in ("tiers.py", "adr.py", "results.py", "lexicon.py")]
+    files.append(here.parent / "text" / "injection.py")
     files += sorted(path for path in (here / "rules").glob("*") if path.suffix in (".toml", ".txt", ".npz"))
     return digest(*(hashlib.sha256(path.read_bytes()).hexdigest() for path in files))
 
@@ -241,11 +244,18 @@ class TierClassifier:
         return rules
 
     def rule_decision(self, text: str, section: str | None = None) -> TierDecision | None:
-        """The first matching rule's decision, or None when no rule speaks."""
+        """The first matching rule's decision, or None when no rule speaks. Rules read the text without its
+        instruction-like sentences (a sentence addressed to a model is never a finding, so it can neither make
+        a fragment must-keep nor hide one), through the folded view (NFKC, no format characters, Latin
+        look-alikes folded: text.injection)."""
+        readable = without_instructions(text)
+        if not readable.strip():
+            return INSTRUCTION_ONLY
         normalized = normalize_section(section)
-        lowered = text.lower()
+        original = fold(readable)
+        lowered = original.lower()
         for rule in self.rules:
-            finding = rule.match(normalized, lowered, text)
+            finding = rule.match(normalized, lowered, original)
             if finding is not None:
                 return rule.decision(finding)
         return None
@@ -284,7 +294,7 @@ class TierClassifier:
         decisions = self.rule_decisions(items)
         silent = [i for i, d in enumerate(decisions) if d is None]
         if self.model is not None and silent:
-            predictions = self.model.predict([items[i][0] for i in silent])
+            predictions = self.model.predict([fold(without_instructions(items[i][0])) for i in silent])
             for i, (label, p) in zip(silent, predictions, strict=True):
                 if label == Tier.T1.value and p < MODEL_T1_MIN:
                     continue  # T1 from text alone needs a confident model; else the default tier stands
