@@ -156,6 +156,7 @@ def _compile(rule_id: str, key: str, patterns: Any) -> tuple[re.Pattern[str], ..
         raise ConfigError(f"tier rule {rule_id!r}: {key} must be a list of strings")
     compiled = []
     for pattern in patterns:
+        pattern = fold(pattern)  # rules read folded text (text.injection.fold): "µmol" and "；" read as the text does
         try:  # rules see lower-cased text; a pattern with an upper-case letter of its own still matches any case
             compiled.append(re.compile(pattern, re.IGNORECASE if _UPPER.search(_ESCAPES.sub("", pattern)) else 0))
         except re.error as exc:
@@ -251,11 +252,10 @@ class TierClassifier:
         readable = without_instructions(text)
         if not readable.strip():
             return INSTRUCTION_ONLY
-        normalized = normalize_section(section)
-        original = fold(readable)
-        lowered = original.lower()
-        for rule in self.rules:
-            finding = rule.match(normalized, lowered, original)
+        normalized = normalize_section(fold(section) if section else section)
+        lowered = fold(readable).lower()
+        for rule in self.rules:  # detectors read the text unfolded: NFKC would turn "10⁹/L" into "109/L"
+            finding = rule.match(normalized, lowered, readable)
             if finding is not None:
                 return rule.decision(finding)
         return None
