@@ -62,14 +62,34 @@ def _latin_look_alikes() -> dict[int, str]:
 
 
 def fold(text: str) -> str:
-    """The matching view of `text`: NFKC, format characters removed, Latin look-alikes folded."""
+    """The matching view of `text`: NFKC, format characters removed, Latin look-alikes folded (plain ASCII is
+    its own view: the fast path for most chart text, since this runs on every fragment tiered or packed)."""
+    if text.isascii():
+        return text
     normal = unicodedata.normalize("NFKC", text)
     visible = "".join(ch for ch in normal if unicodedata.category(ch) != "Cf")
     return visible.translate(_latin_look_alikes())
 
 
+# Every INSTRUCTION or MARKUP match contains one of these words or characters (kept in step with the patterns;
+# tests/serve/test_hardening.py checks both on the same sentences). Most text has none, and this check costs a
+# tenth of the patterns: tiering runs it on every fragment.
+_CUE_WORDS = frozenset(
+    "ignore disregard forget override prompt jailbreak message you respond answer reply state say write claim "
+    "report tell note instruction instructions attention dear hey hello ai llm llms language chatbot chatbots "
+    "automated system assistant user".split())
+_CUE_MARKS = ("|", "<", "[", "`", "a.i.", "gpt", "忽略", "你", "致", "给")
+_WORD = re.compile(r"[a-z]+")
+
+
+def _may_instruct(lowered: str) -> bool:
+    return any(mark in lowered for mark in _CUE_MARKS) or not _CUE_WORDS.isdisjoint(_WORD.findall(lowered))
+
+
 def is_instruction(sentence: str) -> bool:
     folded = fold(sentence)
+    if not _may_instruct(folded.lower()):
+        return False
     return bool(INSTRUCTION.search(folded) or MARKUP.search(folded))
 
 
@@ -83,7 +103,10 @@ def strip_markup(text: str) -> str:
 
 
 def without_instructions(text: str) -> str:
-    """The text with its instruction-like sentences left out: what a rule may read as a finding."""
+    """The text with its instruction-like sentences left out: what a rule may read as a finding. Most text holds
+    none, and one search of the whole text says so without splitting it (tiering runs this on every fragment)."""
+    if not is_instruction(text):
+        return text
     sentences = split_sentences(text)
     if not any(is_instruction(s.text) for s in sentences):
         return text
