@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint browser package-check gateway-demo bench bench-ask tiers clean retrieval bench-retrieval packing-suite bench-kb-scale bench-ray bench-charts bench-tiers tier-model
+.PHONY: setup demo test lint browser package-check gateway-demo bench bench-ask tiers clean retrieval bench-retrieval packing-suite bench-kb-scale bench-ray bench-charts bench-tiers tier-model probe
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -58,6 +58,12 @@ bench-charts: $(STAMP)
 # 0.2 ms a fragment.
 bench-tiers: $(STAMP)
 	$(PY) bench/tiers.py --data-root $(DATA) --out docs/benchmarks.md
+
+# Issue 32's hostile inputs and their variants against real `ebmrag serve` and `ebmrag mcp` processes on SQLite and
+# PostgreSQL, 127.0.0.1 only (~2 min; exit 1 on any failure). The PostgreSQL URL must allow CREATE DATABASE: the probe
+# uses a scratch database and drops it.
+probe: $(STAMP)
+	$(PY) bench/probe_service.py --out docs/results/probe.md
 
 KB ?= /tmp/kb-liveqa
 DATA ?= ../shared/data

@@ -89,7 +89,7 @@ ALLOWED: dict[str, set[str]] = {
     "integrations": {"compose", "config", "errors", "generate", "models", "packing", "records"},
     "serve": {
         PACKAGE_ROOT, "answer", "compose", "config", "ddx", "errors", "generate", "index", "ingest", "packing",
-        "records", "retrieve", "store",
+        "protocols", "records", "retrieve", "store",
     },
     "gateway": {"errors", "store"},
     "cli": {

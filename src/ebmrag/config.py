@@ -47,11 +47,31 @@ class ServeSettings:
     rate_per_second: float = 20.0  # per API key, with bursts of rate_burst (429 with Retry-After beyond)
     rate_burst: int = 40
     request_seconds: float = 120.0  # a request still running after this is answered 504
+    engine_slots: int = 0  # requests doing engine work at once in each worker process (0: the CPU count)
+    tenant_slots: int = 0  # ... of which one tenant may hold (0: engine_slots - 1, at least 1)
+    tenant_queue: int = 64  # a tenant's requests waiting for a slot; one more is refused 429
+    queue_limit: int = 256  # all tenants' requests waiting for a slot; one more is refused 503
+    max_chart_fragments: int = 10_000  # ask and pack refuse (422) a chart with more fragments
     kb_admin_tenant: str = "ebmrag"  # the knowledge base is shared: only this tenant's admin keys may change it
+    audit_key_file: str = ""  # the audit chain's secret (env EBMRAG_AUDIT_KEY_FILE); empty: <data-dir>/audit.key
+    key_max_days: float = 365.0  # a new API key ends after this at the latest (its default too); 0: keys may not end
+    ui_session_hours: float = 8.0  # a /ui sign-in ends this long after it began, however busy
+    ui_idle_minutes: float = 30.0  # ... or this long after its last request
+    ui_secure_cookie: bool = False  # true: the /ui cookie is always Secure (TLS ends at a proxy); on https it is anyway
 
     def __post_init__(self) -> None:
         if self.max_body_mb <= 0 or self.rate_per_second <= 0 or self.rate_burst < 1 or self.request_seconds <= 0:
             raise ValueError("max_body_mb, rate_per_second and request_seconds must be > 0 and rate_burst >= 1")
+        if min(self.engine_slots, self.tenant_slots) < 0 or min(self.tenant_queue, self.queue_limit,
+                                                                  self.max_chart_fragments) < 1:
+            raise ValueError("engine_slots and tenant_slots must be >= 0; tenant_queue, queue_limit and "
+                             "max_chart_fragments >= 1")
+        if self.engine_slots and self.tenant_slots > self.engine_slots:
+            raise ValueError(f"tenant_slots ({self.tenant_slots}) cannot exceed engine_slots ({self.engine_slots})")
+        if self.key_max_days < 0:
+            raise ValueError(f"key_max_days must be >= 0 (0: no limit), got {self.key_max_days}")
+        if self.ui_session_hours <= 0 or self.ui_idle_minutes <= 0:
+            raise ValueError("ui_session_hours and ui_idle_minutes must be > 0")
 
 
 @dataclass(frozen=True)

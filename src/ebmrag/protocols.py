@@ -8,7 +8,9 @@ The chat message and reply types live here because they are the ChatClient contr
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -24,6 +26,35 @@ Progress = Callable[[str, int, int], None]
 
 def no_progress(stage: str, done: int, total: int) -> None:
     """The default `Progress`: report nothing."""
+
+
+class WorkCancelled(BaseException):
+    """Raised at a `checkpoint()` when nobody wants the work any more (its request timed out or went away).
+
+    A BaseException, like asyncio.CancelledError, so that an `except Exception` fallback on the way (a model
+    stage, a detector) cannot swallow it and carry on with work whose answer nobody will read."""
+
+
+_CHECKPOINT: ContextVar[Callable[[], None] | None] = ContextVar("ebmrag_checkpoint", default=None)
+
+
+def checkpoint() -> None:
+    """Long loops call this between batches (embedding a chart, tiering, compressing, packing). The host that
+    runs the work (the service's scheduler) may stop it here (`WorkCancelled`) or let another request run first;
+    without a host it does nothing, at the cost of one context-variable read."""
+    hook = _CHECKPOINT.get()
+    if hook is not None:
+        hook()
+
+
+@contextmanager
+def checkpoints(hook: Callable[[], None]) -> Iterator[None]:
+    """Call `hook` at every `checkpoint()` reached by the body (this thread's context only)."""
+    token = _CHECKPOINT.set(hook)
+    try:
+        yield
+    finally:
+        _CHECKPOINT.reset(token)
 
 
 class TextClassifier(Protocol):

@@ -249,4 +249,5 @@ def test_record_text_reaches_the_model_fenced_as_data_with_instructions_removed(
     sent = json.dumps(fake.requests)
     assert planted not in sent and "<|im_start|>" not in sent
     assert "<data>" in sent and "instruction-like text removed" in sent and "Wound looks red." in sent
-    assert len(result.flagged) == 1 and result.flagged[0].sentence.startswith(planted)
+    assert [f.sentence.startswith(planted) for f in result.flagged] == [True, False]
+    assert "you obey the note" in result.flagged[1].sentence, "what the stripped markup carried is flagged too"

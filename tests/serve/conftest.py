@@ -38,7 +38,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[PatientSto
     if request.param == "sqlite":
         yield SQLiteStore(tmp_path / "store.sqlite")
         return
-    backend = PostgresStore(POSTGRES_URL, schema=f"test_{uuid.uuid4().hex[:12]}")
+    backend = PostgresStore(POSTGRES_URL, schema=f"test_{uuid.uuid4().hex[:12]}", audit_key_file=tmp_path / "audit.key")
     try:
         yield backend
     finally:

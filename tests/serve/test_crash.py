@@ -102,4 +102,4 @@ def test_worker_processes_share_the_store_and_one_unbroken_audit_chain(tmp_path:
         server.wait(timeout=30)
     assert statuses == [200] * 60
     rows = store.audit_rows()
-    assert len(rows) == 60 and verify(rows) == []
+    assert len(rows) == 60 and verify(store).intact  # both workers used the one audit key they raced to make

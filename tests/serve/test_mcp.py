@@ -10,6 +10,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -74,9 +75,11 @@ def test_calls_beyond_the_keys_rate_are_refused(tmp_path: Path, resources: Resou
                                                 demo_voter: Any) -> None:
     settings = Settings()
     settings = replace(settings, serve=replace(settings.serve, rate_per_second=0.01, rate_burst=2))
-    with running_mcp(tmp_path, demo_engine(resources, context_packer, demo_voter), settings) as (url, _, key):
+    with running_mcp(tmp_path, demo_engine(resources, context_packer, demo_voter), settings) as (url, store, key):
         _, results = asyncio.run(http_calls(url, key, [("patient_fragments", {"patient_id": "p1"})] * 3))
     assert [r.is_error for r in results] == [False, False, True] and "429" in text(results[2])
+    refused = [(r[3], r[4], r[5]) for r in store.audit_rows() if r[5].startswith("refused")]
+    assert refused == [("t1", "p1", "refused 429 mcp:patient_fragments")]
 
 
 async def http_calls(url: str, key: str, calls: list[tuple[str, dict[str, Any]]]) -> tuple[set[str], list[Any]]:
@@ -124,8 +127,9 @@ def test_http_tools_answer_within_the_keys_scope(mcp_url: tuple[str, SQLiteStore
     assert "404" in text(other_patient) and "TENANT-ONE-P2" not in text(other_patient)
     assert "window" in text(bad_window)
     rows = store.audit_rows()
-    assert {"mcp:read", "mcp:pack", "mcp:ask", "mcp:search"} <= {r[5] for r in rows} and audit.verify(rows) == []
-    assert {r[3] for r in rows} == {"t1"} and "p2" not in {r[4] for r in rows}
+    assert {"mcp:read", "mcp:pack", "mcp:ask", "mcp:search"} <= {r[5] for r in rows} and audit.verify(store).intact
+    assert {r[3] for r in rows} == {"t1"} and "p2" not in {r[4] for r in rows if not r[5].startswith("refused")}
+    assert [(r[4], r[5]) for r in rows if r[5].startswith("refused")] == [("p2", "refused 404 mcp:patient_fragments")]
 
 
 def test_http_refuses_a_request_without_a_valid_key(mcp_url: tuple[str, SQLiteStore, str]) -> None:
@@ -153,3 +157,52 @@ def test_stdio_server_lists_and_calls_tools(tmp_path: Path) -> None:
     assert names == TOOLS
     assert any(f["id"] == "admission-2026-03-08" for f in json.loads(text(mine))["fragments"])
     assert not_mine.is_error and "404" in text(not_mine)
+
+
+def test_http_refusals_are_audited_throttled_and_bounded_like_the_http_api(
+        tmp_path: Path, resources: Resources, context_packer: Any, demo_voter: Any) -> None:
+    """The same guard as the HTTP API: a body over [serve] max_body_mb is refused while it streams, an expired
+    key is refused and audited under its id, bad keys are throttled per address, and each refusal is audited."""
+    settings = Settings()
+    settings = replace(settings, serve=replace(settings.serve, max_body_mb=0.05))
+    with running_mcp(tmp_path, demo_engine(resources, context_packer, demo_voter), settings) as (url, store, key):
+        accept = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+        chunks = (b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list", "pad": "' + b"x" * 20_000 for _ in range(5))
+        too_large = httpx.post(url, content=chunks, headers={**accept, "Authorization": f"Bearer {key}"})
+        expired, gone = create_key(store, "t1", "clinician", (), datetime.now(UTC) - timedelta(days=1))
+        expired_key = httpx.post(url, json={}, headers={**accept, "Authorization": f"Bearer {expired}"})
+        lapsed = create_key(store, "t1", "clinician", (), datetime.now(UTC) + timedelta(seconds=0.5))[0]
+        asyncio.run(asyncio.sleep(0.6))
+        statuses = [httpx.post(url, json={}, headers={**accept, "Authorization": f"Bearer {bearer}"}).status_code
+                    for bearer in [lapsed] + ["ebm_000000000000_notavalidsecretnotavalid"] * 21]
+    assert too_large.status_code == 413 and too_large.json()["type"].endswith("/payload-too-large")
+    assert expired_key.status_code == 401 and "expired on" in expired_key.json()["detail"] and statuses[0] == 401
+    assert statuses[1:19] == [401] * 18 and set(statuses[19:]) == {429}, statuses
+    refused = [(r[2], r[5]) for r in store.audit_rows() if r[5].startswith("refused")]
+    lapsed_id = lapsed.split("_")[1]
+    assert refused[:3] == [(key.split("_")[1], "refused 413 /mcp"), (gone.key_id, "refused 401 /mcp"),
+                           (lapsed_id, "refused 401 /mcp")]
+    assert refused[3:] == [("-", "refused 401 /mcp")] * 18 + [("-", "refused 429 /mcp")] * 3
+    assert audit.verify(store).intact
+
+
+def test_stdio_refusals_are_audited(tmp_path: Path) -> None:
+    """No peer address to throttle over stdio, but every refused call is audited, under the key."""
+    store, key = seeded_store(tmp_path / "store.sqlite")
+    key_id = key.split("_")[1]
+    params = StdioServerParameters(command=sys.executable, args=["-m", "ebmrag", "mcp", "--data-dir", str(tmp_path)],
+                                   env={**os.environ, "EBMRAG_API_KEY": key})
+
+    async def run() -> tuple[Any, Any]:
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            hidden = await session.call_tool("patient_fragments", {"patient_id": "p2"})
+            store.revoke(key_id)
+            return hidden, await session.call_tool("pack", {"patient_id": "p1", "question": QUESTION})
+
+    hidden, revoked = asyncio.run(asyncio.wait_for(run(), 120))
+    assert hidden.is_error and "404" in text(hidden) and revoked.is_error and "401" in text(revoked)
+    refused = [(r[2], r[3], r[4], r[5]) for r in store.audit_rows() if r[5].startswith("refused")]
+    assert refused == [(key_id, "t1", "p2", "refused 404 mcp:patient_fragments"),
+                       (key_id, "t1", "p1", "refused 401 mcp:pack")]
+    assert audit.verify(store).intact

@@ -182,8 +182,8 @@ class Engine:
         rewrite = self._rewrite(question, redactor, language) if self.rewriter else None
         voting = queries if rewrite is None else tuple(dict.fromkeys(
             [question, *rewrite.variants, *([rewrite.hypothesis] if rewrite.hypothesis else []), *queries[1:]]))
-        if self.shares_embedder:  # one model call for the vote's queries and the packer's fragments
-            self.packer.prepare(record, voting)
+        if self.shares_embedder and self.packer.measures_all(record):  # one model call for queries and fragments
+            self.packer.prepare(record, voting)  # (a record the packer pre-filters is mostly never embedded)
         documents = self.voter.run(voting, similarity_to=question)
         verdicts: tuple[RelevanceVerdict, ...] = ()
         if self.relevance:  # the filter's prompt carries the question and record sentences: redacted like the answer's

@@ -32,7 +32,8 @@ from ebmrag.answer.params import check_gate_params
 from ebmrag.errors import ConfigError
 from ebmrag.evidence.entities import EntityExtractor, EntityKind, default_extractor
 from ebmrag.evidence.questions import QuestionClassifier, QuestionType, default_question_classifier
-from ebmrag.evidence.tiers import TierClassifier
+from ebmrag.evidence.tiers import CHECK_EVERY, TierClassifier
+from ebmrag.protocols import checkpoint
 from ebmrag.records.fragment import PatientRecord, Tier
 from ebmrag.text.sentences import split_sentences
 
@@ -158,7 +159,9 @@ class RetrievalGate:
         enough to name the diagnosis still cannot say which antibiotic a guideline recommends. A caller that
         has typed the question already passes `question_type`."""
         sentences = []
-        for fragment in record.fragments:
+        for n, fragment in enumerate(record.fragments):
+            if n % CHECK_EVERY == 0:
+                checkpoint()  # a long chart's sentences: the host may stop or pause the work here
             for sentence in split_sentences(fragment.text):
                 label, reason = self.labeller.label(sentence.text, fragment.section)
                 sentences.append(LabelledSentence(sentence.text, fragment.id, label, reason))

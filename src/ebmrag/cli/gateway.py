@@ -20,16 +20,19 @@ StreamOption = Annotated[str, typer.Option("--stream", help="The stream results 
 def run(data_dir: DataDirOption, broker: BrokerOption, stream: StreamOption = "ebmrag:results",
         group: Annotated[str, typer.Option(help="Consumer group.")] = "ebmrag",
         claim_idle_ms: Annotated[int, typer.Option(help="Reclaim entries another consumer left this long.")]
-        = 30_000, store_url: StoreOption = "", config: ConfigOption = None) -> None:
+        = 30_000, max_deliveries: Annotated[int, typer.Option(
+            min=1, help="Dead-letter an entry delivered this many times without being stored.")] = 5,
+        store_url: StoreOption = "", config: ConfigOption = None) -> None:
     """Consume results into the patient store until SIGTERM (each acknowledged only once stored)."""
     with user_errors():
         from ebmrag.gateway.consumer import ResultConsumer
 
         consumer = ResultConsumer(open_store_for(data_dir, store_url, config), broker, stream, group,
-                                  claim_idle_ms=claim_idle_ms)
+                                  claim_idle_ms=claim_idle_ms, max_deliveries=max_deliveries)
         stderr.print(f"gateway: {broker} stream {stream} group {group} as {consumer.consumer}")
         stats = consumer.run()
-    stderr.print(f"gateway stopped: {stats.stored} stored, {stats.dead} dead-lettered, {stats.claimed} reclaimed")
+    stderr.print(f"gateway stopped: {stats.stored} stored, {stats.dead} dead-lettered ({stats.capped} at the delivery "
+                 f"cap), {stats.claimed} reclaimed, {stats.failures} store failures ({stats.outages} outages)")
 
 
 @gateway_app.command("publish")

@@ -1,4 +1,4 @@
-"""`ebmrag serve`, `ebmrag keys ...` and `ebmrag audit verify`: run the service and manage who may use it."""
+"""`ebmrag serve`, `ebmrag keys ...` and `ebmrag audit ...`: run the service and manage who may use it."""
 
 from __future__ import annotations
 
@@ -19,6 +19,10 @@ if TYPE_CHECKING:
 DataDirOption = Annotated[Path, typer.Option("--data-dir", help="Where the service keeps its store and audit log.")]
 StoreOption = Annotated[str, typer.Option("--store-url", help="postgresql://… (default: [serve] store_url, "
                                                               "EBMRAG_STORE_URL, else SQLite in --data-dir).")]
+ExpiresInOption = Annotated[str, typer.Option("--expires-in", help="The key ends this long from now: 90d, 12h, "
+                                                                  "2w (default and longest: [serve] key_max_days).")]
+ExpiresOption = Annotated[str, typer.Option("--expires", help="The key ends at this ISO 8601 date or time (UTC "
+                                                              "without an offset).")]
 keys_app = typer.Typer(help="API keys of the service (stored hashed).", no_args_is_help=True)
 audit_app = typer.Typer(help="The service's access log.", no_args_is_help=True)
 
@@ -100,7 +104,7 @@ def open_store_for(data_dir: Path, store_url: str, config: Path | None) -> Patie
     from ebmrag.store.patients import open_store
 
     settings = load_settings(config)
-    return open_store(data_dir, _store_url(settings.serve.store_url, store_url))
+    return open_store(data_dir, _store_url(settings.serve.store_url, store_url), settings.serve.audit_key_file)
 
 
 @keys_app.command("create")
@@ -110,16 +114,44 @@ def keys_create(
     role: Annotated[str, typer.Option(help="clinician, service or admin.")],
     patient: Annotated[list[str] | None, typer.Option("--patient", help="Limit the key to this patient "
                                                                          "(repeat for more).")] = None,
+    expires_in: ExpiresInOption = "",
+    expires: ExpiresOption = "",
     store_url: StoreOption = "",
     config: ConfigOption = None,
 ) -> None:
     """Create a key; the key itself is the only line on stdout (it is shown once, stored hashed)."""
     with user_errors():
-        from ebmrag.store.access import create_key
+        from ebmrag.store.access import create_key, key_expiry
 
-        secret, key = create_key(open_store_for(data_dir, store_url, config), tenant, role, tuple(patient or ()))
+        ends = key_expiry(expires_in, expires, load_settings(config).serve.key_max_days)
+        secret, key = create_key(open_store_for(data_dir, store_url, config), tenant, role, tuple(patient or ()),
+                                 ends)
     stderr.print(f"key {key.key_id}: tenant {key.tenant}, role {key.role}"
-                 + (f", patients {', '.join(key.patients)}" if key.patients else ""))
+                 + (f", patients {', '.join(key.patients)}" if key.patients else "")
+                 + f", expires {key.expires or 'never'}", highlight=False, soft_wrap=True)
+    typer.echo(secret)
+
+
+@keys_app.command("rotate")
+def keys_rotate(
+    data_dir: DataDirOption,
+    key_id: Annotated[str, typer.Argument(help="The key id to replace.")],
+    grace: Annotated[str, typer.Option(help="How long the old key keeps working: 7d, 12h, 0s.")] = "7d",
+    expires_in: ExpiresInOption = "",
+    expires: ExpiresOption = "",
+    store_url: StoreOption = "",
+    config: ConfigOption = None,
+) -> None:
+    """Replace a key: a new one (the only line on stdout) for the same tenant, role and patients; the old one
+    keeps working for the grace period, then is refused (401)."""
+    with user_errors():
+        from ebmrag.store.access import duration, key_expiry, rotate_key
+
+        ends = key_expiry(expires_in, expires, load_settings(config).serve.key_max_days)
+        secret, new, old = rotate_key(open_store_for(data_dir, store_url, config), key_id,
+                                      duration(grace, "--grace"), ends)
+    stderr.print(f"key {new.key_id} replaces {old.key_id} (tenant {new.tenant}, role {new.role}), expires "
+                 f"{new.expires or 'never'}; {old.key_id} ends {old.expires}", highlight=False, soft_wrap=True)
     typer.echo(secret)
 
 
@@ -130,13 +162,15 @@ def keys_list(data_dir: DataDirOption, tenant: Annotated[str, typer.Option(help=
     with user_errors():
         keys = open_store_for(data_dir, store_url, config).keys(tenant or None)
     rows = [{"key_id": k.key_id, "tenant": k.tenant, "role": k.role, "patients": list(k.patients),
-             "created": k.created, "revoked": k.revoked} for k in keys]
+             "created": k.created, "expires": k.expires or None, "revoked": k.revoked, "expired": k.expired()}
+            for k in keys]
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
     for k in keys:
-        console.print(f"{k.key_id}  {k.tenant}  {k.role}  {','.join(k.patients) or '*'}  {k.created}"
-                      f"{'  revoked' if k.revoked else ''}", highlight=False)
+        state = "  revoked" if k.revoked else "  expired" if k.expired() else ""
+        console.print(f"{k.key_id}  {k.tenant}  {k.role}  {','.join(k.patients) or '*'}  {k.created}  "
+                      f"expires {k.expires or 'never'}{state}", highlight=False, soft_wrap=True)
 
 
 @keys_app.command("revoke")
@@ -150,15 +184,38 @@ def keys_revoke(data_dir: DataDirOption, key_id: Annotated[str, typer.Argument(h
 
 
 @audit_app.command("verify")
-def audit_verify(data_dir: DataDirOption, store_url: StoreOption = "", config: ConfigOption = None) -> None:
-    """Check the hash chain of the access log: exit 0 when intact, 1 with the problems when not."""
+def audit_verify(
+    data_dir: DataDirOption,
+    expect_head: Annotated[str, typer.Option("--expect-head", help="SEQ:HASH from an earlier `ebmrag audit head`, "
+                                                                   "kept outside: the log must still reach it.")]
+    = "",
+    store_url: StoreOption = "",
+    config: ConfigOption = None,
+) -> None:
+    """Check the access log with the audit key: exit 0 when intact, 1 with the problems when it was tampered
+    with, 2 when the keyed entries cannot be checked (no key file, or another key)."""
     with user_errors():
-        from ebmrag.store.audit import verify
+        from ebmrag.store.audit import parse_head, verify
 
-        rows = open_store_for(data_dir, store_url, config).audit_rows()
-        problems = verify(rows)
-    if problems:
-        for problem in problems:
-            stderr.print(f"[bold red]audit:[/] {problem}", highlight=False)
+        expected = parse_head(expect_head) if expect_head else None
+        report = verify(open_store_for(data_dir, store_url, config), expected)
+    for problem in report.problems:
+        stderr.print(f"[bold red]audit:[/] {problem}", highlight=False, soft_wrap=True)
+    if report.cannot_check:
+        stderr.print(f"[bold yellow]audit: cannot check:[/] {report.cannot_check}", highlight=False, soft_wrap=True)
+    if report.problems:
         raise typer.Exit(code=1)
-    console.print(f"audit log intact: {len(rows)} entries", highlight=False)
+    if report.cannot_check:
+        raise typer.Exit(code=2)
+    console.print(f"audit log intact: {report.summary()}", highlight=False, soft_wrap=True)
+
+
+@audit_app.command("head")
+def audit_head(data_dir: DataDirOption, store_url: StoreOption = "", config: ConfigOption = None) -> None:
+    """Print the log's last entry as SEQ:HASH (the only line on stdout). Keep it outside the server (a ticket, a
+    log host); `audit verify --expect-head SEQ:HASH` later finds a log cut back or rewritten past it."""
+    with user_errors():
+        from ebmrag.store.audit import current_head
+
+        seq, digest = current_head(open_store_for(data_dir, store_url, config))
+    typer.echo(f"{seq}:{digest}")

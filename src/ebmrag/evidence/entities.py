@@ -21,9 +21,11 @@ from pathlib import Path
 from ebmrag.errors import ConfigError
 from ebmrag.evidence.results import result_mentions, vocabulary_fingerprint
 from ebmrag.kvcache import KeyValueCache, digest
+from ebmrag.protocols import checkpoint
 from ebmrag.text.sentences import split_sentences
 
 DEFAULT_LEXICON_PATH = Path(__file__).parent / "rules" / "entities.toml"
+CHECK_EVERY = 64  # texts compressed between two checkpoints (protocols.checkpoint: a long chart may be stopped)
 
 
 class EntityKind(StrEnum):
@@ -247,20 +249,26 @@ class EntityCompressor:
         return self.compress_many([text])[0]
 
     def compress_many(self, texts: Sequence[str]) -> list[Compression]:
-        """State B of each text: memory first, then the disk store in one query, then computed (and stored)."""
-        missing = [t for t in dict.fromkeys(texts) if t not in self._memory]
+        """State B of each text: memory first, then the disk store in one query, then computed (and stored).
+        The results come from this call's own lookups: another thread may clear the memory meanwhile."""
+        remembered = {t: c for t in dict.fromkeys(texts) if (c := self._memory.get(t)) is not None}
+        missing = [t for t in dict.fromkeys(texts) if t not in remembered]
         found: dict[str, Compression] = {}
         if missing and self.store is not None:
             keys = {digest(self.extractor.fingerprint, t): t for t in missing}
             for key, blob in self.store.get_many(list(keys)).items():
                 body, total, kept = json.loads(blob)
                 found[keys[key]] = Compression(body, total, kept)
-        fresh = {t: self._compress(t) for t in missing if t not in found}
+        fresh: dict[str, Compression] = {}
+        for text in (t for t in missing if t not in found):
+            if len(fresh) % CHECK_EVERY == 0:
+                checkpoint()
+            fresh[text] = self._compress(text)
         if fresh and self.store is not None:
             self.store.put_many({digest(self.extractor.fingerprint, t): json.dumps(
                 [c.text, c.entities_total, c.entities_kept]).encode() for t, c in fresh.items()})
         known = {**found, **fresh}
-        results = [known[t] if t in known else self._memory[t] for t in texts]
+        results = [known[t] if t in known else remembered[t] for t in texts]
         if len(self._memory) + len(known) > self._limit:
             self._memory.clear()
         self._memory.update(known)

@@ -22,7 +22,7 @@ from ebmrag.evidence.adr import SERIOUS, AdrMention, adr_mentions
 from ebmrag.evidence.lexicon import drug_mentions
 from ebmrag.evidence.results import critical_results, result_mentions
 from ebmrag.kvcache import KeyValueCache, digest
-from ebmrag.protocols import TextClassifier
+from ebmrag.protocols import TextClassifier, checkpoint
 from ebmrag.records.fragment import PatientRecord, Tier, TierDecision
 from ebmrag.text.injection import fold, without_instructions
 
@@ -31,6 +31,7 @@ MODEL_T1_MIN = 0.85  # below this the model's T1 is not taken (T1 precision; mea
 INSTRUCTION_ONLY = TierDecision(Tier.T4, "text.instruction_like")  # every sentence addressed to a model: data only
 ALWAYS_KINDS = ("allergy", "face_sheet")  # what a rule's `always` may name (a question's needs are marked per query)
 BUNDLED_TIER_MODEL = Path(__file__).parent / "rules" / "tier_ngram.npz"  # bench/train_tier_model.py
+CHECK_EVERY = 128  # fragments tiered between two checkpoints (protocols.checkpoint: a long chart may be stopped)
 
 
 @dataclass(frozen=True)
@@ -263,7 +264,7 @@ class TierClassifier:
     def rule_decisions(self, items: Sequence[tuple[str, str | None]]) -> list[TierDecision | None]:
         """`rule_decision` for many items, read from and written to the disk store when there is one."""
         if self.store is None:
-            return [self.rule_decision(text, section) for text, section in items]
+            return [self._checked_rule_decision(n, text, section) for n, (text, section) in enumerate(items)]
         keys = [digest(self.fingerprint, normalize_section(section), text) for text, section in items]
         stored = self.store.get_many(list(dict.fromkeys(keys)))
         fresh: dict[str, bytes] = {}
@@ -272,12 +273,18 @@ class TierClassifier:
             if key in stored or key in fresh:
                 decisions.append(_decision_from_json(stored.get(key) or fresh[key]))
                 continue
-            decision = self.rule_decision(text, section)
+            decision = self._checked_rule_decision(len(fresh), text, section)
             fresh[key] = _decision_to_json(decision)
             decisions.append(decision)
         if fresh:
             self.store.put_many(fresh)
         return decisions
+
+    def _checked_rule_decision(self, done: int, text: str, section: str | None) -> TierDecision | None:
+        """`rule_decision`, with a checkpoint every CHECK_EVERY decisions computed (`done` so far)."""
+        if done % CHECK_EVERY == 0:
+            checkpoint()
+        return self.rule_decision(text, section)
 
     def forget(self, items: Sequence[tuple[str, str | None]]) -> int:
         """Erase the stored rule decisions of these (text, section) pairs; returns the rows removed."""

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from ebmrag.errors import require_extra
 from ebmrag.gateway.consumer import STREAM
-from ebmrag.store.results import MessageError, ResultMessage, messages_from_hl7, parse_message
+from ebmrag.store.results import MessageError, ResultMessage, messages_from_hl7, parse_messages
 
 
 def publish(broker: str, messages: Sequence[ResultMessage], stream: str = STREAM) -> list[str]:
@@ -29,8 +27,4 @@ def read_messages(path: Path, tenant: str = "", producer: str = "hl7") -> list[R
         if not tenant:
             raise MessageError(f"{path}: an HL7 file needs --tenant (HL7 does not carry one)")
         return messages_from_hl7(text, tenant, producer)
-    try:
-        data: Any = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise MessageError(f"{path}: not JSON and not HL7 ({exc})") from None
-    return [parse_message(item) for item in (data if isinstance(data, list) else [data])]
+    return parse_messages(text, str(path))  # bounded: a file nested 10^5 deep is an error, not a traceback

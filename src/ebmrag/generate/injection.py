@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ebmrag.generate.context import ContextItem
-from ebmrag.text.injection import INSTRUCTION, MARKUP, is_instruction, strip_markup
+from ebmrag.text.injection import MARKUP, is_instruction, strip_markup
 from ebmrag.text.sentences import split_sentences
 
-__all__ = ["FENCE_NOTE", "INSTRUCTION", "MARKUP", "REMOVED", "FlaggedSentence", "fence_for_model",
+__all__ = ["FENCE_NOTE", "MARKUP", "REMOVED", "FlaggedSentence", "fence_for_model",
            "instruction_sentences", "is_instruction", "neutralise"]
 
 @dataclass(frozen=True)

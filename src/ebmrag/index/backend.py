@@ -10,6 +10,7 @@ Rows are opaque integers that a reader hands out and takes back; a scope is what
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -89,6 +90,13 @@ class KnowledgeStore(Protocol):
     def to_dict(self) -> dict[str, Any]: ...
 
     def stats(self) -> KnowledgeBaseStats: ...
+
+
+def pinned(kb: KnowledgeStore) -> AbstractContextManager[object]:
+    """`kb.pinned()` where the backend has one (the embedded knowledge base: one generation for a whole search,
+    kept open while another thread moves it on), else nothing to hold (a Milvus reader holds no files)."""
+    pin = getattr(kb, "pinned", None)
+    return pin() if pin is not None else nullcontext()
 
 
 def knowledge_base_from_dict(data: dict[str, Any] | str, embedder: SentenceEmbedder | None = None) -> KnowledgeStore:

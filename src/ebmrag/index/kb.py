@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -69,22 +71,67 @@ class KnowledgeBase:
         self.embedder = embedder or kb_embedder(self.config, cache_dir)
         self.analyzer = Analyzer()  # query terms; chunks are analysed by the same rules in `prepare`
         self._reader: Reader | None = None
+        self._readers = threading.Lock()  # the reader's swap to a new generation, and the counts below
+        self._users: dict[Reader, int] = {}  # searches in progress per reader (`pinned`)
+        self._retired: set[Reader] = set()  # superseded readers still in use: closed when their last search ends
+        self._pins = threading.local()  # this thread's pinned reader
 
     @property
     def exists(self) -> bool:
         return self.root.exists() and generations.current_generation(self.root) is not None
 
     def reader(self) -> Reader:
+        """The live generation's reader (this thread's pinned one inside `pinned`)."""
+        held: Reader | None = getattr(self._pins, "reader", None)
+        if held is not None:
+            return held
+        with self._readers:
+            return self._current()
+
+    @contextmanager
+    def pinned(self) -> Iterator[Reader]:
+        """One generation for a whole search: inside the block `reader()` returns it in this thread, whatever
+        another thread or process writes meanwhile (a search's rows are only valid in the generation that
+        produced them), and its files stay open until the last search using it ends."""
+        held: Reader | None = getattr(self._pins, "reader", None)
+        if held is not None:
+            yield held
+            return
+        with self._readers:
+            reader = self._current()
+            self._users[reader] = self._users.get(reader, 0) + 1
+        self._pins.reader = reader
+        try:
+            yield reader
+        finally:
+            self._pins.reader = None
+            with self._readers:
+                self._users[reader] -= 1
+                if not self._users[reader]:
+                    del self._users[reader]
+                    if reader in self._retired:
+                        self._retired.discard(reader)
+                        self._close_unused(reader)
+
+    def _current(self) -> Reader:
+        """Under self._readers: the reader, moved on to the live generation when the knowledge base has."""
         live = generations.current_generation(self.root) if self.root.exists() else None
         if live is None:
             raise KnowledgeBaseError(f"{self.root} is not a knowledge base yet; create it with `ebmrag ingest`")
         if self._reader is None or self._reader.path != live:
             previous = self._reader
             self._reader = Reader(live, self.config, previous)
-            if previous is not None:
-                previous.close(keep=self._reader.segments)  # the KB moved on: release what is no longer named
+            if previous is not None and previous in self._users:
+                self._retired.add(previous)  # a search still reads it: closed when the search ends
+            elif previous is not None:
+                self._close_unused(previous)  # the KB moved on: release what is no longer named
             self._check_model(self._reader.manifest)
         return self._reader
+
+    def _close_unused(self, old: Reader) -> None:
+        """Close `old`'s segments except those the current reader or a search in progress still uses."""
+        in_use = [s for reader in (self._reader, *self._users) if reader is not None for s in reader.segments]
+        old.close(keep=in_use)
 
     def _check_model(self, manifest: dict[str, Any]) -> None:
         """Queries must be embedded by the model the chunks were: a different one (another delta, another folder)
@@ -172,7 +219,10 @@ class KnowledgeBase:
         return report
 
     def stats(self) -> KnowledgeBaseStats:
-        reader = self.reader()
+        with self.pinned() as reader:
+            return self._stats(reader)
+
+    def _stats(self, reader: Reader) -> KnowledgeBaseStats:
         by_type, by_authority = KnowledgeBaseStats.tally(reader.documents().values())
         folders = [reader.path, *(s.path for s in reader.segments)]
         size = sum(f.stat().st_size for folder in folders for f in folder.rglob("*") if f.is_file())

@@ -7,13 +7,19 @@ loads lazily in `warm_up()` (a few seconds), never at import, and never from a h
 an error, not a download. Vectors are L2-normalized, so
 cosine similarity is a dot product. The cache key is sha256(model name + text), in memory and,
 when `cache_dir` is given, in a SQLite file shared across runs.
+
+One embedder serves every thread of a service: the model loads once, and its forward passes take turns one batch
+at a time in order of arrival (two passes at once only compete for the same cores, and a turn per batch lets a small
+request's batch in between a large one's), with a `protocols.checkpoint()` between batches so that a long embedding
+can be stopped or paused; each batch is cached as it is computed, so a stopped embedding keeps its finished batches.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +29,7 @@ from ebmrag.errors import ModelUnavailableError
 from ebmrag.kvcache import KeyValueCache
 from ebmrag.models.adapters import delta_digest, load_delta, resolve_delta
 from ebmrag.models.tokens import bundled_model_dir
-from ebmrag.protocols import Vectors
+from ebmrag.protocols import Vectors, checkpoint
 
 EMBEDDING_PRECISIONS = ("auto", "fp32", "bf16", "int8")  # auto: bf16 where the CPU has it natively, else fp32
 
@@ -47,6 +53,27 @@ class _VectorCache:
 
     def forget(self, keys: list[str]) -> int:
         return self._store.forget(keys)
+
+
+class TurnLock:
+    """A lock taken in order of arrival. `threading.Lock` is not fair: a thread that releases it and asks again at
+    once (a large chart's next batch) usually wins over one that has been waiting (another request's one batch)."""
+
+    def __init__(self) -> None:
+        self._turns = threading.Condition()
+        self._issued = 0  # tickets handed out
+        self._serving = 0  # the ticket whose turn it is
+
+    def __enter__(self) -> None:
+        with self._turns:
+            ticket = self._issued
+            self._issued += 1
+            self._turns.wait_for(lambda: self._serving == ticket)
+
+    def __exit__(self, *exc: object) -> None:
+        with self._turns:
+            self._serving += 1
+            self._turns.notify_all()
 
 
 def native_bf16() -> bool:
@@ -108,12 +135,20 @@ class SentenceEmbedder:
             "" if self.precision == "fp32" else f"|{self.precision}")
         self.model_name = base + profile
         self._model: Any = None
+        self._loading = threading.Lock()  # one model, however many threads ask for it first
+        self._forward = TurnLock()  # one forward pass at a time, in order of arrival
         self._memory: dict[str, Vectors] = {}
         self._disk = _VectorCache(self.cache_dir / "embeddings.sqlite") if self.cache_dir else None
 
     def warm_up(self) -> None:
         if self._model is not None:
             return
+        with self._loading:
+            if self._model is None:
+                self._model = self._load()
+
+    def _load(self) -> Any:
+        """The model, complete (delta merged, quantized) before any thread sees it."""
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -124,36 +159,46 @@ class SentenceEmbedder:
             raise ModelUnavailableError("sentence-transformers is missing: pip install 'ebmrag[embed]'") from exc
         path = bundled_model_dir() if self._delta or not self.model_path else self.model_path
         try:
-            self._model = SentenceTransformer(str(path), device=self.device, local_files_only=True)
+            model = SentenceTransformer(str(path), device=self.device, local_files_only=True)
         except Exception as exc:  # the library raises many types for a bad folder
             raise ModelUnavailableError(f"could not load the embedding model from {path}: {exc}") from exc
         if self._delta:
-            load_delta(self._delta).apply(self._model[0].auto_model)
+            load_delta(self._delta).apply(model[0].auto_model)
         if self.max_tokens:
-            self._model.max_seq_length = self.max_tokens
-        if self.precision == "int8":
-            self._model = _quantized(self._model)
+            model.max_seq_length = self.max_tokens
+        return _quantized(model) if self.precision == "int8" else model
 
     def _key(self, text: str) -> str:
         return hashlib.sha256(f"{self.model_name}\x00{text}".encode()).hexdigest()
 
     def embed(self, texts: Sequence[str]) -> Vectors:
-        """One normalized row per text; each distinct text is computed once and then served from the cache."""
+        """One normalized row per text; each distinct text is computed once and then served from the cache.
+        The rows come from this call's own lookups, so another thread's erasure cannot pull one out from under it."""
         keys = [self._key(t) for t in texts]
-        missing = [k for k in dict.fromkeys(keys) if k not in self._memory]
+        known = {k: v for k in dict.fromkeys(keys) if (v := self._memory.get(k)) is not None}
+        missing = [k for k in dict.fromkeys(keys) if k not in known]
         if missing and self._disk is not None:
-            self._memory.update(self._disk.get_many(missing))
-            missing = [k for k in missing if k not in self._memory]
+            stored = self._disk.get_many(missing)
+            self._memory.update(stored)
+            known.update(stored)
+            missing = [k for k in missing if k not in known]
         if missing:
             text_of = dict(zip(keys, texts, strict=True))
-            fresh = self._encode([text_of[k] for k in missing])
-            computed = dict(zip(missing, fresh, strict=True))
-            self._memory.update(computed)
-            if self._disk is not None:
-                self._disk.put_many(computed)
+            for computed in self._encode({k: text_of[k] for k in missing}):
+                self._memory.update(computed)
+                known.update(computed)
+                if self._disk is not None:
+                    self._disk.put_many(computed)
         if not keys:
             return np.zeros((0, self.dimension), dtype=np.float32)
-        return np.stack([self._memory[k] for k in keys])
+        return np.stack([known[k] for k in keys])
+
+    def cached(self, texts: Sequence[str]) -> int:
+        """How many of `texts` have a vector already, in memory or on disk: how far a chart's preparation got."""
+        keys = list(dict.fromkeys(self._key(t) for t in texts))
+        missing = [k for k in keys if k not in self._memory]
+        on_disk = len(self._disk.get_many(missing)) if missing and self._disk is not None else 0
+        return len(keys) - len(missing) + on_disk
 
     def forget(self, texts: Sequence[str]) -> int:
         """Erase these texts' vectors from memory and disk (a patient's erasure); returns the disk rows removed."""
@@ -162,15 +207,25 @@ class SentenceEmbedder:
             self._memory.pop(key, None)
         return self._disk.forget(keys) if self._disk is not None else 0
 
-    def _encode(self, texts: list[str]) -> Vectors:
-        """bf16 runs under autocast: weights stay fp32, matrix products use the CPU's bf16 units."""
+    def _encode(self, texts: dict[str, str]) -> Iterator[dict[str, Vectors]]:
+        """Key -> vector, batch by batch: longest first in batches of `batch_size` (how sentence-transformers
+        batches a list), one forward pass at a time, a checkpoint before each. A large chart's embedding can be
+        stopped or paused between batches and keeps what it computed (the caller caches each batch), and another
+        request's batch waits for at most one of its batches. bf16 runs under autocast: weights stay fp32, matrix
+        products use the CPU's bf16 units."""
         import torch
 
         self.warm_up()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.precision == "bf16"):
-            vectors = self._model.encode(texts, batch_size=self.batch_size, normalize_embeddings=True,
-                                         convert_to_numpy=False, convert_to_tensor=True, show_progress_bar=False)
-        return np.asarray(vectors.float().numpy(), dtype=np.float32)
+        order = sorted(texts, key=lambda k: -len(texts[k]))
+        for start in range(0, len(order), self.batch_size):
+            checkpoint()
+            batch = order[start : start + self.batch_size]
+            with self._forward, torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.precision == "bf16"):
+                vectors = self._model.encode([texts[k] for k in batch], batch_size=self.batch_size,
+                                             normalize_embeddings=True, convert_to_numpy=False,
+                                             convert_to_tensor=True, show_progress_bar=False)
+                rows = np.asarray(vectors.float().numpy(), dtype=np.float32)
+            yield dict(zip(batch, rows, strict=True))
 
     @property
     def dimension(self) -> int:

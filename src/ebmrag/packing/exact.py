@@ -48,6 +48,7 @@ from ebmrag.packing.types import (
     pack_entry,
     validate_window,
 )
+from ebmrag.protocols import checkpoint
 from ebmrag.records.fragment import Tier
 
 FloatArray = npt.NDArray[np.float64]
@@ -91,6 +92,8 @@ def _tier_table(
     dp.level[0], dp.utility[0] = base.level, base.utility
     decisions = np.zeros((len(members), rows, window + 1), dtype=np.int8)
     for k, index in enumerate(members):
+        if k % _CHECK_EVERY == 0:
+            checkpoint()  # a large record's table: the host may stop or pause the work here
         candidate = candidates[index]
         new = dp.copy()
         for j, option in enumerate(candidate.options):
@@ -107,6 +110,7 @@ def _tier_table(
     return _TierTable(members, decisions, np.zeros(0, dtype=np.intp)), dp
 
 
+_CHECK_EVERY = 64  # candidates between two checkpoints
 _UNREACHABLE = np.iinfo(np.int64).min // 4  # far below any reachable level, and safe to add small levels to
 
 

@@ -85,6 +85,11 @@ class ContextPacker:
         return record.replace_fragments(f.with_decision(decided[f.id]) if f.id in decided else f
                                         for f in record.fragments)
 
+    def measures_all(self, record: PatientRecord) -> bool:
+        """Whether a pack of `record` may measure (embed) every fragment: not when the record is large enough for
+        the pre-filter, which measures a few windows' worth of its fragments whatever its size."""
+        return self.prefilter is None or len(record.fragments) <= self.prefilter.min_fragments
+
     def prepare(self, record: PatientRecord, texts: Sequence[str] = ()) -> None:
         """Embed the record's fragments, their compressed states and `texts` (e.g. the retrieval queries)
         in one batch into the embedder's cache, so a later `run` spends its time on the question only."""

@@ -9,14 +9,15 @@ ages can be compared across sources.
 
 from __future__ import annotations
 
-import json
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ebmrag.errors import RecordError
-from ebmrag.records.fragment import Fragment, PatientRecord, lone_surrogate, parse_timestamp
+from ebmrag.records.fragment import Fragment, PatientRecord, parse_timestamp
+from ebmrag.records.limits import check_xml_depth, load_json
 from ebmrag.records.params import ChartParams
 from ebmrag.text.sentences import split_sentences
 
@@ -33,6 +34,25 @@ def _required_str(raw: Mapping[str, Any], key: str, where: str) -> str:
     if not isinstance(value, str) or not value.strip():
         problem = "is missing" if key not in raw else "must be a non-empty string"
         raise RecordError(f"{where}.{key}", problem)
+    return value
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f]")
+
+
+def control_character(value: str) -> str | None:
+    """A C0 control character other than tab and line breaks (NUL, ESC, ...), described with its offset, or None.
+    No such character belongs in an id, and PostgreSQL refuses NUL in any text column while SQLite stores it:
+    refusing them where ids enter (records, result messages) makes both backends answer alike."""
+    match = _CONTROL.search(value)
+    return f"a control character (U+{ord(match.group()):04X}) at character {match.start()}" if match else None
+
+
+def _id(value: str | None, where: str) -> str | None:
+    """An id as given, or RecordError naming the field when it holds a control character."""
+    problem = control_character(value) if value is not None else None
+    if problem:
+        raise RecordError(where, f"contains {problem}; ids must be printable text")
     return value
 
 
@@ -54,6 +74,7 @@ def record_from_json(data: Any, origin: str) -> PatientRecord:
         raise RecordError(origin, "a patient record must be a JSON object")
     _known_fields(data, RECORD_FIELDS, origin)
     patient_id = _required_str(data, "patient_id", origin)
+    _id(patient_id, f"{origin}.patient_id")
     raw_fragments = data.get("fragments")
     if not isinstance(raw_fragments, list):
         raise RecordError(f"{origin}.fragments", "must be a list of fragment objects")
@@ -70,13 +91,13 @@ def record_from_json(data: Any, origin: str) -> PatientRecord:
             raise RecordError(f"{where}.patient_id", f"{owner!r} differs from the record's {patient_id!r}")
         fragments.append(
             Fragment(
-                id=_required_str(raw, "id", where),
+                id=str(_id(_required_str(raw, "id", where), f"{where}.id")),
                 patient_id=patient_id,
                 text=_required_str(raw, "text", where),
                 section=_optional_str(raw, "section", where),
                 timestamp=parse_timestamp(raw.get("timestamp"), f"{where}.timestamp"),
-                source=_optional_str(raw, "source", where),
-                encounter=_optional_str(raw, "encounter", where),
+                source=_id(_optional_str(raw, "source", where), f"{where}.source"),
+                encounter=_id(_optional_str(raw, "encounter", where), f"{where}.encounter"),
             )
         )
     return PatientRecord(patient_id, tuple(fragments), origin)
@@ -194,8 +215,8 @@ def _is_bulk_export(raw: str) -> bool:
     """A .jsonl whose lines are FHIR resources other than Bundles is a Bulk Data export."""
     first = next((line for line in raw.splitlines() if line.strip()), "")
     try:
-        data = json.loads(first)
-    except json.JSONDecodeError:
+        data = load_json(first, "first line")
+    except RecordError:
         return False
     return isinstance(data, Mapping) and isinstance(data.get("resourceType"), str) and data["resourceType"] != "Bundle"
 
@@ -216,6 +237,7 @@ def records_from_xml(data: bytes, origin: str, params: ChartParams | None = None
     from ebmrag.records.ccda import is_ccda
     from ebmrag.records.fhir.xml import is_fhir_xml, resource_from_fhir_xml
 
+    check_xml_depth(data, origin)  # both readers walk the tree recursively
     if is_ccda(data):
         return [record_from_ccda(data, origin, params)]
     if is_fhir_xml(data):
@@ -233,14 +255,7 @@ def _bulk(path: Path, params: ChartParams) -> list[PatientRecord]:
 
 
 def _parse_json(raw: str, origin: str) -> Any:
-    try:
-        data = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise RecordError(origin, f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
-    problem = lone_surrogate(json.dumps(data, ensure_ascii=False))
-    if problem:
-        raise RecordError(origin, f"contains {problem} of the decoded JSON: not valid Unicode")
-    return data
+    return load_json(raw, origin)  # depth-bounded; NaN, huge integers and unpaired surrogates refused
 
 
 def load_record(path: str | Path, patient_id: str | None = None, params: ChartParams | None = None

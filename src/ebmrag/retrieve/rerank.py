@@ -12,6 +12,7 @@ hits): a reranker trained on one kind of question should refine the first stage,
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -22,7 +23,7 @@ import numpy as np
 from ebmrag.errors import ModelUnavailableError
 from ebmrag.index.types import Reranker, SearchHit
 from ebmrag.models.adapters import delta_digest, load_delta
-from ebmrag.models.embeddings import native_bf16
+from ebmrag.models.embeddings import TurnLock, native_bf16
 from ebmrag.models.tokens import bundled_model_dir
 from ebmrag.retrieve.fusion import min_max
 
@@ -50,10 +51,17 @@ class CrossEncoderReranker:
         self.model_path, self.batch_size, self.max_length = str(model_path), batch_size, max_length
         self.depth, self.mix = depth, mix
         self._model: Any = None
+        self._loading = threading.Lock()  # one model, however many threads ask for it first
+        self._forward = TurnLock()  # one scoring call at a time, in order of arrival (as the embedder's passes)
 
     def warm_up(self) -> None:
         if self._model is not None:
             return
+        with self._loading:
+            if self._model is None:
+                self._model = self._load()
+
+    def _load(self) -> Any:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         try:
@@ -72,14 +80,14 @@ class CrossEncoderReranker:
                 raise ModelUnavailableError(f"{self._delta} is not a cross-encoder delta: it has no scoring head "
                                             "(an embedding delta belongs in [kb] embedding_model)")
             delta.apply(model.model)
-        self._model = model
+        return model
 
     def scores(self, query: str, texts: Sequence[str]) -> list[float]:
         """Raw model scores (logits for a delta profile), one per text; higher is more relevant."""
         import torch
 
         self.warm_up()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=native_bf16()):
+        with self._forward, torch.autocast("cpu", dtype=torch.bfloat16, enabled=native_bf16()):
             values = self._model.predict([(query, text) for text in texts], batch_size=self.batch_size,
                                          show_progress_bar=False, convert_to_numpy=True,
                                          activation_fn=torch.nn.Identity())

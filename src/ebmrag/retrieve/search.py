@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ebmrag.index.backend import KnowledgeStore, knowledge_base_from_dict
+from ebmrag.index.backend import KnowledgeStore, knowledge_base_from_dict, pinned
 from ebmrag.index.types import Filters, Reranker, SearchHit
 from ebmrag.models.embeddings import SentenceEmbedder
 from ebmrag.retrieve.focus import FocusExtractor
@@ -53,10 +53,11 @@ class HybridRetriever:
             raise ValueError("the query is empty")
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
-        if self.reranker is None:
-            return self.hits(self.rank(query, k, filters, variants=variants, hypothesis=hypothesis))
-        candidates = self.hits(self.rank(query, max(k, self.route_depth), filters, variants=variants,
-                                         hypothesis=hypothesis))
+        with pinned(self.kb):  # one generation from ranking to hits, whatever is written meanwhile
+            if self.reranker is None:
+                return self.hits(self.rank(query, k, filters, variants=variants, hypothesis=hypothesis))
+            candidates = self.hits(self.rank(query, max(k, self.route_depth), filters, variants=variants,
+                                             hypothesis=hypothesis))
         return self.reranker.rerank(query, candidates)[:k]
 
     def run_many(self, queries: Sequence[str], k: int = 10, filters: Filters | None = None) -> list[list[SearchHit]]:
@@ -68,9 +69,11 @@ class HybridRetriever:
         if any(not q.strip() for q in queries):
             raise ValueError("a query is empty")
         if self.mode == "bm25" or not queries:
-            return [self.hits(self.rank(q, k, filters)) for q in queries]
+            with pinned(self.kb):
+                return [self.hits(self.rank(q, k, filters)) for q in queries]
         vectors = self.kb.embedder.embed(list(queries))
-        return [self.hits(self.rank(q, k, filters, v)) for q, v in zip(queries, vectors, strict=True)]
+        with pinned(self.kb):
+            return [self.hits(self.rank(q, k, filters, v)) for q, v in zip(queries, vectors, strict=True)]
 
     @property
     def embedder(self) -> SentenceEmbedder:
@@ -86,7 +89,8 @@ class HybridRetriever:
         """Cosine of the query and each hit in the knowledge base's own vector space, from stored vectors:
         no chunk is embedded again (the query vector is cached from the search)."""
         indexed = [h.row for h in hits if h.row >= 0]
-        vectors = iter(self.kb.reader().dense.vectors_at(indexed) if indexed else ())
+        with pinned(self.kb):  # the hits' rows: valid in the generation of the caller's pin (DocumentVoter.run)
+            vectors = iter(self.kb.reader().dense.vectors_at(indexed) if indexed else ())
         query_vector = self.kb.embedder.embed([query])[0]
         return [float(next(vectors) @ query_vector) if h.row >= 0 else 0.0 for h in hits]
 

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from ebmrag.index.backend import pinned
 from ebmrag.index.types import Filters, SearchHit
 from ebmrag.models.embeddings import SentenceEmbedder
 from ebmrag.retrieve.params import RetrievalParams
@@ -55,11 +56,12 @@ class DocumentVoter:
         queries = [q for q in queries if q.strip()]
         if not queries:
             raise ValueError("no non-empty query sentence to vote with")
-        documents = self._vote(queries, filters)
-        if similarity_to is None:
-            return documents
-        hits = [hit for document in documents for hit in document.chunks]
-        sims = iter(self.retriever.similarities(similarity_to, hits))
+        with pinned(self.retriever.kb):  # the vote's rows and their stored vectors from one generation
+            documents = self._vote(queries, filters)
+            if similarity_to is None:
+                return documents
+            hits = [hit for document in documents for hit in document.chunks]
+            sims = iter(self.retriever.similarities(similarity_to, hits))
         return [replace(d, chunks=tuple(replace(hit, similarity=next(sims)) for hit in d.chunks)) for d in documents]
 
     @property

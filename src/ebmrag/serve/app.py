@@ -12,8 +12,6 @@ import asyncio
 import json
 import logging
 import os
-import re
-import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -28,10 +26,11 @@ from starlette.routing import Match
 from ebmrag.answer.engine import Engine
 from ebmrag.compose import Resources
 from ebmrag.config import Settings
-from ebmrag.serve.guard import BodyGuard
+from ebmrag.serve.bodies import parse_json
+from ebmrag.serve.guard import BodyGuard, request_id, scope_request_id
 from ebmrag.serve.kb_routes import install_kb
 from ebmrag.serve.models import AskBody, PackBody, SearchBody
-from ebmrag.serve.problems import ProblemError, install_errors, install_openapi, problem_response
+from ebmrag.serve.problems import install_errors, install_openapi, problem_response
 from ebmrag.serve.service import (
     Service,
     bounded_body,
@@ -94,10 +93,11 @@ def create_app(store: PatientStore, settings: Settings | None = None, engine: En
     async def refused(scope: Any, status: int) -> None:
         route = _route_of(app, scope)
         service.metrics.observe(route, status, 0.0)
-        await run_in_threadpool(service.audit_refused, None, status, route, uuid.uuid4().hex)
+        await run_in_threadpool(service.audit_refused, scope.get("state", {}).get("key"), status, route,
+                                scope_request_id(scope))  # the key when known: a revoked or expired one
 
     app.add_middleware(BodyGuard, store=store, max_bytes=int(settings.serve.max_body_mb * 2**20),  # outermost
-                       refused=refused)
+                       refused=refused, failed_keys=service.failed_keys)
     return app
 
 
@@ -110,22 +110,13 @@ def _route_of(app: FastAPI, scope: Any) -> str:
     return "unmatched"
 
 
-_CLIENT_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
-
-
-def request_id(sent: str | None) -> str:
-    """Server-made and unique: a client's id is kept as a prefix only when it is short and plain (no names,
-    dates of birth or 20 KB strings reach the audit or the logs), and never alone, so ids cannot repeat."""
-    made = uuid.uuid4().hex
-    return f"{sent}.{made[:12]}" if sent and _CLIENT_ID.fullmatch(sent) else made
-
-
 def _install_middleware(app: FastAPI, service: Service) -> None:
     limit = int(service.settings.serve.max_body_mb * 2**20)
 
     @app.middleware("http")
     async def frame(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        request.state.request_id = request_id(request.headers.get("x-request-id"))
+        if not getattr(request.state, "request_id", ""):  # the guard made it; an app without the guard: here
+            request.state.request_id = request_id(request.headers.get("x-request-id"))
         length = request.headers.get("content-length")
         started = asyncio.get_running_loop().time()
         if length and length.isdigit() and int(length) > limit:
@@ -161,7 +152,8 @@ def _install_health(app: FastAPI, service: Service) -> None:
 
     @app.get("/metrics", tags=["health"], response_class=PlainTextResponse)
     async def metrics() -> PlainTextResponse:
-        return PlainTextResponse(service.metrics.render(), media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(service.metrics.render() + service.scheduler.render(),
+                                 media_type="text/plain; version=0.0.4")
 
 
 def _install_patients(app: FastAPI, service: Service) -> None:
@@ -201,7 +193,8 @@ def _install_patients(app: FastAPI, service: Service) -> None:
     async def list_fragments(pid: PatientId, request: Request) -> dict[str, Any]:
         key, pid = await visible(request, pid, READ)
         record = await stored(service, key, pid)
-        classified = await service.run(lambda: service.classify(record))
+        classified = await service.run(lambda: service.classify(record), tenant=key.tenant, patient=pid,
+                                       engine=False)
         service.audit(key, pid, "read", request, tuple(f.id for f in classified.fragments))
         return {"patient": pid, "record_skipped": list(record.skipped), "fragments": [
             {"id": f.id, "text": f.text, "section": f.section,
@@ -215,7 +208,8 @@ def _install_patients(app: FastAPI, service: Service) -> None:
         erased = await run_in_threadpool(store.delete_patient, key.tenant, pid)
         if erased is None:
             raise AccessError(404, "no such patient")
-        forgotten = await service.run(lambda: service.forget(erased))
+        forgotten = await service.run(lambda: service.forget(erased, key.tenant, pid), tenant=key.tenant,
+                                      engine=False)
         service.audit(key, pid, "erase", request, tuple(f.id for f in erased))
         return {"patient": pid, "erased_fragments": len(erased), "cache_entries_forgotten": forgotten}
 
@@ -230,13 +224,14 @@ def _install_answers(app: FastAPI, service: Service) -> None:
         valid_name(pid, "patient id")
         require(key, READ, pid)
         waited = await wait_for_results(service, key, pid, body.wait_ms)
-        record = await stored(service, key, pid)
+        record = service.check_chart(await stored(service, key, pid))
         pending = await run_in_threadpool(service.store.pending, key.tenant, pid)
         engine = await run_in_threadpool(service.engine, body.retrieval)  # the first call loads the model
         if "text/event-stream" in request.headers.get("accept", ""):
             return StreamingResponse(stream_ask(service, engine, key, pid, body, record, request),
                                      media_type="text/event-stream")
-        result = await service.run(lambda: engine.ask(body.question, record, body.window))
+        result = await service.run(lambda: engine.ask(body.question, record, body.window), tenant=key.tenant,
+                                   patient=pid)
         service.audit(key, pid, "ask", request, tuple(i.id for i in result.items))
         data: dict[str, Any] = result.to_json()
         data["trace"]["pending_results"] = pending  # announced, not arrived: the answer could not use them
@@ -249,10 +244,7 @@ def _install_answers(app: FastAPI, service: Service) -> None:
         for one machine. A message for another tenant, or a patient the key may not see, is refused."""
         key = await caller(request, service)
         require(key, WRITE)
-        try:
-            raw = json.loads(await bounded_body(request))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ProblemError(400, "malformed-json", f"the body is not valid JSON: {exc}") from None
+        raw = parse_json(await bounded_body(request))  # bounded (serve.bodies): a bad body is a 400 naming why
         outcomes: Counter[str] = Counter()
         rejected = []
         for index, item in enumerate(raw if isinstance(raw, list) else [raw]):
@@ -271,8 +263,9 @@ def _install_answers(app: FastAPI, service: Service) -> None:
         key = await caller(request, service)
         valid_name(pid, "patient id")
         require(key, READ, pid)
-        record = await stored(service, key, pid)
-        result = await service.run(lambda: service.packer(body.strategy).run(record, body.query, body.window))
+        record = service.check_chart(await stored(service, key, pid))
+        result = await service.run(lambda: service.packer(body.strategy).run(record, body.query, body.window),
+                                   tenant=key.tenant, patient=pid)
         service.audit(key, pid, "pack", request, tuple(p.fragment_id for p in result.packed))
         return dict(result.to_json(), context=result.context)
 
@@ -285,7 +278,7 @@ def _install_answers(app: FastAPI, service: Service) -> None:
             hits = service.retriever(body.mode or None).run(body.query, body.k)
             return [h.to_json() for h in hits]
 
-        hits: list[dict[str, Any]] = await service.run(run)
+        hits: list[dict[str, Any]] = await service.run(run, tenant=key.tenant)
         service.audit(key, "", "search", request)
         return hits
 
@@ -302,4 +295,5 @@ def app_from_environment() -> FastAPI:
 def serve_app(data_dir: Path, settings: Settings, store_url: str = "") -> FastAPI:
     from ebmrag.store.patients import open_store
 
-    return create_app(open_store(data_dir, store_url or settings.serve.store_url), settings)
+    return create_app(open_store(data_dir, store_url or settings.serve.store_url, settings.serve.audit_key_file),
+                      settings)

@@ -18,8 +18,10 @@ answered, so the audit row exists when the client reads the answer.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
+import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -70,19 +72,26 @@ class FailedKeys:
 
 
 class BodyGuard:
-    def __init__(self, app: ASGIApp, store: PatientStore, max_bytes: int, refused: Refused | None = None) -> None:
+    def __init__(self, app: ASGIApp, store: PatientStore, max_bytes: int, refused: Refused | None = None,
+                 failed_keys: FailedKeys | None = None, keyed_prefix: str = KEYED_PREFIX, id_prefix: str = "") -> None:
+        """`failed_keys`: shared with the other ways in (the /ui sign-in), so a guesser gains nothing by
+        switching between them. `keyed_prefix`: the paths that need a key ("/" for MCP's HTTP transport).
+        `id_prefix`: put before every request id this layer makes ("mcp-")."""
         if max_bytes < 1:
             raise ValueError(f"max_bytes must be >= 1, got {max_bytes}")
-        self.app, self.store, self.max_bytes = app, store, max_bytes
+        self.app, self.store, self.max_bytes, self.keyed_prefix = app, store, max_bytes, keyed_prefix
+        self.id_prefix = id_prefix
         self.refused = refused or _ignore
-        self.failed_keys = FailedKeys()
+        self.failed_keys = failed_keys if failed_keys is not None else FailedKeys()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        if str(scope.get("path", "")).startswith(KEYED_PREFIX) and not await self._key_ok(scope, headers, send):
+        # made here, so a request this layer refuses carries the id its audit row has (request.state.request_id)
+        scope.setdefault("state", {})["request_id"] = request_id(headers.get("x-request-id"), self.id_prefix)
+        if str(scope.get("path", "")).startswith(self.keyed_prefix) and not await self._key_ok(scope, headers, send):
             return
         length = headers.get("content-length", "")
         if length.isdigit() and int(length) > self.max_bytes:
@@ -100,13 +109,16 @@ class BodyGuard:
                            {"retry-after": str(max(1, round(wait)))})
             return False
         try:
-            await run_in_threadpool(authenticate, self.store, headers.get("authorization"))
+            key = await run_in_threadpool(authenticate, self.store, headers.get("authorization"))
         except AccessError as exc:
             self.failed_keys.failed(client)
+            if exc.key is not None:  # a revoked or expired key: `refused` audits under it (request.state.key)
+                scope.setdefault("state", {})["key"] = exc.key
             await self.refused(scope, exc.status)
             await _problem(send, scope, exc.status, ACCESS_KINDS[exc.status], exc.detail,
                            {"www-authenticate": "Bearer"})
             return False
+        scope.setdefault("state", {})["key"] = key  # a later refusal (413) is audited under it
         return True
 
     async def _counted(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -146,10 +158,25 @@ async def _problem(send: Send, scope: Scope, status: int, kind: str, detail: str
     body = json.dumps({"type": PROBLEM + kind, "title": kind.replace("-", " "), "status": status, "detail": detail,
                        "instance": str(scope.get("path", ""))}).encode()
     headers = [(b"content-type", b"application/problem+json"), (b"content-length", str(len(body)).encode()),
-               (b"connection", b"close")]
+               (b"connection", b"close"), (b"x-request-id", str(scope.get("state", {}).get("request_id", "")).encode())]
     headers += [(k.encode(), v.encode()) for k, v in (extra or {}).items()]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+_CLIENT_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+
+
+def request_id(sent: str | None, prefix: str = "") -> str:
+    """Server-made and unique: a client's id is kept as a prefix only when it is short and plain (no names,
+    dates of birth or 20 KB strings reach the audit or the logs), and never alone, so ids cannot repeat."""
+    made = uuid.uuid4().hex
+    return f"{prefix}{sent}.{made[:12]}" if sent and _CLIENT_ID.fullmatch(sent) else f"{prefix}{made}"
+
+
+def scope_request_id(scope: Scope) -> str:
+    """The id this layer gave the request (one is made when the layer did not see it: a test calling an app)."""
+    return str(scope.get("state", {}).get("request_id") or uuid.uuid4().hex)
 
 
 async def _ignore(scope: Scope, status: int) -> None:

@@ -34,23 +34,24 @@ def install_kb(app: FastAPI, service: Service) -> None:
 
     @app.get("/v1/kb/stats", tags=["knowledge base"])
     async def kb_stats(request: Request) -> dict[str, Any]:
-        await kb_admin(request, change=False)
-        return dict(asdict(await service.run(lambda: knowledge_base().stats())))
+        key = await kb_admin(request, change=False)
+        return dict(asdict(await service.run(lambda: knowledge_base().stats(), tenant=key.tenant, engine=False)))
 
     @app.post("/v1/kb/documents", tags=["knowledge base"])
     async def kb_upload(body: UploadBody, request: Request) -> dict[str, Any]:
         key = await kb_admin(request, change=True)
         documents = [Document(d.doc_id, normalize_text(d.text), d.source, "upload", d.title, date=d.date,
                               authority=d.authority) for d in body.documents]
-        report = await service.run(lambda: knowledge_base().apply(documents))
+        report = await service.run(lambda: service.change_knowledge_base(documents), tenant=key.tenant)
         service.audit(key, "", "kb_upload", request, tuple(d.doc_id for d in documents))
         return {"added": report.added, "updated": report.updated, "unchanged": report.unchanged}
 
     @app.delete("/v1/kb/documents/{doc_id:path}", tags=["knowledge base"])  # file-ingested ids hold "/"
     async def kb_delete(doc_id: str, request: Request) -> dict[str, Any]:
         key = await kb_admin(request, change=True)
-        report = await service.run(lambda: knowledge_base().apply([], [doc_id]))
+        report = await service.run(lambda: service.change_knowledge_base([], [doc_id]), tenant=key.tenant)
         if not report.deleted:
+            service.audit_refused(key, 404, "/v1/kb/documents/{doc_id}", request.state.request_id)
             raise ProblemError(404, "not-found", f"no document {doc_id!r} in the knowledge base")
         service.audit(key, "", "kb_delete", request, (doc_id,))
         return {"deleted": report.deleted}

@@ -37,11 +37,14 @@ class PackBody(_Body):
     strategy: str | None = None
 
 
+_PRINTABLE_ID = r"^[^\x00-\x1f\x7f]+$"  # an id with a line break or a NUL could be stored but never named again
+
+
 class UploadedDocument(_Body):
-    doc_id: str = Field(min_length=1, max_length=300)
+    doc_id: str = Field(min_length=1, max_length=300, pattern=_PRINTABLE_ID)
     text: str = Field(min_length=1)
     title: str = ""
-    source: str = "upload"
+    source: str = Field(default="upload", pattern=_PRINTABLE_ID)
     date: str = ""
     authority: Literal["guideline", "systematic_review", "trial", "textbook", "other"] = "other"
 

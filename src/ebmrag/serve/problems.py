@@ -8,6 +8,7 @@ client (and schemathesis) can rely on the shape.
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -17,11 +18,12 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ebmrag.errors import EbmragError
-from ebmrag.store.access import AccessError
+from ebmrag.store.access import NAME_PATTERN, AccessError
 from ebmrag.store.patients import IdempotencyConflictError, StoreError
 
 log = logging.getLogger(__name__)
 PROBLEM = "https://ebmrag.dev/problems/"
+_NAME = re.compile(NAME_PATTERN)
 
 
 class ProblemError(Exception):
@@ -39,6 +41,7 @@ def problem_response(status: int, kind: str, detail: str, request: Request | Non
 
 
 ACCESS_KINDS = {401: "unauthorized", 403: "forbidden", 404: "not-found"}
+REFUSED = (413, 429)
 PROBLEM_SCHEMA = {"type": "object", "required": ["type", "title", "status", "detail"],
                   "properties": {"type": {"type": "string"}, "title": {"type": "string"},
                                  "status": {"type": "integer"}, "detail": {"type": "string"},
@@ -70,18 +73,28 @@ def install_openapi(app: FastAPI) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
+async def _audit_refused(request: Request, status: int) -> None:
+    """Every refused attempt leaves an audit row: under the key when the guard knew it, at the route template
+    when one matched (an unmatched path is recorded as "unmatched", never as the path the caller sent)."""
+    service = getattr(request.app.state, "service", None)
+    if service is None:
+        return
+    route = getattr(request.scope.get("route"), "path", "unmatched")
+    patient = request.path_params.get("pid", "")
+    await run_in_threadpool(service.audit_refused, getattr(request.state, "key", None), status, route,
+                            getattr(request.state, "request_id", ""), patient if _NAME.match(patient) else "")
+
+
 def install_errors(app: FastAPI) -> None:
     @app.exception_handler(ProblemError)
     async def on_problem(request: Request, exc: ProblemError) -> JSONResponse:
+        if exc.status in REFUSED:  # a body too large, a rate or queue limit: refused attempts, audited
+            await _audit_refused(request, exc.status)
         return problem_response(exc.status, exc.kind, exc.detail, request, exc.headers)
 
     @app.exception_handler(AccessError)
     async def on_access(request: Request, exc: AccessError) -> JSONResponse:
-        service = getattr(request.app.state, "service", None)
-        if service is not None:  # every refused attempt leaves an audit row
-            route = getattr(request.scope.get("route"), "path", request.url.path)
-            await run_in_threadpool(service.audit_refused, getattr(request.state, "key", None), exc.status, route,
-                                    getattr(request.state, "request_id", ""), request.path_params.get("pid", ""))
+        await _audit_refused(request, exc.status)
         headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
         return problem_response(exc.status, ACCESS_KINDS[exc.status], exc.detail, request, headers)
 
@@ -92,7 +105,9 @@ def install_errors(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        kind = {404: "not-found", 405: "method-not-allowed"}.get(exc.status_code, "http-error")
+        kind = {400: "malformed-body", 404: "not-found", 405: "method-not-allowed"}.get(exc.status_code, "http-error")
+        if exc.status_code == 404 and request.url.path.startswith(("/v1/", "/ui/")):
+            await _audit_refused(request, 404)  # an id trick that reaches no route is a refused attempt too
         return problem_response(exc.status_code, kind, str(exc.detail), request)
 
     @app.exception_handler(StoreError)

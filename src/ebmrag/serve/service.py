@@ -7,10 +7,11 @@ import asyncio
 import json
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
@@ -20,21 +21,28 @@ from ebmrag.compose import Resources, build_engine_from, build_retriever, open_r
 from ebmrag.config import Settings
 from ebmrag.generate.staged import StageTrace
 from ebmrag.index.backend import KnowledgeStore
+from ebmrag.index.types import IngestReport
+from ebmrag.ingest.documents import Document
 from ebmrag.packing.packer import STRATEGIES, ContextPacker
+from ebmrag.protocols import WorkCancelled, checkpoints
 from ebmrag.records.fhir.bulk import records_from_ndjson_text
 from ebmrag.records.fhir.bundle import record_from_fhir_bundle
 from ebmrag.records.fragment import Fragment, PatientRecord
 from ebmrag.records.loaders import record_from_json, records_from_xml
 from ebmrag.records.params import ChartParams
 from ebmrag.retrieve.search import HybridRetriever
+from ebmrag.serve.bodies import parse_json
+from ebmrag.serve.guard import FailedKeys
 from ebmrag.serve.limits import Metrics, RateLimiter
 from ebmrag.serve.models import AskBody
 from ebmrag.serve.problems import PROBLEM, ProblemError
+from ebmrag.serve.scheduler import Deadline, FairScheduler, Job
 from ebmrag.store import audit
 from ebmrag.store.access import AccessError, authenticate
 from ebmrag.store.patients import ApiKey, PatientStore
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 JSON_TYPES = ("application/json", "application/fhir+json")
 XML_TYPES = ("application/xml", "text/xml", "application/cda+xml", "application/hl7-cda+xml", "application/hl7-v3+xml",
              "application/fhir+xml")
@@ -56,9 +64,15 @@ class Service:
         self._engines: dict[str, Engine] = {}
         self._packers: dict[str, ContextPacker] = {}
         self._retrievers: dict[str, HybridRetriever] = {}
-        self._lock = threading.Lock()  # the engine's caches and the knowledge base reader are not thread-safe
-        self._building = threading.Lock()  # one engine, however many first requests arrive together
+        # Engine work runs on the scheduler's slots, tenants in turn (serve/scheduler.py); the shared parts are
+        # safe for concurrent use (a lock per cache and per model), so there is no lock around a whole request.
+        self.scheduler = FairScheduler.for_service(settings.serve)
+        self._building = threading.RLock()  # one engine (and one packer, retriever per variant), built once
+        self._kb_writes = threading.Lock()  # the knowledge base has one writer at a time (its lock is per process)
+        self._in_use: Counter[tuple[str, str]] = Counter()  # work reading a record, by (tenant, patient): erasure
+        self._in_use_changed = threading.Condition()  # ... waits for it to end before forgetting what it cached
         self.limiter = RateLimiter(settings.serve.rate_per_second, settings.serve.rate_burst)
+        self.failed_keys = FailedKeys()  # bad keys per client address, one count for the guard and the /ui sign-in
         self.metrics = Metrics()
 
     def resources(self) -> Resources:
@@ -92,10 +106,11 @@ class Service:
         if strategy not in STRATEGIES:
             raise ProblemError(422, "invalid-request",
                                f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
-        if strategy not in self._packers:
-            params = replace(engine.packer.settings, strategy=strategy, objective="critical")
-            self._packers[strategy] = engine.packer.with_params(params)
-        return self._packers[strategy]
+        with self._building:
+            if strategy not in self._packers:
+                params = replace(engine.packer.settings, strategy=strategy, objective="critical")
+                self._packers[strategy] = engine.packer.with_params(params)
+            return self._packers[strategy]
 
     def knowledge_base(self) -> KnowledgeStore:
         self.engine()  # the knowledge base opens with the engine
@@ -107,32 +122,119 @@ class Service:
     def retriever(self, mode: str | None = None) -> HybridRetriever:
         """The configured retriever, or one searching by another mode (built once per mode)."""
         params = self.settings.retrieval if mode is None else replace(self.settings.retrieval, mode=mode)
-        if params.mode not in self._retrievers:
-            self._retrievers[params.mode] = build_retriever(self.resources(), self.knowledge_base(), params)
-        return self._retrievers[params.mode]
+        with self._building:
+            if params.mode not in self._retrievers:
+                self._retrievers[params.mode] = build_retriever(self.resources(), self.knowledge_base(), params)
+            return self._retrievers[params.mode]
 
     def classify(self, record: PatientRecord) -> PatientRecord:
         """The record's fragments with their tier decisions (the engine's tier rules and model)."""
         return self.packer(None).classify(record)
 
-    def forget(self, fragments: list[Fragment]) -> int:
-        """Erasure reaches the caches (`Resources.forget`)."""
-        return self.resources().forget(fragments)
+    def forget(self, fragments: list[Fragment], tenant: str = "", patient: str = "") -> int:
+        """Erasure reaches the caches (`Resources.forget`). Work that read the record before the store deleted it
+        may still be running and caching its text: the caches are forgotten again once it has ended (it ends by its
+        deadline at the latest). Never stopped halfway, even when the response times out."""
+        with checkpoints(_never_stop):
+            forgotten = self.resources().forget(fragments)
+            if tenant and self._await_unused(tenant, patient):
+                forgotten += self.resources().forget(fragments)
+            return forgotten
 
-    def locked(self, work: Callable[[], Any]) -> Callable[[], Any]:
-        def run() -> Any:
-            with self._lock:
-                return work()
-        return run
+    def _hold(self, tenant: str, patient: str) -> Callable[[], None]:
+        """Count work on (tenant, patient)'s record from now; returns its release (once only)."""
+        if not patient:
+            return lambda: None
+        with self._in_use_changed:
+            self._in_use[(tenant, patient)] += 1
+        released = threading.Event()
 
-    async def run(self, work: Callable[[], Any]) -> Any:
-        """Blocking work in a worker thread, bounded by [serve] request_seconds."""
+        def release() -> None:
+            with self._in_use_changed:
+                if released.is_set():
+                    return
+                released.set()
+                self._in_use[(tenant, patient)] -= 1
+                if not self._in_use[(tenant, patient)]:
+                    del self._in_use[(tenant, patient)]
+                self._in_use_changed.notify_all()
+        return release
+
+    def _await_unused(self, tenant: str, patient: str) -> bool:
+        """Wait until no work reads (tenant, patient)'s record; whether any was running."""
+        with self._in_use_changed:
+            busy = bool(self._in_use[(tenant, patient)])
+            self._in_use_changed.wait_for(lambda: not self._in_use[(tenant, patient)],
+                                          timeout=self.settings.serve.request_seconds)
+        return busy
+
+    def change_knowledge_base(self, documents: Sequence[Document], delete_ids: Sequence[str] = ()) -> IngestReport:
+        """Upsert and delete knowledge-base documents, one write at a time (searches go on meanwhile)."""
+        with self._kb_writes:
+            return self.knowledge_base().apply(documents, delete_ids)
+
+    def check_chart(self, record: PatientRecord) -> PatientRecord:
+        """The record, if one request may work on it: a chart over [serve] max_chart_fragments is refused (422)
+        before any work, instead of holding a slot until its deadline."""
+        limit = self.settings.serve.max_chart_fragments
+        if len(record.fragments) > limit:
+            raise ProblemError(422, "chart-too-large", f"this chart holds {len(record.fragments):,} fragments; "
+                                                       f"ask and pack work on at most {limit:,} "
+                                                       "([serve] max_chart_fragments)")
+        return record
+
+    async def run(self, work: Callable[[], T], *, tenant: str, patient: str = "", engine: bool = True) -> T:
+        """Blocking work on a worker thread, bounded by [serve] request_seconds (504 after it, and the work stops
+        at its next checkpoint). Engine work waits for a slot of the fair scheduler in `tenant`'s turn (429/503
+        when the queues are full); `engine=False` is work that needs no engine slot (tiering a chart to list
+        it, reading the knowledge base's statistics): it starts at once and is only stopped at the deadline.
+        `patient`: the record the work reads, which an erasure waits for."""
+        seconds = self.settings.serve.request_seconds
         try:
-            return await asyncio.wait_for(run_in_threadpool(self.locked(work)), self.settings.serve.request_seconds)
+            if engine:
+                job = self._admit(work, tenant, patient)
+                return await self.scheduler.wait(job, seconds)  # type: ignore[no-any-return]
+            deadline, release = Deadline(seconds), self._hold(tenant, patient)
+            try:
+                return await asyncio.wait_for(run_in_threadpool(deadline.run, work), seconds)
+            except BaseException:
+                deadline.cancelled = True  # timed out or the client went away: stop at the next checkpoint
+                raise
+            finally:
+                release()  # the thread has ended: a worker thread's cancellation waits for it
         except TimeoutError:
-            seconds = self.settings.serve.request_seconds
-            raise ProblemError(504, "timeout", f"the request took longer than {seconds:g} s; it may still finish "
-                                               "in the background") from None
+            raise _timeout(seconds) from None
+
+    def call(self, work: Callable[[], T], *, tenant: str, patient: str = "", engine: bool = True) -> T:
+        """`run` for a caller on a thread of its own (the MCP tools)."""
+        seconds = self.settings.serve.request_seconds
+        try:
+            if not engine:
+                release = self._hold(tenant, patient)
+                try:
+                    return Deadline(seconds).run(work)
+                finally:
+                    release()
+            job = self._admit(work, tenant, patient)
+            try:
+                return job.future.result(timeout=seconds)  # type: ignore[no-any-return]
+            except BaseException:
+                self.scheduler.cancel(job)
+                raise
+        except (TimeoutError, WorkCancelled):
+            raise _timeout(seconds) from None
+
+    def _admit(self, work: Callable[[], Any], tenant: str, patient: str) -> Job:
+        """`work` in its tenant's queue, counted as reading the patient's record until its thread has ended (not
+        until its 504: the thread stops at its next checkpoint after that)."""
+        release = self._hold(tenant, patient)
+        try:
+            job = self.scheduler.submit(tenant, work, self.settings.serve.request_seconds)
+        except BaseException:
+            release()
+            raise
+        job.future.add_done_callback(lambda _: release())
+        return job
 
     def audit_refused(self, key: ApiKey | None, status: int, route: str, request_id: str, patient: str = "") -> None:
         """A refused attempt is audited too: no key ("-") or the key that was refused, and where it knocked."""
@@ -142,6 +244,14 @@ class Service:
     def audit(self, key: ApiKey, patient: str, action: str, request: Request, fragments: tuple[str, ...] = ()) -> None:
         audit.append(self.store, audit.AuditEntry(key.key_id, key.tenant, patient, action,
                                                   request.state.request_id, fragments))
+
+
+def _never_stop() -> None:
+    """A checkpoint hook that lets the work run to its end."""
+
+
+def _timeout(seconds: float) -> ProblemError:
+    return ProblemError(504, "timeout", f"the request took longer than {seconds:g} s; its work was stopped")
 
 
 async def caller(request: Request, service: Service) -> ApiKey:
@@ -184,12 +294,9 @@ async def read_record(request: Request, patient: str, params: ChartParams) -> Pa
         records = await run_in_threadpool(partial(records_from_ndjson_text, text, origin,
                                                   stale_after=params.stale_after))
         return _as_patient(_one(records), patient)
-    try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ProblemError(400, "malformed-json", f"the body is not valid JSON: {exc}") from None
+    data = await run_in_threadpool(parse_json, raw)  # depth-bounded: a deep body is a 400, never a RecursionError
     if content_type == "application/fhir+json" or (isinstance(data, dict) and data.get("resourceType") == "Bundle"):
-        record = record_from_fhir_bundle(data, origin, stale_after=params.stale_after)
+        record = await run_in_threadpool(partial(record_from_fhir_bundle, data, origin, stale_after=params.stale_after))
     else:
         record = record_from_json(data, origin)
     return _as_patient(record, patient)
@@ -251,14 +358,18 @@ async def stream_ask(service: Service, engine: Engine, key: ApiKey, pid: str, bo
                                                                 "seconds": round(trace.seconds, 3)}))
 
     task = asyncio.ensure_future(service.run(lambda: engine.ask(body.question, record, body.window,
-                                                                on_stage=heard)))
-    while not (task.done() and events.empty()):
-        waiter = asyncio.ensure_future(events.get())
-        await asyncio.wait({waiter, task}, return_when=asyncio.FIRST_COMPLETED)
-        if waiter.done():
-            yield _event(*waiter.result())
-        else:
-            waiter.cancel()
+                                                                on_stage=heard), tenant=key.tenant, patient=pid))
+    try:
+        while not (task.done() and events.empty()):
+            waiter = asyncio.ensure_future(events.get())
+            await asyncio.wait({waiter, task}, return_when=asyncio.FIRST_COMPLETED)
+            if waiter.done():
+                yield _event(*waiter.result())
+            else:
+                waiter.cancel()
+    finally:
+        if not task.done():
+            task.cancel()  # the client went away: its work stops at the next checkpoint, its slot is freed
     try:
         result = task.result()
     except ProblemError as exc:

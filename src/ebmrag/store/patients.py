@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
@@ -34,17 +35,31 @@ SCHEMA = (
        position INTEGER NOT NULL, body TEXT NOT NULL, PRIMARY KEY (tenant, patient, fragment_id))""",
     """CREATE INDEX IF NOT EXISTS fragments_in_order ON fragments (tenant, patient, position)""",
     """CREATE TABLE IF NOT EXISTS api_keys (key_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, role TEXT NOT NULL,
-       patients TEXT NOT NULL, digest TEXT NOT NULL, created TEXT NOT NULL, revoked INTEGER NOT NULL DEFAULT 0)""",
+       patients TEXT NOT NULL, digest TEXT NOT NULL, created TEXT NOT NULL, revoked INTEGER NOT NULL DEFAULT 0,
+       expires TEXT NOT NULL DEFAULT '')""",
     """CREATE TABLE IF NOT EXISTS audit (seq INTEGER PRIMARY KEY, at TEXT NOT NULL, key_id TEXT NOT NULL,
        tenant TEXT NOT NULL, patient TEXT NOT NULL, action TEXT NOT NULL, request_id TEXT NOT NULL,
-       fragments TEXT NOT NULL, prev TEXT NOT NULL, hash TEXT NOT NULL)""",
+       fragments TEXT NOT NULL, prev TEXT NOT NULL, hash TEXT NOT NULL, scheme TEXT NOT NULL DEFAULT 'sha256')""",
+    """CREATE TABLE IF NOT EXISTS audit_head (id INTEGER PRIMARY KEY CHECK (id = 1), seq INTEGER NOT NULL,
+       hash TEXT NOT NULL, keyed_from INTEGER NOT NULL, key_print TEXT NOT NULL, signature TEXT NOT NULL)""",
     """CREATE TABLE IF NOT EXISTS pending (tenant TEXT NOT NULL, patient TEXT NOT NULL, fragment_id TEXT NOT NULL,
        kind TEXT NOT NULL, producer TEXT NOT NULL, announced TEXT NOT NULL,
        PRIMARY KEY (tenant, patient, fragment_id))""",
     """CREATE TABLE IF NOT EXISTS idempotency (tenant TEXT NOT NULL, patient TEXT NOT NULL, idem_key TEXT NOT NULL,
        response TEXT NOT NULL, PRIMARY KEY (tenant, patient, idem_key))""",
+    """CREATE TABLE IF NOT EXISTS ui_sessions (token_digest TEXT PRIMARY KEY, key_id TEXT NOT NULL,
+       created TEXT NOT NULL, expires TEXT NOT NULL, last_seen TEXT NOT NULL)""",  # /ui sign-ins: store/sessions.py
 )
 
+# Columns added after a release: a store made before them gets them on open (ALTER TABLE ... ADD COLUMN), its old
+# rows taking the default (a key without expiry; an audit entry of the unkeyed chain).
+ADDED_COLUMNS = (
+    ("api_keys", "expires", "TEXT NOT NULL DEFAULT ''"),
+    ("audit", "scheme", "TEXT NOT NULL DEFAULT 'sha256'"),
+)
+AUDIT_KEY_FILE_ENV = "EBMRAG_AUDIT_KEY_FILE"
+AUDIT_COLUMNS = "seq, at, key_id, tenant, patient, action, request_id, fragments, prev, hash, scheme"
+KEY_COLUMNS = "key_id, tenant, role, patients, digest, created, revoked, expires"
 
 TENANT_TABLES = ("patients", "fragments", "idempotency", "pending")  # rows of patient data: scoped by tenant everywhere
 log = logging.getLogger(__name__)
@@ -76,9 +91,16 @@ class ApiKey:
     digest: str
     created: str
     revoked: bool = False
+    expires: str = ""  # ISO 8601 with its offset; empty: never
 
     def may_see(self, patient: str) -> bool:
         return not self.patients or patient in self.patients
+
+    def expired(self, moment: datetime | None = None) -> bool:
+        if not self.expires:
+            return False
+        ends = datetime.fromisoformat(self.expires)
+        return (ends if ends.tzinfo else ends.replace(tzinfo=UTC)) <= (moment or datetime.now(UTC))
 
 
 def now() -> str:
@@ -121,6 +143,14 @@ class PatientStore:
         with self.transaction() as cur:
             for statement in SCHEMA:
                 cur.execute(statement)
+            for table, column, definition in ADDED_COLUMNS:
+                if column not in self._columns(cur, table):
+                    cur.execute(f"ALTER TABLE {table} ADD COLUMN {self._if_not_exists}{column} {definition}")
+
+    _if_not_exists = ""  # PostgreSQL: two processes opening an old store together must not both fail to add
+
+    def _columns(self, cur: Any, table: str) -> set[str]:  # pragma: no cover - backends override
+        raise NotImplementedError
 
     def ping(self) -> None:
         with self.transaction() as cur:
@@ -139,17 +169,27 @@ class PatientStore:
     def add_key(self, key: ApiKey) -> None:
         self.ensure_tenant(key.tenant)
         with self.transaction() as cur:
-            self._execute(cur, "INSERT INTO api_keys VALUES (?, ?, ?, ?, ?, ?, 0)",
-                          (key.key_id, key.tenant, key.role, json.dumps(list(key.patients)), key.digest, key.created))
+            self._insert_key(cur, key)
+
+    def _insert_key(self, cur: Any, key: ApiKey) -> None:
+        self._execute(cur, f"INSERT INTO api_keys ({KEY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, 0, ?)",
+                      (key.key_id, key.tenant, key.role, json.dumps(list(key.patients)), key.digest, key.created,
+                       key.expires))
+
+    def rotate_key(self, old: ApiKey, new: ApiKey, old_expires: str) -> None:
+        """The new key and the old one's shortened life in one transaction: never two keys without an end, never
+        the old one cut short without its successor stored."""
+        with self.transaction() as cur:
+            self._insert_key(cur, new)
+            self._execute(cur, "UPDATE api_keys SET expires = ? WHERE key_id = ?", (old_expires, old.key_id))
 
     def key(self, key_id: str) -> ApiKey | None:
         with self.transaction() as cur:
-            row = self._execute(cur, "SELECT key_id, tenant, role, patients, digest, created, revoked FROM api_keys "
-                                     "WHERE key_id = ?", (key_id,)).fetchone()
+            row = self._execute(cur, f"SELECT {KEY_COLUMNS} FROM api_keys WHERE key_id = ?", (key_id,)).fetchone()
         return _key(row) if row else None
 
     def keys(self, tenant: str | None = None) -> list[ApiKey]:
-        query = "SELECT key_id, tenant, role, patients, digest, created, revoked FROM api_keys"
+        query = f"SELECT {KEY_COLUMNS} FROM api_keys"
         with self.transaction() as cur:
             rows = self._execute(cur, query + (" WHERE tenant = ?" if tenant else "") + " ORDER BY created",
                                  (tenant,) if tenant else ()).fetchall()
@@ -280,26 +320,68 @@ class PatientStore:
                           (tenant, patient, idem_key, json.dumps({**response, REQUEST_DIGEST: digest})))
         return response
 
-    # ------------------------------------------------------------------ audit (see serve.audit)
+    # ------------------------------------------------------------------ audit (see store.audit)
+    audit_key_file: Path | None = None  # the audit chain's secret: outside the database, never in it
+    audit_head_file: Path | None = None  # the chain's last entry, mirrored out of the database's reach
+
     def audit_tail(self, cur: Any) -> tuple[int, str]:
         row = self._execute(cur, "SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
         return (int(row[0]), str(row[1])) if row else (0, "")
 
+    def audit_first_keyed(self, cur: Any) -> int | None:
+        row = self._execute(cur, "SELECT MIN(seq) FROM audit WHERE scheme = 'hmac-sha256'").fetchone()
+        return int(row[0]) if row and row[0] is not None else None
+
+    def audit_head(self, cur: Any) -> tuple[Any, ...] | None:
+        """The signed head: (seq, hash, keyed_from, key_print, signature), or None before the keyed chain."""
+        row = self._execute(cur, "SELECT seq, hash, keyed_from, key_print, signature FROM audit_head "
+                                 "WHERE id = 1").fetchone()
+        return tuple(row) if row else None
+
+    def set_audit_head(self, cur: Any, head: Sequence[Any]) -> None:
+        if not self._execute(cur, "UPDATE audit_head SET seq = ?, hash = ?, keyed_from = ?, key_print = ?, "
+                                  "signature = ? WHERE id = 1", tuple(head)).rowcount:
+            self._execute(cur, "INSERT INTO audit_head (id, seq, hash, keyed_from, key_print, signature) "
+                               "VALUES (1, ?, ?, ?, ?, ?)", tuple(head))
+
+    def insert_audit_row(self, cur: Any, row: Sequence[Any]) -> None:
+        self._execute(cur, f"INSERT INTO audit ({AUDIT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+
     def audit_rows(self) -> list[tuple[Any, ...]]:
+        """Every entry in order: the columns of AUDIT_COLUMNS (the scheme last)."""
+        return self.audit_snapshot()[0]
+
+    def audit_snapshot(self) -> tuple[list[tuple[Any, ...]], tuple[Any, ...] | None]:
+        """The entries and the signed head as of one moment (a concurrent append must not look like a removed
+        or an unsigned tail)."""
         with self.transaction() as cur:
-            return list(self._execute(cur, "SELECT seq, at, key_id, tenant, patient, action, request_id, fragments, "
-                                           "prev, hash FROM audit ORDER BY seq").fetchall())
+            self._one_snapshot(cur)
+            head = self.audit_head(cur)
+            rows = self._execute(cur, f"SELECT {AUDIT_COLUMNS} FROM audit ORDER BY seq").fetchall()
+        return [tuple(r) for r in rows], head
+
+    def _one_snapshot(self, cur: Any) -> None:
+        """Make the transaction's reads one snapshot (SQLite's are already)."""
 
 
 def _key(row: Sequence[Any]) -> ApiKey:
-    return ApiKey(row[0], row[1], row[2], tuple(json.loads(row[3])), row[4], row[5], bool(row[6]))
+    return ApiKey(row[0], row[1], row[2], tuple(json.loads(row[3])), row[4], row[5], bool(row[6]), row[7] or "")
+
+
+def _key_file_from_environment() -> Path | None:
+    named = os.environ.get(AUDIT_KEY_FILE_ENV, "")
+    return Path(named) if named else None
 
 
 class SQLiteStore(PatientStore):
     """One SQLite file (WAL) in the data directory; one connection shared under a lock."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, audit_key_file: Path | None = None) -> None:
+        """`audit_key_file`: default EBMRAG_AUDIT_KEY_FILE, else `audit.key` beside the database (`audit.head`
+        goes beside the database either way)."""
         self.path = path
+        self.audit_key_file = audit_key_file or _key_file_from_environment() or path.parent / "audit.key"
+        self.audit_head_file = path.parent / "audit.head"
         self._db = private_sqlite(path)
         self._db.execute("PRAGMA synchronous=FULL")
         self._lock = threading.RLock()
@@ -308,6 +390,9 @@ class SQLiteStore(PatientStore):
     def after_erasure(self) -> None:
         with self._lock:
             scrub(self._db)
+
+    def _columns(self, cur: Any, table: str) -> set[str]:
+        return {str(row[1]) for row in cur.execute(f"PRAGMA table_info({table})").fetchall()}
 
     @contextmanager
     def transaction(self, tenant: str | None = None) -> Iterator[sqlite3.Cursor]:
@@ -327,8 +412,13 @@ class PostgresStore(PatientStore):
 
     placeholder = "%s"
     backend = "postgresql"
+    _if_not_exists = "IF NOT EXISTS "
 
-    def __init__(self, url: str, schema: str = "ebmrag") -> None:
+    def __init__(self, url: str, schema: str = "ebmrag", audit_key_file: Path | None = None,
+                 audit_head_file: Path | None = None) -> None:
+        """`audit_key_file`: default EBMRAG_AUDIT_KEY_FILE; `open_store` gives `audit.key` in the data directory.
+        Every process writing to one database must use the same file. `audit_head_file`: default `audit.head`
+        beside the key file."""
         try:
             import psycopg
         except ImportError as exc:
@@ -340,6 +430,9 @@ class PostgresStore(PatientStore):
         except psycopg.Error as exc:
             raise StoreError(f"cannot reach the PostgreSQL store at {_without_password(url)}: {exc}") from None
         self.schema = schema
+        self.audit_key_file = audit_key_file or _key_file_from_environment()
+        self.audit_head_file = audit_head_file or (self.audit_key_file.with_name("audit.head")
+                                                   if self.audit_key_file else None)
         self._lock = threading.RLock()
         with self._lock, self._db.cursor() as cur:
             cur.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
@@ -390,6 +483,14 @@ class PostgresStore(PatientStore):
                 self._db.rollback()
                 raise
 
+    def _columns(self, cur: Any, table: str) -> set[str]:
+        cur.execute("SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema() "
+                    "AND table_name = %s", (table,))
+        return {str(row[0]) for row in cur.fetchall()}
+
+    def _one_snapshot(self, cur: Any) -> None:
+        cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+
     def drop(self) -> None:
         """Remove this schema and everything in it (tests)."""
         with self.transaction() as cur:
@@ -401,10 +502,13 @@ def _without_password(url: str) -> str:
     return f"{head.split(':')[0]}:…@{tail}" if at and ":" in head.split("//")[-1] else url
 
 
-def open_store(data_dir: Path, url: str = "") -> PatientStore:
-    """`url` empty: SQLite in the data directory; else a postgresql:// URL."""
+def open_store(data_dir: Path, url: str = "", audit_key_file: str = "") -> PatientStore:
+    """`url` empty: SQLite in the data directory; else a postgresql:// URL. The audit chain's key file is
+    EBMRAG_AUDIT_KEY_FILE, else `audit_key_file` ([serve] audit_key_file), else `audit.key` in the data directory
+    (so the worker processes of one deployment share it, on either backend)."""
+    key_file = _key_file_from_environment() or (Path(audit_key_file) if audit_key_file else data_dir / "audit.key")
     if not url:
-        return SQLiteStore(data_dir / "store.sqlite")
+        return SQLiteStore(data_dir / "store.sqlite", key_file)
     if url.startswith(("postgresql://", "postgres://")):
-        return PostgresStore(url)
+        return PostgresStore(url, audit_key_file=key_file, audit_head_file=data_dir / "audit.head")
     raise ConfigError(f"[store] url must be empty (SQLite) or postgresql://…, got {url.split(':')[0]}://…")

@@ -5,6 +5,11 @@ A message names its tenant, patient and a `result_id` unique per producer; the f
 the id `result:<producer>:<result_id>`, so a redelivered or re-sent message replaces the same fragment
 instead of adding a copy. HL7 v2 ORU^R01 lab messages are read too (the `hl7` library): one message per
 OBR group, its OBX results with units, reference ranges and abnormal flags.
+
+Everything that can go wrong in turning a message into a fragment is a `MessageError` with the reason (never
+the payload: it holds patient text), so the consumer can dead-letter it instead of retrying it forever: invalid
+JSON or JSON nested too deeply, a field of the wrong type, an id with a control character (PostgreSQL refuses
+NUL), a FHIR resource whose elements have the wrong JSON shape (named by path), or any failure to render it.
 """
 
 from __future__ import annotations
@@ -13,20 +18,24 @@ import re
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ebmrag.errors import EbmragError, require_extra
+from ebmrag.errors import EbmragError, RecordError, require_extra
 from ebmrag.records.fhir.index import ChartIndex
 from ebmrag.records.fhir.rendered import Skip
 from ebmrag.records.fhir.resources import procedure
 from ebmrag.records.fhir.results import imaging_study, observation, report
+from ebmrag.records.fhir.shapes import shape_problems
 from ebmrag.records.fragment import Fragment, PatientRecord
+from ebmrag.records.limits import load_json
+from ebmrag.records.loaders import control_character
 from ebmrag.store.patients import PatientStore
 
 SCHEMA_VERSION = 1
 KIND_SECTIONS = {"pathology": "Pathology report", "imaging": "Imaging report", "ecg": "ECG report",
                  "lab": "Laboratory", "genetics": "Genetics report", "note": "Clinical note", "other": "Result"}
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+_TYPE_NAME = re.compile(r"[A-Z][A-Za-z]{0,63}")  # a FHIR resource type's name, safe to repeat in a reason
 
 
 class MessageError(EbmragError):
@@ -66,6 +75,15 @@ class ResultMessage(BaseModel):
     values: list[ResultValue] = Field(default_factory=list)
     resource: dict[str, Any] | None = None  # a FHIR R4 Observation, DiagnosticReport, ... as the result
 
+    @field_validator("result_id", "producer", "encounter")
+    @classmethod
+    def _printable(cls, value: str | None) -> str | None:
+        """These become the fragment id, its source and the store's origin: no control characters."""
+        problem = control_character(value) if value is not None else None
+        if problem:
+            raise ValueError(f"contains {problem}; ids must be printable text")
+        return value
+
     @model_validator(mode="after")
     def _has_content(self) -> ResultMessage:
         if self.resource is not None:
@@ -92,17 +110,28 @@ class ResultMessage(BaseModel):
 
 
 def fhir_text(resource: dict[str, Any]) -> str:
-    """A FHIR R4 resource's text as the chart reader renders it (records.fhir.resources)."""
-    kind = str(resource.get("resourceType", ""))
+    """A FHIR R4 resource's text as the chart reader renders it (records.fhir.resources). ValueError (which
+    pydantic reports as a validation error) names the element of the wrong shape, or says the renderer failed:
+    nothing else may escape, or a consumer would take a bad message for a store outage."""
+    kind = resource.get("resourceType")
     renderer = {"Observation": observation, "DiagnosticReport": report, "Procedure": procedure,
-                "ImagingStudy": imaging_study}.get(kind)
+                "ImagingStudy": imaging_study}.get(kind) if isinstance(kind, str) else None
     if renderer is None:
-        raise ValueError(f"resource: a {kind or 'resource without resourceType'} is not a result this gateway reads "
+        named = kind if isinstance(kind, str) and _TYPE_NAME.fullmatch(kind) else "resource without a type name"
+        raise ValueError(f"resource: a {named} is not a result this gateway reads "  # never echo other text (PHI)
                          "(Observation, DiagnosticReport, Procedure, ImagingStudy)")
-    rendered = renderer(resource, ChartIndex())
+    problems = shape_problems(resource)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise ValueError(f"resource: {problems[0]}{more}")
+    try:
+        rendered = renderer(resource, ChartIndex())
+        text = " ".join(part.text for part in rendered) if not isinstance(rendered, Skip) else ""
+    except Exception as exc:  # a shape the table above does not know: still this message's fault
+        raise ValueError(f"resource: the {kind} could not be read ({type(exc).__name__})") from None
     if isinstance(rendered, Skip):
         raise ValueError(f"resource: nothing to store ({rendered.reason})")
-    return " ".join(part.text for part in rendered)
+    return text
 
 
 def apply_message(store: PatientStore, message: ResultMessage) -> str:
@@ -119,15 +148,28 @@ def apply_message(store: PatientStore, message: ResultMessage) -> str:
 
 
 def parse_message(payload: str | bytes | dict[str, Any]) -> ResultMessage:
-    """A JSON message (text or parsed) -> ResultMessage, or MessageError naming the first problem."""
+    """A JSON message (text or parsed) -> ResultMessage, or MessageError naming the first problem. Text is
+    parsed within the limits of records.limits (nesting depth, NaN, surrogates) first."""
     try:
-        if isinstance(payload, dict):
-            return ResultMessage.model_validate(payload)
-        return ResultMessage.model_validate_json(payload)
+        data = payload if isinstance(payload, dict) else load_json(payload, "message")
+        return ResultMessage.model_validate(data)
+    except RecordError as exc:
+        raise MessageError(f"invalid result message: {exc}") from None
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ())) or "message"
         raise MessageError(f"invalid result message: {where}: {first.get('msg')}") from None
+    except Exception as exc:  # whatever else validating or rendering raised: this message's fault, not the store's
+        raise MessageError(f"invalid result message: could not be read ({type(exc).__name__})") from None
+
+
+def parse_messages(text: str, where: str) -> list[ResultMessage]:
+    """A JSON message or a JSON list of them (a file to publish), parsed within the limits of records.limits."""
+    try:
+        data = load_json(text, where)
+    except RecordError as exc:
+        raise MessageError(f"not JSON and not HL7: {exc}") from None
+    return [parse_message(item) for item in (data if isinstance(data, list) else [data])]
 
 
 def messages_from_hl7(text: str, tenant: str, producer: str = "hl7") -> list[ResultMessage]:
@@ -151,9 +193,9 @@ def messages_from_hl7(text: str, tenant: str, producer: str = "hl7") -> list[Res
 
     def close() -> None:
         if values:
-            results.append(ResultMessage(tenant=tenant, patient_id=_safe_id(patient), result_id=f"{control}-{group}",
-                                         kind="lab", producer=producer, produced_at=stamp, title=title,
-                                         values=list(values)))
+            results.append(parse_message({"tenant": tenant, "patient_id": _safe_id(patient), "kind": "lab",
+                                          "result_id": f"{control}-{group}", "producer": producer,
+                                          "produced_at": stamp, "title": title, "values": list(values)}))
 
     for segment in parsed:
         name = str(segment[0])

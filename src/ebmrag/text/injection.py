@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import json
 import re
+import tomllib
 import unicodedata
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
@@ -23,24 +25,64 @@ from ebmrag.text.sentences import split_sentences
 
 _CJK_START = 0x2E80  # CJK and later blocks are never folded: their look-alikes are not letters of a Latin word
 
-INSTRUCTION = re.compile(
-    r"\b(ignore|disregard|forget|override)\b[^.]{0,40}\b(instructions?|prompts?|rules|above|previous|prior|context)\b"
-    r"|\b(system prompt|developer message|jailbreak)\b"
-    r"|\byou (are|must|should|will) (now )?(act|respond|answer|say|state|reply|pretend|be|treat|tell|report|list)\b"
-    r"|\b(respond|answer|reply) (only )?(with|that)\b[^.]{0,40}\b(no allerg|none|nothing|normal)"
-    r"|\b(state|say|write|claim|report|tell \w+) that the patient (has|had|is|was|does)\b"
-    r"|\b(note|message|instructions?|attention|dear|hey|hello)\W+((to|for)\W+)?(the |any |all |an? )?"
-    r"(ai|a\.i\.|llms?|(large )?language models?|chatbots?|gpt\w*|automated (reviewers?|systems?|readers?))\b"
-    r"|\b(ai|a\.i\.|llms?|language models?|chatbots?|gpt\w*|automated (systems?|reviewers?))\s+(that is |which "
-    r"is )?(reviewing|reading|summari[sz]ing|processing|analy[sz]ing|answering|parsing)\b"
-    r"|\bif you are an? (ai|language model|llm|chatbot)\b"
-    r"|[\[(]\s*\d{1,4}\s*\|\s*t[1-4]\b"
-    r"|忽略(以上|之前|所有).{0,6}(指令|提示|要求)|你(现在)?是一个|(致|给)(ai|人工智能|模型|助手)",
-    re.IGNORECASE)
+GRAMMAR = Path(__file__).with_name("injection.toml")
 
+
+@dataclass(frozen=True)
+class InjectionGrammar:
+    """The patterns of text/injection.toml by concept (override, address, role, output), one compiled
+    alternation of all of them, and the cue words and marks one of which every match contains."""
+
+    concepts: dict[str, tuple[str, ...]]
+    pattern: re.Pattern[str]
+    cue_words: frozenset[str]
+    cue_marks: tuple[str, ...]
+
+    def concept_of(self, folded: str) -> str | None:
+        """Which concept a folded sentence matches first (for the trace and the tests); None when none."""
+        for concept, patterns in self.concepts.items():
+            if any(re.search(p, folded, re.IGNORECASE | re.MULTILINE) for p in patterns):
+                return concept
+        return None
+
+
+def load_grammar(path: Path = GRAMMAR) -> InjectionGrammar:
+    """Read and compile the grammar; a pattern that does not compile is named in the error."""
+    from ebmrag.errors import ConfigError
+
+    data = tomllib.loads(path.read_text(encoding="utf-8"))
+    macros: dict[str, str] = data["macros"]
+
+    def expand(pattern: str) -> str:
+        for name in sorted(macros, key=len, reverse=True):  # AI_ANY before AI
+            pattern = pattern.replace("{" + name + "}", macros[name])
+        return pattern.replace("{AI}", macros["AI"])
+
+    concepts = {name: tuple(expand(p) for p in patterns) for name, patterns in data["concepts"].items()}
+    for name, patterns in concepts.items():
+        for pattern in patterns:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ConfigError(f"{path.name}: a pattern of [concepts] {name} does not compile: {exc}") from None
+    every = "|".join(f"(?:{p})" for patterns in concepts.values() for p in patterns)
+    return InjectionGrammar(concepts, re.compile(every, re.IGNORECASE | re.MULTILINE),
+                            frozenset(data["cues"]["words"].split()), tuple(data["cues"]["marks"]))
+
+
+@cache
+def grammar() -> InjectionGrammar:
+    return load_grammar()
+
+
+# After "System:", a body system of a review of systems is an exam heading ("System: Respiratory - clear"),
+# not a chat role.
+_ROS = (r"(?!\s*(?:respiratory|cardio\w*|neuro\w*|gastro\w*|gi|gu|genitourinary|musculoskeletal|msk|skin|"
+        r"integumentary|psych\w*|endocrine|hemat\w*|lymph\w*|heent|eyes|ent|constitutional|renal|allerg\w*|"
+        r"immun\w*|review)\b)")
 # Chat-template role tags and tool-call syntax that could end the data and start a new turn.
 MARKUP = re.compile(r"<\|[a-z_]+\|>|</?(?:system|assistant|user|tool_call|tool|function_call|data)\b[^>]*>"
-                    r"|^\s*(?:system|assistant|user)\s*:|```(?:tool|function)\w*"
+                    r"|^\s*(?:system\s*:" + _ROS + r"|(?:assistant|user)\s*:)|```(?:tool|function)\w*"
                     r"|\[/?inst\]|<</?sys>>|<start_of_turn>|<end_of_turn>", re.IGNORECASE | re.MULTILINE)
 MARKUP_REMOVED = "[markup removed]"
 
@@ -56,8 +98,8 @@ def _latin_look_alikes() -> dict[int, str]:
         if len(char) != 1 or char.isascii() or ord(char) >= _CJK_START:
             continue
         latin = [h["c"] for h in homoglyphs if len(h["c"]) == 1 and h["c"].isascii() and h["c"].isalnum()]
-        if latin:
-            table[ord(char)] = latin[0]
+        if latin:  # TR39 merges capital I into l (its skeleton); a capital look-alike (Greek Ι) reads as I
+            table[ord(char)] = "I" if latin[0] == "l" and unicodedata.category(char) == "Lu" else latin[0]
     return table
 
 
@@ -71,26 +113,21 @@ def fold(text: str) -> str:
     return visible.translate(_latin_look_alikes())
 
 
-# Every INSTRUCTION or MARKUP match contains one of these words or characters (kept in step with the patterns;
-# tests/serve/test_hardening.py checks both on the same sentences). Most text has none, and this check costs a
-# tenth of the patterns: tiering runs it on every fragment.
-_CUE_WORDS = frozenset(
-    "ignore disregard forget override prompt jailbreak message you respond answer reply state say write claim "
-    "report tell note instruction instructions attention dear hey hello ai llm llms language chatbot chatbots "
-    "automated system assistant user".split())
-_CUE_MARKS = ("|", "<", "[", "`", "a.i.", "gpt", "忽略", "你", "致", "给")
 _WORD = re.compile(r"[a-z]+")
 
 
 def _may_instruct(lowered: str) -> bool:
-    return any(mark in lowered for mark in _CUE_MARKS) or not _CUE_WORDS.isdisjoint(_WORD.findall(lowered))
+    """A cheap test every match passes (it holds a cue word or mark): most text has none, and this costs a
+    tenth of the patterns; tiering runs it on every fragment."""
+    rules = grammar()
+    return any(mark in lowered for mark in rules.cue_marks) or not rules.cue_words.isdisjoint(_WORD.findall(lowered))
 
 
 def is_instruction(sentence: str) -> bool:
     folded = fold(sentence)
     if not _may_instruct(folded.lower()):
         return False
-    return bool(INSTRUCTION.search(folded) or MARKUP.search(folded))
+    return bool(grammar().pattern.search(folded) or MARKUP.search(folded))
 
 
 def strip_markup(text: str) -> str:

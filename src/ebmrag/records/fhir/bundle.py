@@ -15,9 +15,10 @@ narratives (fhir.composition), then build the face sheet (fhir.facts).
 from __future__ import annotations
 
 import logging
+import re
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -133,7 +134,7 @@ def record_from_entries(entries: Sequence[Entry], origin: str, problems: Sequenc
     if not fragments and chart.patient is None:  # a Patient alone is a chart (a new patient); a Claim alone is not
         raise RecordError(origin, "the chart holds neither a Patient nor a clinical resource that could be read"
                                   + (f" ({'; '.join(skipped[:3])})" if skipped else ""))
-    return PatientRecord(chart.subject, tuple(summary) + tuple(_unique_ids(fragments)), origin, tuple(skipped),
+    return PatientRecord(chart.subject, tuple(_unique_ids([*summary, *fragments])), origin, tuple(skipped),
                          facts.identifiers(chart.patient))
 
 
@@ -279,7 +280,8 @@ def _render(entry: Entry, chart: _Chart) -> list[Fragment]:
         chart.defect(label, defect)
     try:
         rendered = render(resource, chart.index)
-    except (KeyError, TypeError, AttributeError, ValueError, IndexError) as exc:
+    except Exception as exc:  # any failure costs this resource, never the chart
+        log.debug("%s could not be read: %s", label, type(exc).__name__)
         said = summary_of(resource)
         chart.defect(label, f"could not be read as a whole ({type(exc).__name__}); "
                      + ("its main concept was kept" if said else "not read"))
@@ -348,11 +350,24 @@ def _face_sheet(chart: _Chart, fragments: Sequence[Fragment], medications: Seque
     return [f for f in sheet if f is not None]
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _printable(text: str) -> str:
+    """An id with its control characters written out ("o\\u0000"): a resource id is no FHIR id with them, and
+    PostgreSQL refuses NUL in the id column, so both stores keep the same, readable id."""
+    return _CONTROL.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
 def _unique_ids(fragments: Sequence[Fragment]) -> list[Fragment]:
-    """Two resources with one id (a searchset's repeats, producers without ids) keep both, told apart."""
+    """Two resources with one id (a searchset's repeats, producers without ids) keep both, told apart; ids
+    and encounters are made printable first."""
     seen: Counter[str] = Counter()
     unique = []
     for fragment in fragments:
+        if _CONTROL.search(fragment.id) or (fragment.encounter and _CONTROL.search(fragment.encounter)):
+            fragment = replace(fragment, id=_printable(fragment.id),
+                               encounter=_printable(fragment.encounter) if fragment.encounter else None)
         seen[fragment.id] += 1
         if seen[fragment.id] > 1:
             fragment = Fragment(f"{fragment.id}~{seen[fragment.id]}", fragment.patient_id, fragment.text,

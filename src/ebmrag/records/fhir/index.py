@@ -10,7 +10,6 @@ the chart).
 
 from __future__ import annotations
 
-import json
 import re
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
@@ -19,6 +18,7 @@ from typing import Any
 
 from ebmrag.errors import RecordError
 from ebmrag.records.fhir.coding import objects
+from ebmrag.records.limits import load_json
 
 Resource = Mapping[str, Any]
 _TYPE_ID = re.compile(r"(?:^|/)([A-Z][A-Za-z]+)/([A-Za-z0-9\-.]{1,64})$")
@@ -80,9 +80,9 @@ def ndjson_entries(lines: Sequence[str], where: str, problems: list[str]) -> Ite
         if not line.strip():
             continue
         try:
-            resource = json.loads(line)
-        except json.JSONDecodeError as exc:
-            problems.append(f"{where}:{number}: invalid JSON ({exc.msg}); line skipped")
+            resource = load_json(line, f"{where}:{number}")  # depth-bounded: a deep line is skipped, not a crash
+        except RecordError as exc:
+            problems.append(f"{where}:{number}: {exc.problem}; line skipped")
             continue
         if not isinstance(resource, Mapping) or not isinstance(resource.get("resourceType"), str):
             problems.append(f"{where}:{number}: not a FHIR resource; line skipped")

@@ -13,6 +13,7 @@ from ebmrag.records.dates import as_written
 from ebmrag.records.fhir.coding import codings, concepts, obj, objects, text_of, without_semantic_tags
 from ebmrag.records.fhir.index import ChartIndex, Resource
 from ebmrag.records.fhir.rendered import Rendered, Skip, codes_of, status_code
+from ebmrag.records.fhir.shapes import shape_problems
 from ebmrag.records.notes import note_sections, slug
 
 _REPORT_CATEGORY = {
@@ -38,6 +39,7 @@ def _number(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
+_MAX_PANEL_DEPTH = 8  # a panel of panels of ...: real ones nest two or three deep
 _NUMBER = re.compile(r"\s*[<>]?=?\s*[+-]?(\d+([.,]\d*)?|[.,]\d+)([eE][+-]?\d+)?\s*")
 
 
@@ -91,12 +93,14 @@ def _susceptibility(r: Resource) -> str:
 def _measurement(r: Resource, index: ChartIndex, seen: frozenset[int] = frozenset()) -> str:
     """'1.2 mg/dL (flag high)', a blood pressure's components, a susceptibility ('resistant'), the members of an
     Observation panel, or '' when nothing was measured. A panel that lists itself, directly or through its
-    members (real exports do), is read once: `seen` holds the panels above this one."""
+    members (real exports do), is read once: `seen` holds the panels above this one. Panels nested deeper
+    than `_MAX_PANEL_DEPTH` (a chain of thousands would exhaust the stack) are not opened further."""
     value = value_of(r)
     components = ", ".join(f"{text_of(c.get('code')) or 'component'} {v}" for c in objects(r.get("component"))
                            if (v := value_of(c) or _susceptibility(c)))
     inside = seen | {id(r)}
-    members = [f"{text_of(m.get('code')) or 'result'} {v}" for link in objects(r.get("hasMember"))
+    links = objects(r.get("hasMember")) if len(inside) <= _MAX_PANEL_DEPTH else []
+    members = [f"{text_of(m.get('code')) or 'result'} {v}" for link in links
                if (m := index.resolve(link)) is not None and id(m) not in inside
                and (v := _measurement(m, index, inside))]
     flags = _interpretation(r)
@@ -115,10 +119,19 @@ def observation(r: Resource, index: ChartIndex) -> Sequence[Rendered] | Skip:
     codes = codes_of(r.get("category"))
     section = next((_OBSERVATION_CATEGORY[c] for c in codes if c in _OBSERVATION_CATEGORY), "Observation")
     absent = text_of(r.get("dataAbsentReason"))
-    measured = _measurement(r, index) or "no value recorded" + (f" ({absent})" if absent else "")
+    flags = _interpretation(r)
+    measured = _measurement(r, index) or (
+        "a value in a form that could not be read" + (f" (flag {flags})" if flags else "") if _value_is_broken(r)
+        else "no value recorded" + (f" ({absent})" if absent else ""))
     specimen = index.resolve(r.get("specimen"))
     where = f" ({text_of(specimen.get('type'))})" if specimen is not None and text_of(specimen.get("type")) else ""
     return [Rendered(section, f"{text_of(r.get('code')) or 'Unnamed observation'}{where}: {measured}.")]
+
+
+def _value_is_broken(r: Resource) -> bool:
+    """A value[x] of the wrong JSON shape (`valueQuantity: "x"`): a value was sent, so "no value recorded"
+    would be false."""
+    return any(problem.split(".", 1)[1].startswith("value") for problem in shape_problems(r))
 
 
 def report(r: Resource, index: ChartIndex) -> Sequence[Rendered] | Skip:
