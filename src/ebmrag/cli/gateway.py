@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from ebmrag.cli.common import ConfigOption, stderr, user_errors
 from ebmrag.cli.serve import DataDirOption, StoreOption, open_store_for
+
+if TYPE_CHECKING:
+    from ebmrag.serve.prepare import ChartPreparer
+    from ebmrag.store.patients import PatientStore
 
 gateway_app = typer.Typer(help="Results from specialist models and laboratories, via Redis Streams.",
                           no_args_is_help=True)
@@ -22,17 +26,51 @@ def run(data_dir: DataDirOption, broker: BrokerOption, stream: StreamOption = "e
         claim_idle_ms: Annotated[int, typer.Option(help="Reclaim entries another consumer left this long.")]
         = 30_000, max_deliveries: Annotated[int, typer.Option(
             min=1, help="Dead-letter an entry delivered this many times without being stored.")] = 5,
-        store_url: StoreOption = "", config: ConfigOption = None) -> None:
+        store_url: StoreOption = "", config: ConfigOption = None,
+        prepare: Annotated[bool, typer.Option(help="Prepare each chart a result is stored into (vectors, tiers, "
+                                                   "compressed states) in the background, into the cache the "
+                                                   "service reads: needs the embedding model.")] = False) -> None:
     """Consume results into the patient store until SIGTERM (each acknowledged only once stored)."""
     with user_errors():
         from ebmrag.gateway.consumer import ResultConsumer
 
-        consumer = ResultConsumer(open_store_for(data_dir, store_url, config), broker, stream, group,
-                                  claim_idle_ms=claim_idle_ms, max_deliveries=max_deliveries)
-        stderr.print(f"gateway: {broker} stream {stream} group {group} as {consumer.consumer}")
+        store = open_store_for(data_dir, store_url, config)
+        preparer = _preparer(store, config) if prepare else None
+        consumer = ResultConsumer(store, broker, stream, group, claim_idle_ms=claim_idle_ms,
+                                  max_deliveries=max_deliveries, on_stored=preparer.enqueue if preparer else None)
+        stderr.print(f"gateway: {broker} stream {stream} group {group} as {consumer.consumer}"
+                     + (" (preparing charts)" if preparer else ""))
         stats = consumer.run()
+        if preparer is not None:
+            preparer.wait_idle(timeout=30)  # what was stored before SIGTERM, within reason
     stderr.print(f"gateway stopped: {stats.stored} stored, {stats.dead} dead-lettered ({stats.capped} at the delivery "
                  f"cap), {stats.claimed} reclaimed, {stats.failures} store failures ({stats.outages} outages)")
+
+
+def _preparer(store: PatientStore, config: Path | None) -> ChartPreparer:
+    """A chart preparer over this store and the [models] / [answer] settings (the same cache directory, so the
+    service's asks find the work done), on threads of its own: the gateway has no scheduler to share. The model
+    loads with the first chart to prepare; the service's extras (FastAPI) are not needed."""
+    import threading
+
+    from ebmrag.answer.engine import Engine
+    from ebmrag.compose import Resources, build_engine_from, open_resources
+    from ebmrag.config import load_settings
+    from ebmrag.serve.prepare import ChartPreparer
+
+    settings = load_settings(config)
+    built: list[tuple[Resources, Engine]] = []
+    building = threading.Lock()
+
+    def parts() -> tuple[Resources, Engine]:
+        with building:
+            if not built:
+                resources = open_resources(settings, retrieval=settings.answer.retrieval != "never")
+                built.append((resources, build_engine_from(resources)))
+            return built[0]
+
+    return ChartPreparer(store, lambda: parts()[0], lambda: parts()[1], queue_limit=settings.serve.prepare_queue,
+                         max_fragments=settings.serve.max_chart_fragments)
 
 
 @gateway_app.command("publish")

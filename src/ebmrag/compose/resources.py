@@ -24,7 +24,7 @@ from ebmrag.llm.openai import OpenAIChatClient
 from ebmrag.models.embeddings import SentenceEmbedder, default_cache_dir
 from ebmrag.models.text_classifier import load_text_classifier
 from ebmrag.models.tokens import make_token_counter
-from ebmrag.protocols import ChatClient, TokenCounter
+from ebmrag.protocols import ChatClient, TokenCounter, checkpoint
 from ebmrag.records.fragment import Fragment
 from ebmrag.text.sentences import split_sentences
 
@@ -47,7 +47,8 @@ class Resources:
         shared = knowledge_base is not None and (m.embedding_model or "") == (knowledge_base.config.embedding_model
                                                                              or "")
         self.embedder: SentenceEmbedder = knowledge_base.embedder if shared and knowledge_base else \
-            SentenceEmbedder(m.embedding_model or None, cache_dir=self.cache_dir)
+            SentenceEmbedder(m.embedding_model or None, cache_dir=self.cache_dir, precision=m.embedding_precision,
+                             runtime=m.embedding_runtime, threads=m.embedding_threads)
         self.token_counter: TokenCounter = make_token_counter(m.tokenizer)
         derived = self.cache_dir / "derived.sqlite"  # tier decisions and state B, keyed by their rule file's content
         tier_model = BUNDLED_TIER_MODEL if m.tier_model == "bundled" else m.tier_model
@@ -82,14 +83,38 @@ class Resources:
         """Load the embedding model now (a service at start-up, a CLI behind its spinner)."""
         self.embedder.warm_up()
 
+    def prepare(self, fragments: Sequence[Fragment], step: int = 16) -> None:
+        """What an ask computes for these fragments whatever the question, into the caches (serve/prepare.py): tier
+        decisions, compressed states and their vectors, then the texts' vectors (last: a cached text vector marks a
+        prepared fragment). `step` texts per embedding call, a checkpoint between calls: a host can pause the work
+        for a request within one small forward pass."""
+        decisions = self.tier_classifier.classify_many([(f.text, f.section) for f in fragments])
+        tiered = [f.with_decision(d) for f, d in zip(fragments, decisions, strict=True)]
+        compressible = [f.text for f in tiered if f.tier.compressible]
+        states = [c.text for c in self.compressor.compress_many(compressible) if c.text]
+        for texts in (states, [f.text for f in fragments]):
+            for start in range(0, len(texts), step):
+                checkpoint()
+                self.embedder.embed(texts[start : start + step])
+
+    def prepared(self, fragments: Sequence[Fragment]) -> list[bool]:
+        """Per fragment: whether it is prepared (its text has a vector; `prepare` computes that last)."""
+        texts = [f.text for f in fragments]
+        if self.embedder.cached(texts) == len(set(texts)):  # one lookup for a prepared chart
+            return [True] * len(texts)
+        return [bool(self.embedder.cached([t])) for t in texts]
+
     def forget(self, fragments: Sequence[Fragment]) -> int:
-        """Erasure through one call: the vectors of the fragments' texts and of their compressed states, their
-        tier decisions and compressed states, and any cached model reply that quotes one of them. Returns the
-        cache entries removed."""
+        """Erasure through one call: the vectors of the fragments' texts and of their compressed states (in the
+        knowledge base's embedder too when it is another one: the gate's sentences search with it), their tier
+        decisions and compressed states, and any cached model reply that quotes one of them. Returns the cache
+        entries removed."""
         texts = [f.text for f in fragments]
         states = [c.text for c in self.compressor.compress_many(texts) if c.text]
         sentences = [s.text for text in texts for s in split_sentences(text)]  # the gate and the brief embed these
         forgotten = self.embedder.forget(texts + states + sentences)
+        if self.knowledge_base is not None and not self.shares_embedder:  # the record's sentences searched it
+            forgotten += self.knowledge_base.embedder.forget(texts + sentences)
         forgotten += self.tier_classifier.forget([(f.text, f.section) for f in fragments])
         forgotten += self.compressor.forget(texts)
         client = self._client if self._client_built else None

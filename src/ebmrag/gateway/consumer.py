@@ -19,6 +19,9 @@ the others of its batch, claimed or new:
   the consumer died in the middle of it, again and again) is dead-lettered: "delivered N times without
   being stored". The delivery count is Redis's own (`XPENDING`).
 Logs and dead-letter reasons name the entry and the problem, never the payload (it holds patient text).
+
+`on_stored(tenant, patient)` is called after each result stored (`ebmrag gateway run --prepare` passes a chart
+preparer's queue: serve/prepare.py); it must return at once, and its failure never affects the entry.
 """
 
 from __future__ import annotations
@@ -61,7 +64,8 @@ class StoreUnavailableError(Exception):
 class ResultConsumer:
     def __init__(self, store: PatientStore, broker: str, stream: str = STREAM, group: str = GROUP,
                  consumer: str | None = None, claim_idle_ms: int = 30_000, batch: int = 100,
-                 block_ms: int = 1000, max_deliveries: int = MAX_DELIVERIES) -> None:
+                 block_ms: int = 1000, max_deliveries: int = MAX_DELIVERIES,
+                 on_stored: Callable[[str, str], object] | None = None) -> None:
         if max_deliveries < 1:
             raise ValueError(f"max_deliveries must be at least 1, got {max_deliveries}")
         self.redis_module = require_extra("redis", "gateway", "the results gateway")
@@ -70,6 +74,7 @@ class ResultConsumer:
         self.consumer = consumer or f"{socket.gethostname()}-{time.time_ns()}"
         self.claim_idle_ms, self.batch, self.block_ms = claim_idle_ms, batch, block_ms
         self.max_deliveries = max_deliveries
+        self.on_stored = on_stored
         self.stats = ConsumerStats()
         self._stopping = False
         self._store_down = False
@@ -181,6 +186,12 @@ class ResultConsumer:
         self.stats.stored += outcome == "stored"
         self.stats.pending += outcome == "pending"
         client.xack(self.stream, self.group, entry_id)
+        if outcome == "stored" and self.on_stored is not None:
+            try:
+                self.on_stored(message.tenant, message.patient_id)
+            except Exception as exc:  # preparing is an optimisation: the entry is stored and acknowledged
+                log.warning("entry %s stored; its chart was not queued for preparation (%s)", _text(entry_id),
+                            type(exc).__name__)
 
     def _store_failed(self, client: Any, entry_id: Any, payload: Any, deliveries: int, exc: Exception) -> None:
         self.stats.failures += 1

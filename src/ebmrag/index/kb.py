@@ -34,16 +34,17 @@ from ebmrag.index.reader import FORMAT_VERSION, MANIFEST, Reader, read_manifest
 from ebmrag.index.segment import SegmentBuilder, SegmentEntry, collect_garbage, next_name, write_deletes
 from ebmrag.index.types import IngestReport, KnowledgeBaseStats
 from ebmrag.ingest.documents import Document
-from ebmrag.models.embeddings import SentenceEmbedder
+from ebmrag.models.embeddings import SentenceEmbedder, vectors_mismatch
 from ebmrag.protocols import Progress
 
 __all__ = ["IngestReport", "KnowledgeBase", "Reader", "index_text", "kb_embedder"]
 
 
 def kb_embedder(config: KnowledgeBaseConfig, cache_dir: str | Path | None = None) -> SentenceEmbedder:
-    """The embedder a knowledge base was built with (its manifest's model, length and precision)."""
+    """The embedder a knowledge base was built with (its manifest's model, length, precision and runtime)."""
     return SentenceEmbedder(config.embedding_model or None, cache_dir=cache_dir,
-                            max_tokens=config.embedding_max_tokens, precision=config.embedding_precision)
+                            max_tokens=config.embedding_max_tokens, precision=config.embedding_precision,
+                            runtime=config.embedding_runtime)
 
 
 def _stored_config(live: Path) -> KnowledgeBaseConfig:
@@ -134,12 +135,12 @@ class KnowledgeBase:
         old.close(keep=in_use)
 
     def _check_model(self, manifest: dict[str, Any]) -> None:
-        """Queries must be embedded by the model the chunks were: a different one (another delta, another folder)
-        would rank silently wrong. Length and precision suffixes may differ (bf16 is chosen per machine)."""
-        built, ours = str(manifest["embedding_model"]).split("|")[0], self.embedder.model_name.split("|")[0]
-        if built != ours:
-            raise KnowledgeBaseError(f"{self.root} was embedded with {built}; this embedder is {ours}. "
-                                     "Rebuild the knowledge base or open it with its own settings")
+        """Queries must be embedded by the model, runtime and precision the chunks were: another delta, folder,
+        runtime or int8 would rank silently wrong. The length may differ, and torch's fp32 and bf16 (chosen per
+        machine) are one family."""
+        why = vectors_mismatch(str(manifest["embedding_model"]), self.embedder.model_name)
+        if why:
+            raise KnowledgeBaseError(f"{self.root} {why}. Rebuild the knowledge base or open it with its own settings")
 
     def to_dict(self) -> dict[str, Any]:
         """Where the KB is; its build settings live in its manifest, not here."""

@@ -44,7 +44,7 @@ from ebmrag.index.params import KnowledgeBaseConfig
 from ebmrag.index.prepare import EmbeddingPipeline, LocalPipeline, PreparedBatch
 from ebmrag.index.types import Filters, IngestReport, KnowledgeBaseStats
 from ebmrag.ingest.documents import Document
-from ebmrag.models.embeddings import SentenceEmbedder
+from ebmrag.models.embeddings import SentenceEmbedder, vectors_mismatch
 from ebmrag.protocols import Progress
 
 MANIFEST_ID = "__ebmrag_manifest__"
@@ -95,9 +95,9 @@ class MilvusKnowledgeBase:
         self.analyzer = Analyzer()
         self.workers, self.cache_dir = workers, cache_dir
         self._reader: MilvusReader | None = None
-        if stored and str(stored["embedding_model"]).split("|")[0] != self.embedder.model_name.split("|")[0]:
-            raise KnowledgeBaseError(f"{self.root} was embedded with {stored['embedding_model']}; this embedder is "
-                                     f"{self.embedder.model_name}")
+        why = vectors_mismatch(str(stored["embedding_model"]), self.embedder.model_name) if stored else None
+        if why:
+            raise KnowledgeBaseError(f"{self.root} {why}")
 
     @property
     def root(self) -> str:

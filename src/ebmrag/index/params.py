@@ -7,7 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from ebmrag.errors import KnowledgeBaseError
-from ebmrag.models.embeddings import EMBEDDING_PRECISIONS
+from ebmrag.models.embeddings import EMBEDDING_PRECISIONS, EMBEDDING_RUNTIMES
+
+__all__ = ["CHUNKERS", "EMBEDDING_PRECISIONS", "EMBEDDING_RUNTIMES", "KnowledgeBaseConfig", "StorageSettings"]
 
 CHUNKERS = ("", "fixed", "recursive", "structure", "sentence")
 
@@ -18,7 +20,8 @@ class KnowledgeBaseConfig:
 
     embedding_model: str = ""  # "minilm-medquad": +0.07 nDCG@10 on the LiveQA check half, not yet the default
     embedding_max_tokens: int = 128
-    embedding_precision: str = "auto"  # bf16 where the CPU has it natively: 2x faster, same nDCG
+    embedding_precision: str = "auto"  # onnx: fp32; torch: bf16 where the CPU has it natively
+    embedding_runtime: str = "auto"  # "onnx" (no torch), "torch", or auto: onnx wherever it can build the model
     chunker: str = ""
     contextual_prefix: bool = True
     k1: float = 1.5
@@ -31,16 +34,22 @@ class KnowledgeBaseConfig:
         if self.embedding_precision not in EMBEDDING_PRECISIONS:
             raise ValueError(f"embedding_precision must be one of {EMBEDDING_PRECISIONS}, "
                              f"got {self.embedding_precision!r}")
+        if self.embedding_runtime not in EMBEDDING_RUNTIMES:
+            raise ValueError(f"embedding_runtime must be one of {EMBEDDING_RUNTIMES}, got {self.embedding_runtime!r}")
+        if self.embedding_runtime == "onnx" and self.embedding_precision == "bf16":
+            raise ValueError("embedding_precision bf16 runs on the torch runtime only; use fp32 or int8 with onnx")
         if self.hnsw_min_rows < 0:
             raise ValueError("hnsw_min_rows must be >= 0")
 
     @classmethod
     def from_manifest(cls, stored: dict[str, Any], where: Path) -> KnowledgeBaseConfig:
-        """The config a generation was built with; `quantize` (before precision profiles) maps to int8 / fp32."""
+        """The config a generation was built with; `quantize` (before precision profiles) maps to int8 / fp32, and
+        a manifest from before runtimes was embedded by torch."""
         values = dict(stored)
         if "quantize" in values:
             values["embedding_precision"] = "int8" if values.pop("quantize") else "fp32"
         values.setdefault("embedding_precision", "fp32")
+        values.setdefault("embedding_runtime", "torch")
         unknown = set(values) - {f.name for f in fields(cls)}
         if unknown:
             raise KnowledgeBaseError(f"{where}: manifest has unknown settings {sorted(unknown)}; "

@@ -8,6 +8,12 @@ an error, not a download. Vectors are L2-normalized, so
 cosine similarity is a dot product. The cache key is sha256(model name + text), in memory and,
 when `cache_dir` is given, in a SQLite file shared across runs.
 
+Two runtimes compute the same vectors: "onnx" (`onnx_bert.py`: ONNX Runtime over a graph built from the
+safetensors weights, fp32 or dynamic int8, no torch) and "torch" (sentence-transformers, fp32 / bf16 / int8, the
+`[train]` extra). "auto" takes onnx for the bundled model, its deltas and any local BERT folder it can build, and
+torch for other folders. The model name carries the runtime and the precision (`vector_profile` reads them back),
+so caches and knowledge bases never mix vectors of two of them; torch names are those from before runtimes existed.
+
 One embedder serves every thread of a service: the model loads once, and its forward passes take turns one batch
 at a time in order of arrival (two passes at once only compete for the same cores, and a turn per batch lets a small
 request's batch in between a large one's), with a `protocols.checkpoint()` between batches so that a long embedding
@@ -28,10 +34,13 @@ import numpy as np
 from ebmrag.errors import ModelUnavailableError
 from ebmrag.kvcache import KeyValueCache
 from ebmrag.models.adapters import delta_digest, load_delta, resolve_delta
+from ebmrag.models.onnx_bert import ONNX_PRECISIONS, onnx_capable
 from ebmrag.models.tokens import bundled_model_dir
 from ebmrag.protocols import Vectors, checkpoint
 
-EMBEDDING_PRECISIONS = ("auto", "fp32", "bf16", "int8")  # auto: bf16 where the CPU has it natively, else fp32
+EMBEDDING_PRECISIONS = ("auto", "fp32", "bf16", "int8")  # auto: onnx fp32; torch bf16 where the CPU has it natively
+EMBEDDING_RUNTIMES = ("auto", "onnx", "torch")  # auto: onnx wherever the model is a BERT it can build
+_TRAIN_HINT = "pip install 'ebmrag[train]'"
 
 
 def default_cache_dir() -> Path:
@@ -85,8 +94,49 @@ def native_bf16() -> bool:
     return " avx512_bf16" in flags or " amx_bf16" in flags
 
 
-def resolve_precision(precision: str) -> str:
+def resolve_precision(precision: str, runtime: str = "torch") -> str:
+    """The precision "auto" means on `runtime`: fp32 on onnx (its int8 loses more than the 0.99 cosine floor on
+    some sentences, docs/benchmarks.md), bf16 on torch where the CPU has it natively."""
+    if runtime == "onnx":
+        if precision == "bf16":
+            raise ValueError(f"precision bf16 runs on the torch runtime only; onnx has {ONNX_PRECISIONS}")
+        return "fp32" if precision == "auto" else precision
     return ("bf16" if native_bf16() else "fp32") if precision == "auto" else precision
+
+
+def resolve_runtime(runtime: str, folder: Path | None, precision: str = "auto") -> str:
+    """The runtime "auto" means for a user's `folder` (None: the bundled model or a delta over it); bf16 exists
+    on torch only, so asking for it picks torch."""
+    if runtime != "auto":
+        if runtime == "onnx" and folder is not None and not onnx_capable(folder):
+            raise ModelUnavailableError(f"{folder} is not a BERT folder with model.safetensors and tokenizer.json "
+                                        "and mean or CLS pooling: the onnx runtime cannot build it; use torch")
+        return runtime
+    return "onnx" if precision != "bf16" and (folder is None or onnx_capable(folder)) else "torch"
+
+
+def vector_profile(model_name: str) -> tuple[str, str, str]:
+    """(model, runtime, precision) of an embedder's `model_name` as a manifest records it; names from before
+    runtimes existed are torch, and a name without a precision suffix is fp32."""
+    base, *suffixes = model_name.split("|")
+    runtime = "onnx" if "onnx" in suffixes else "torch"
+    precision = next((p for p in suffixes if p in EMBEDDING_PRECISIONS), "fp32")
+    return base, runtime, precision
+
+
+def vectors_mismatch(built: str, ours: str) -> str | None:
+    """Why vectors of the embedder named `built` cannot be searched with those of `ours` (None: they can).
+    torch fp32 and bf16 are one family: "auto" picks between them per machine over the same weights."""
+    (built_model, built_runtime, built_precision), (our_model, our_runtime, our_precision) = (
+        vector_profile(built), vector_profile(ours))
+    if built_model != our_model:
+        return f"was embedded with {built_model}; this embedder is {our_model}"
+    family = {"bf16": "fp32"} if built_runtime == our_runtime == "torch" else {}
+    if (built_runtime, family.get(built_precision, built_precision)) != (our_runtime,
+                                                                         family.get(our_precision, our_precision)):
+        return (f"was embedded by runtime {built_runtime} at {built_precision}; this embedder is runtime "
+                f"{our_runtime} at {our_precision}")
+    return None
 
 
 def _quantized(model: Any) -> Any:
@@ -111,13 +161,21 @@ class SentenceEmbedder:
         cache_dir: str | Path | None = None,
         max_tokens: int | None = None,
         precision: str = "auto",
+        runtime: str = "auto",
+        threads: int = 0,
     ) -> None:
+        """`runtime`: "onnx", "torch" or "auto" (module doc); `threads`: ONNX Runtime's intra-op threads (0: one
+        per core)."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if max_tokens is not None and not 8 <= max_tokens <= 512:
             raise ValueError(f"max_tokens must be in [8, 512], got {max_tokens}")
         if precision not in EMBEDDING_PRECISIONS:
             raise ValueError(f"precision must be one of {EMBEDDING_PRECISIONS}, got {precision!r}")
+        if runtime not in EMBEDDING_RUNTIMES:
+            raise ValueError(f"runtime must be one of {EMBEDDING_RUNTIMES}, got {runtime!r}")
+        if threads < 0:
+            raise ValueError(f"threads must be >= 0, got {threads}")
         self._delta = resolve_delta(model_path) if model_path else None  # its weights load in warm_up()
         digest = delta_digest(self._delta) if self._delta else ""
         if model_path and not self._delta and not Path(model_path).is_dir():
@@ -128,11 +186,14 @@ class SentenceEmbedder:
         self.batch_size = batch_size
         self.cache_dir = Path(cache_dir) if cache_dir else None
         self.max_tokens = max_tokens
-        self.precision = resolve_precision(precision)
-        base = str(self.model_path) if self.model_path and not self._delta else "bundled:all-MiniLM-L6-v2"
+        self.threads = threads
+        own_folder = self.model_path if self.model_path and not self._delta else None
+        self.runtime = resolve_runtime(runtime, own_folder, precision)
+        self.precision = resolve_precision(precision, self.runtime)
+        base = str(self.model_path) if own_folder else "bundled:all-MiniLM-L6-v2"
         base += f"+delta:{digest}" if digest else ""
-        profile = (f"|max_tokens={max_tokens}" if max_tokens else "") + (
-            "" if self.precision == "fp32" else f"|{self.precision}")
+        profile = ("|onnx" if self.runtime == "onnx" else "") + (f"|max_tokens={max_tokens}" if max_tokens else "") \
+            + ("" if self.precision == "fp32" else f"|{self.precision}")
         self.model_name = base + profile
         self._model: Any = None
         self._loading = threading.Lock()  # one model, however many threads ask for it first
@@ -149,15 +210,25 @@ class SentenceEmbedder:
 
     def _load(self) -> Any:
         """The model, complete (delta merged, quantized) before any thread sees it."""
+        path = bundled_model_dir() if self._delta or not self.model_path else self.model_path
+        if self.runtime == "onnx":
+            from ebmrag.models.onnx_bert import OnnxSentenceModel
+
+            return OnnxSentenceModel(path, load_delta(self._delta) if self._delta else None, self.precision,
+                                     self.cache_dir or default_cache_dir(), self.max_tokens, self.threads)
+        return self._load_torch(path)
+
+    def _load_torch(self, path: Path) -> Any:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
         try:
+            import torch  # noqa: F401
             from sentence_transformers import SentenceTransformer
         except ImportError as exc:
-            raise ModelUnavailableError("sentence-transformers is missing: pip install 'ebmrag[embed]'") from exc
-        path = bundled_model_dir() if self._delta or not self.model_path else self.model_path
+            raise ModelUnavailableError(f"the torch embedding runtime needs torch and sentence-transformers: "
+                                        f"{_TRAIN_HINT}, or runtime = \"onnx\"") from exc
         try:
             model = SentenceTransformer(str(path), device=self.device, local_files_only=True)
         except Exception as exc:  # the library raises many types for a bad folder
@@ -213,23 +284,31 @@ class SentenceEmbedder:
         stopped or paused between batches and keeps what it computed (the caller caches each batch), and another
         request's batch waits for at most one of its batches. bf16 runs under autocast: weights stay fp32, matrix
         products use the CPU's bf16 units."""
-        import torch
-
         self.warm_up()
         order = sorted(texts, key=lambda k: -len(texts[k]))
         for start in range(0, len(order), self.batch_size):
             checkpoint()
             batch = order[start : start + self.batch_size]
-            with self._forward, torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.precision == "bf16"):
-                vectors = self._model.encode([texts[k] for k in batch], batch_size=self.batch_size,
-                                             normalize_embeddings=True, convert_to_numpy=False,
-                                             convert_to_tensor=True, show_progress_bar=False)
-                rows = np.asarray(vectors.float().numpy(), dtype=np.float32)
+            if self.runtime == "onnx":
+                with self._forward:
+                    rows = self._model.encode([texts[k] for k in batch])
+            else:
+                rows = self._torch_batch([texts[k] for k in batch])
             yield dict(zip(batch, rows, strict=True))
+
+    def _torch_batch(self, batch: list[str]) -> np.ndarray:
+        import torch
+
+        with self._forward, torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.precision == "bf16"):
+            vectors = self._model.encode(batch, batch_size=self.batch_size, normalize_embeddings=True,
+                                         convert_to_numpy=False, convert_to_tensor=True, show_progress_bar=False)
+            return np.asarray(vectors.float().numpy(), dtype=np.float32)
 
     @property
     def dimension(self) -> int:
         self.warm_up()
+        if self.runtime == "onnx":
+            return int(self._model.dimension)
         getter = getattr(self._model, "get_embedding_dimension", None) or self._model.get_sentence_embedding_dimension
         return int(getter())
 
@@ -241,6 +320,8 @@ class SentenceEmbedder:
             "cache_dir": str(self.cache_dir) if self.cache_dir else None,
             "max_tokens": self.max_tokens,
             "precision": self.precision,
+            "runtime": self.runtime,
+            "threads": self.threads,
         }
 
     @classmethod

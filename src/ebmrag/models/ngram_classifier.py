@@ -170,7 +170,7 @@ def fit_ngram_classifier(texts: Sequence[str], labels: Sequence[str], out: str |
 
     Weights whose magnitude is below `prune` for every label are dropped (they barely move a logit), which
     with float16 keeps a 2**16-bucket model well under a megabyte. Returns the saved model, loaded."""
-    require_extra("sklearn", "embed", "training an n-gram classifier")
+    require_extra("sklearn", "train", "training an n-gram classifier")
     sparse = require_extra("scipy.sparse", "embed", "training an n-gram classifier")
     from sklearn.linear_model import LogisticRegression
 

@@ -46,7 +46,7 @@ class LinearTextClassifier:
 def fit_linear_classifier(texts: Sequence[str], labels: Sequence[str], embedder: Embedder, out: str | Path,
                           c: float = 1.0, extra_meta: dict[str, Any] | None = None) -> FloatMatrix:
     """Fit multinomial logistic regression (balanced classes) and save it; returns the embedded texts."""
-    require_extra("sklearn", "embed", "training a text classifier")
+    require_extra("sklearn", "train", "training a text classifier")
     from sklearn.linear_model import LogisticRegression
 
     vectors = np.asarray(embedder.embed(list(texts)), np.float64)

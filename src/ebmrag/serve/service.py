@@ -35,6 +35,7 @@ from ebmrag.serve.bodies import parse_json
 from ebmrag.serve.guard import FailedKeys
 from ebmrag.serve.limits import Metrics, RateLimiter
 from ebmrag.serve.models import AskBody
+from ebmrag.serve.prepare import ChartPreparer, Running
 from ebmrag.serve.problems import PROBLEM, ProblemError
 from ebmrag.serve.scheduler import Deadline, FairScheduler, Job
 from ebmrag.store import audit
@@ -47,6 +48,7 @@ JSON_TYPES = ("application/json", "application/fhir+json")
 XML_TYPES = ("application/xml", "text/xml", "application/cda+xml", "application/hl7-cda+xml", "application/hl7-v3+xml",
              "application/fhir+xml")
 NDJSON_TYPES = ("application/fhir+ndjson", "application/x-ndjson", "application/ndjson")
+BACKGROUND_DEADLINES = 10  # a background job may wait, paused behind requests, this many request deadlines
 
 
 class Service:
@@ -74,6 +76,20 @@ class Service:
         self.limiter = RateLimiter(settings.serve.rate_per_second, settings.serve.rate_burst)
         self.failed_keys = FailedKeys()  # bad keys per client address, one count for the guard and the /ui sign-in
         self.metrics = Metrics()
+        serve = settings.serve
+        self.preparer = ChartPreparer(store, self.resources, self.engine, self._background, self._hold,
+                                      queue_limit=serve.prepare_queue,
+                                      max_fragments=serve.max_chart_fragments) if serve.prepare_charts else None
+
+    def prepare(self, tenant: str, patient: str) -> None:
+        """After a write: the chart is prepared in the background (serve/prepare.py), so its asks find it warm."""
+        if self.preparer is not None:
+            self.preparer.enqueue(tenant, patient)
+
+    def _background(self, tenant: str, patient: str, work: Callable[[], None]) -> Running:
+        """The preparer's host: `work` in the scheduler's background lane, counted as reading the record."""
+        job = self._admit(work, tenant, patient, background=True)
+        return Running(job.future, lambda: self.scheduler.cancel(job))
 
     def resources(self) -> Resources:
         with self._building:
@@ -131,10 +147,16 @@ class Service:
         """The record's fragments with their tier decisions (the engine's tier rules and model)."""
         return self.packer(None).classify(record)
 
+    def prepared(self, record: PatientRecord) -> int:
+        """How many of the record's fragments are prepared: their text has a vector (serve/prepare.py)."""
+        return sum(self.resources().prepared(record.fragments))
+
     def forget(self, fragments: list[Fragment], tenant: str = "", patient: str = "") -> int:
         """Erasure reaches the caches (`Resources.forget`). Work that read the record before the store deleted it
         may still be running and caching its text: the caches are forgotten again once it has ended (it ends by its
         deadline at the latest). Never stopped halfway, even when the response times out."""
+        if tenant and self.preparer is not None:
+            self.preparer.discard(tenant, patient)  # a queued preparation would write the caches again
         with checkpoints(_never_stop):
             forgotten = self.resources().forget(fragments)
             if tenant and self._await_unused(tenant, patient):
@@ -224,12 +246,15 @@ class Service:
         except (TimeoutError, WorkCancelled):
             raise _timeout(seconds) from None
 
-    def _admit(self, work: Callable[[], Any], tenant: str, patient: str) -> Job:
-        """`work` in its tenant's queue, counted as reading the patient's record until its thread has ended (not
-        until its 504: the thread stops at its next checkpoint after that)."""
+    def _admit(self, work: Callable[[], Any], tenant: str, patient: str, background: bool = False) -> Job:
+        """`work` in its tenant's queue (`background`: the lane below every request, with a longer deadline),
+        counted as reading the patient's record until its thread has ended (not until its 504: the thread stops at
+        its next checkpoint after that)."""
         release = self._hold(tenant, patient)
+        seconds = self.settings.serve.request_seconds
         try:
-            job = self.scheduler.submit(tenant, work, self.settings.serve.request_seconds)
+            job = self.scheduler.submit(tenant, work, seconds * BACKGROUND_DEADLINES if background else seconds,
+                                        background)
         except BaseException:
             release()
             raise
