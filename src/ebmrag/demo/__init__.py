@@ -54,12 +54,13 @@ def demo_query(path: Path) -> str:
 
 
 def demo_kb_path(cache_dir: Path) -> Path:
-    """Where the demo knowledge base lives: keyed by the corpus hash and the on-disk format, so an upgraded
-    corpus or ebmrag gets a fresh build."""
+    """Where the demo knowledge base lives: keyed by the corpus hash, the on-disk format and the runtime that
+    embeds it by default (ONNX), so an upgraded corpus or ebmrag gets a fresh build, and a demo KB that an older
+    ebmrag embedded with torch is not opened by an install that has no torch."""
     from ebmrag.index.reader import FORMAT_VERSION
 
     digest = hashlib.sha256(DEMO_CORPUS.read_bytes()).hexdigest()[:12]
-    return cache_dir / f"demo-kb-{digest}-f{FORMAT_VERSION}"
+    return cache_dir / f"demo-kb-{digest}-f{FORMAT_VERSION}-onnx"
 
 
 def ensure_demo_kb(cache_dir: Path) -> Path:
