@@ -65,6 +65,10 @@ bench-ask: $(STAMP)
 bench-charts: $(STAMP)
 	$(PY) bench/charts.py --data-root $(DATA) --out docs/benchmarks.md
 
+# Embedding runtimes side by side (torch fp32 / auto, ONNX fp32 / int8) on 1,000 real sentences, median of 3.
+bench-embed: $(STAMP)
+	$(PY) bench/embed_runtime.py --data-root $(DATA) --out docs/benchmarks.md
+
 # Tiering speed: classify_many cold on 6,000 real sentences and a 20,000-fragment chart, median of 5; fails above
 # 0.2 ms a fragment.
 bench-tiers: $(STAMP)

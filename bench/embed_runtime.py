@@ -12,8 +12,6 @@ torch path as it ran before the onnx runtime: bf16 where the CPU has it natively
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import os
 import statistics
 import sys
@@ -24,21 +22,11 @@ from pathlib import Path
 import numpy as np
 
 from ebmrag.models.embeddings import SentenceEmbedder
-from report import emit, machine  # bench/ is on sys.path when a script here runs
+from report import emit, machine, sentences  # bench/ is on sys.path when a script here runs
 
 EN_FILE = "mtsamples_sections_shared.jsonl"
 COMMAND = "python bench/embed_runtime.py --data-root ../shared/data --out docs/benchmarks.md"
 PROFILES = (("torch", "fp32"), ("torch", "auto"), ("onnx", "fp32"), ("onnx", "int8"))
-
-
-def sentences(path: Path, count: int) -> list[str]:
-    """`count` non-empty texts of a JSONL file, the first by sha256 of their id: the same slice on every run."""
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    rows = [r for r in rows if str(r.get("text", "")).strip()]
-    if len(rows) < count:
-        raise SystemExit(f"{path}: {len(rows)} texts, {count} needed")
-    rows.sort(key=lambda r: hashlib.sha256(str(r["id"]).encode()).hexdigest())
-    return [str(r["text"]) for r in rows[:count]]
 
 
 def timed_runs(runtime: str, precision: str, texts: list[str], runs: int,

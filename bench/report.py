@@ -6,6 +6,8 @@ A section sits between `<!-- bench:NAME -->` and `<!-- /bench:NAME -->`; text ou
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import platform
 import tempfile
@@ -40,3 +42,13 @@ def write_section(path: Path, name: str, text: str) -> None:
     with os.fdopen(handle, "w", encoding="utf-8") as out:
         out.write(new)
     os.replace(temporary, path)
+
+
+def sentences(path: Path, count: int) -> list[str]:
+    """`count` non-empty texts of a JSONL file, the first by sha256 of their id: the same slice on every run."""
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = [r for r in rows if str(r.get("text", "")).strip()]
+    if len(rows) < count:
+        raise SystemExit(f"{path}: {len(rows)} texts, {count} needed")
+    rows.sort(key=lambda r: hashlib.sha256(str(r["id"]).encode()).hexdigest())
+    return [str(r["text"]) for r in rows[:count]]

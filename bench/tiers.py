@@ -15,8 +15,6 @@ Exits 1 when the default classifier's cold median on the 6,000 sentences exceeds
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import os
 import random
 import statistics
@@ -31,22 +29,12 @@ from ebmrag.evidence.tiers import BUNDLED_TIER_MODEL, TierClassifier
 from ebmrag.models.embeddings import SentenceEmbedder
 from ebmrag.models.text_classifier import load_text_classifier
 from ebmrag.records.fragment import TierDecision
-from report import emit, machine  # bench/ is on sys.path when a script here runs
+from report import emit, machine, sentences  # bench/ is on sys.path when a script here runs
 
 EN_FILE, ZH_FILE = "mtsamples_sections_shared.jsonl", "zh_cehrner_sentences_shared.jsonl"
 COMMAND = "python bench/tiers.py --data-root ../shared/data --out docs/benchmarks.md"
 
 Items = list[tuple[str, str | None]]
-
-
-def sentences(path: Path, count: int) -> list[str]:
-    """`count` non-empty texts of a JSONL file, the first by sha256 of their id: the same slice on every run."""
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    rows = [r for r in rows if str(r.get("text", "")).strip()]
-    if len(rows) < count:
-        raise SystemExit(f"{path}: {len(rows)} texts, {count} needed")
-    rows.sort(key=lambda r: hashlib.sha256(str(r["id"]).encode()).hexdigest())
-    return [str(r["text"]) for r in rows[:count]]
 
 
 def default_classifier(settings: Settings) -> TierClassifier:
