@@ -18,7 +18,7 @@ from typing import Any
 
 from ebmrag.answer.params import AnswerParams
 from ebmrag.errors import ConfigError
-from ebmrag.index.params import EMBEDDING_PRECISIONS, EMBEDDING_RUNTIMES, KnowledgeBaseConfig, StorageSettings
+from ebmrag.index.params import KnowledgeBaseConfig, StorageSettings, check_embedding
 from ebmrag.llm.params import LLMParams
 from ebmrag.packing.params import PackingParams
 from ebmrag.records.params import ChartParams
@@ -41,13 +41,7 @@ class ModelSettings:
     question_rules: str = ""  # empty = the bundled rules/questions.toml
 
     def __post_init__(self) -> None:
-        if self.embedding_runtime not in EMBEDDING_RUNTIMES:
-            raise ValueError(f"embedding_runtime must be one of {EMBEDDING_RUNTIMES}, got {self.embedding_runtime!r}")
-        if self.embedding_precision not in EMBEDDING_PRECISIONS:
-            raise ValueError(f"embedding_precision must be one of {EMBEDDING_PRECISIONS}, "
-                             f"got {self.embedding_precision!r}")
-        if self.embedding_runtime == "onnx" and self.embedding_precision == "bf16":
-            raise ValueError("embedding_precision bf16 runs on the torch runtime only; use fp32 or int8 with onnx")
+        check_embedding(self.embedding_runtime, self.embedding_precision)
         if self.embedding_threads < 0:
             raise ValueError(f"embedding_threads must be >= 0, got {self.embedding_threads}")
 

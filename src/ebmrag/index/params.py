@@ -14,6 +14,16 @@ __all__ = ["CHUNKERS", "EMBEDDING_PRECISIONS", "EMBEDDING_RUNTIMES", "KnowledgeB
 CHUNKERS = ("", "fixed", "recursive", "structure", "sentence")
 
 
+def check_embedding(runtime: str, precision: str) -> None:
+    """The runtime and precision of an embedder, as [models] and [kb] both name them: known, and compatible."""
+    if precision not in EMBEDDING_PRECISIONS:
+        raise ValueError(f"embedding_precision must be one of {EMBEDDING_PRECISIONS}, got {precision!r}")
+    if runtime not in EMBEDDING_RUNTIMES:
+        raise ValueError(f"embedding_runtime must be one of {EMBEDDING_RUNTIMES}, got {runtime!r}")
+    if runtime == "onnx" and precision == "bf16":
+        raise ValueError("embedding_precision bf16 runs on the torch runtime only; use fp32 or int8 with onnx")
+
+
 @dataclass(frozen=True)
 class KnowledgeBaseConfig:
     """Fixed when a knowledge base is created and stored in every generation's manifest."""
@@ -31,13 +41,7 @@ class KnowledgeBaseConfig:
     def __post_init__(self) -> None:
         if self.chunker not in CHUNKERS:
             raise ValueError(f"unknown chunker {self.chunker!r}")
-        if self.embedding_precision not in EMBEDDING_PRECISIONS:
-            raise ValueError(f"embedding_precision must be one of {EMBEDDING_PRECISIONS}, "
-                             f"got {self.embedding_precision!r}")
-        if self.embedding_runtime not in EMBEDDING_RUNTIMES:
-            raise ValueError(f"embedding_runtime must be one of {EMBEDDING_RUNTIMES}, got {self.embedding_runtime!r}")
-        if self.embedding_runtime == "onnx" and self.embedding_precision == "bf16":
-            raise ValueError("embedding_precision bf16 runs on the torch runtime only; use fp32 or int8 with onnx")
+        check_embedding(self.embedding_runtime, self.embedding_precision)
         if self.hnsw_min_rows < 0:
             raise ValueError("hnsw_min_rows must be >= 0")
 
