@@ -210,9 +210,9 @@ def _install_patients(app: FastAPI, service: Service) -> None:
         erased = await run_in_threadpool(store.delete_patient, key.tenant, pid)
         if erased is None:
             raise AccessError(404, "no such patient")
+        service.audit(key, pid, "erase", request, tuple(f.id for f in erased))  # committed: audited whatever follows
         forgotten = await service.run(lambda: service.forget(erased, key.tenant, pid), tenant=key.tenant,
                                       engine=False)
-        service.audit(key, pid, "erase", request, tuple(f.id for f in erased))
         return {"patient": pid, "erased_fragments": len(erased), "cache_entries_forgotten": forgotten}
 
 

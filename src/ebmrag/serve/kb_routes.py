@@ -7,6 +7,7 @@ from dataclasses import asdict
 from typing import Any
 
 from fastapi import FastAPI, Request
+from starlette.concurrency import run_in_threadpool
 
 from ebmrag.index.backend import KnowledgeStore
 from ebmrag.ingest.documents import Document, normalize_text
@@ -51,7 +52,8 @@ def install_kb(app: FastAPI, service: Service) -> None:
         key = await kb_admin(request, change=True)
         report = await service.run(lambda: service.change_knowledge_base([], [doc_id]), tenant=key.tenant)
         if not report.deleted:
-            service.audit_refused(key, 404, "/v1/kb/documents/{doc_id}", request.state.request_id)
+            await run_in_threadpool(service.audit_refused, key, 404, "/v1/kb/documents/{doc_id}",
+                                    request.state.request_id)
             raise ProblemError(404, "not-found", f"no document {doc_id!r} in the knowledge base")
         service.audit(key, "", "kb_delete", request, (doc_id,))
         return {"deleted": report.deleted}

@@ -16,7 +16,6 @@ error, never a crash.
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -36,7 +35,6 @@ from ebmrag.serve.problems import ProblemError  # noqa: E402
 from ebmrag.serve.service import Service  # noqa: E402
 from ebmrag.store import audit  # noqa: E402
 from ebmrag.store.access import (  # noqa: E402
-    NAME_PATTERN,
     READ,
     SEARCH,
     AccessError,
@@ -52,7 +50,6 @@ INSTRUCTIONS = ("Evidence-graded context for medical questions about one stored 
                 "record with tiers, pack fits it into a token window keeping critical facts, ask answers with "
                 "citations, search reads the shared knowledge base, ddx ranks diagnoses from findings.")
 MCP_ROUTE = "/mcp"
-_NAME = re.compile(NAME_PATTERN)
 
 
 class McpTools:
@@ -174,8 +171,7 @@ def build_mcp_server(service: Service, stdio_key: str | None = None) -> MCPServe
             key = caller(ctx)
             return json.dumps(work(key, call), ensure_ascii=False)
         except AccessError as exc:
-            service.audit_refused(key or exc.key, exc.status, f"mcp:{tool}", call,
-                                  patient if _NAME.match(patient) else "")
+            service.audit_refused(key or exc.key, exc.status, f"mcp:{tool}", call, patient)
             raise ToolError(f"{exc.status}: {exc.detail}") from None
         except (EbmragError, ValueError) as exc:
             raise ToolError(str(exc)) from None

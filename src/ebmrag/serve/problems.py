@@ -8,7 +8,6 @@ client (and schemathesis) can rely on the shape.
 from __future__ import annotations
 
 import logging
-import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -18,12 +17,11 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ebmrag.errors import EbmragError
-from ebmrag.store.access import NAME_PATTERN, AccessError
+from ebmrag.store.access import AccessError
 from ebmrag.store.patients import IdempotencyConflictError, StoreError
 
 log = logging.getLogger(__name__)
 PROBLEM = "https://ebmrag.dev/problems/"
-_NAME = re.compile(NAME_PATTERN)
 
 
 class ProblemError(Exception):
@@ -82,7 +80,7 @@ async def _audit_refused(request: Request, status: int) -> None:
     route = getattr(request.scope.get("route"), "path", "unmatched")
     patient = request.path_params.get("pid", "")
     await run_in_threadpool(service.audit_refused, getattr(request.state, "key", None), status, route,
-                            getattr(request.state, "request_id", ""), patient if _NAME.match(patient) else "")
+                            getattr(request.state, "request_id", ""), patient)
 
 
 def install_errors(app: FastAPI) -> None:

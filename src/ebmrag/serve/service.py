@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import threading
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -39,10 +40,11 @@ from ebmrag.serve.prepare import ChartPreparer, Running
 from ebmrag.serve.problems import PROBLEM, ProblemError
 from ebmrag.serve.scheduler import Deadline, FairScheduler, Job
 from ebmrag.store import audit
-from ebmrag.store.access import AccessError, authenticate
+from ebmrag.store.access import NAME_PATTERN, AccessError, authenticate
 from ebmrag.store.patients import ApiKey, PatientStore
 
 log = logging.getLogger(__name__)
+_NAME = re.compile(NAME_PATTERN)
 T = TypeVar("T")
 JSON_TYPES = ("application/json", "application/fhir+json")
 XML_TYPES = ("application/xml", "text/xml", "application/cda+xml", "application/hl7-cda+xml", "application/hl7-v3+xml",
@@ -262,7 +264,9 @@ class Service:
         return job
 
     def audit_refused(self, key: ApiKey | None, status: int, route: str, request_id: str, patient: str = "") -> None:
-        """A refused attempt is audited too: no key ("-") or the key that was refused, and where it knocked."""
+        """A refused attempt is audited too: no key ("-") or the key that was refused, and where it knocked. The
+        patient is kept only when it is a valid id: a caller's path text (a name, a date of birth) is never stored."""
+        patient = patient if _NAME.match(patient) else ""
         audit.append(self.store, audit.AuditEntry(key.key_id if key else "-", key.tenant if key else "-", patient,
                                                   f"refused {status} {route}", request_id))
 
@@ -280,7 +284,9 @@ def _timeout(seconds: float) -> ProblemError:
 
 
 async def caller(request: Request, service: Service) -> ApiKey:
-    key = await run_in_threadpool(authenticate, service.store, request.headers.get("authorization"))
+    key: ApiKey | None = getattr(request.state, "key", None)  # the guard (serve.guard) checked it
+    if key is None:  # an app without the guard
+        key = await run_in_threadpool(authenticate, service.store, request.headers.get("authorization"))
     request.state.key = key  # a later refusal (403, 404) is audited under it
     wait = service.limiter.take(key.key_id)
     if wait > 0:

@@ -342,7 +342,7 @@ def install_ui(app: FastAPI, service: Service, stored: Callable[..., Awaitable[A
             raise UiError(exc.status, "no such patient" if exc.status == 404 else exc.detail, signed.key, pid) from None
 
     async def audit_refused(request: Request, status: int, key: ApiKey | None, patient: str = "") -> None:
-        route = getattr(request.scope.get("route"), "path", request.url.path)
+        route = getattr(request.scope.get("route"), "path", "unmatched")  # never the path the caller sent
         await run_in_threadpool(service.audit_refused, key, status, route,
                                 getattr(request.state, "request_id", ""), patient)
 
