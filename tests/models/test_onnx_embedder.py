@@ -156,8 +156,11 @@ def test_a_knowledge_base_refuses_another_runtime_or_precision(tmp_path: Path, o
     assert KnowledgeBase(tmp_path / "kb").config.embedding_runtime == "onnx"  # recorded in the manifest
     for runtime, precision in (("onnx", "int8"), ("torch", "fp32")):
         other = SentenceEmbedder(runtime=runtime, precision=precision, cache_dir=onnx_cache)
+        opened = KnowledgeBase(tmp_path / "kb", embedder=other)
         with pytest.raises(KnowledgeBaseError) as raised:
-            KnowledgeBase(tmp_path / "kb", embedder=other).reader()
+            opened.reader()
+        with pytest.raises(KnowledgeBaseError):  # and again: a refused generation never becomes the reader
+            opened.reader()
         message = str(raised.value)
         assert "\n" not in message and "runtime onnx at fp32" in message
         assert f"runtime {runtime} at {precision}" in message

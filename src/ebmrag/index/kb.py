@@ -120,13 +120,13 @@ class KnowledgeBase:
         if live is None:
             raise KnowledgeBaseError(f"{self.root} is not a knowledge base yet; create it with `ebmrag ingest`")
         if self._reader is None or self._reader.path != live:
+            self._check_model(read_manifest(live))  # before the swap: a refused generation is never read
             previous = self._reader
             self._reader = Reader(live, self.config, previous)
             if previous is not None and previous in self._users:
                 self._retired.add(previous)  # a search still reads it: closed when the search ends
             elif previous is not None:
                 self._close_unused(previous)  # the KB moved on: release what is no longer named
-            self._check_model(self._reader.manifest)
         return self._reader
 
     def _close_unused(self, old: Reader) -> None:

@@ -32,7 +32,9 @@ from ebmrag.records.fragment import lone_surrogate
 
 MAX_DEPTH = 64
 MAX_XML_DEPTH = 128
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)  # a JSON string, escapes included
+# A JSON string, escapes included; one left open runs to the end (matched once, in linear time: without the
+# alternative, every escaped quote of an unterminated string would start a new scan to the end).
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.DOTALL)
 _NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
 _STEP = np.zeros(256, dtype=np.int32)
 _STEP[[ord("["), ord("{")]] = 1
