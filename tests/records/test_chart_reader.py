@@ -13,6 +13,7 @@ import pytest
 from ebmrag.errors import RecordError
 from ebmrag.evidence.tiers import TierClassifier
 from ebmrag.records.dates import as_written, partial_timestamp
+from ebmrag.records.fhir.bundle import record_from_fhir_bundle
 from ebmrag.records.loaders import load_record, load_records
 from ebmrag.records.params import ChartParams
 from tests.conftest import make_pdf
@@ -463,3 +464,27 @@ def test_a_result_in_words_is_no_drug_fact(tmp_path: Path) -> None:
                alt("o3", {"valueQuantity": {"value": "n/a", "unit": "U/L"}}, "2026-03-01")]
     texts = _texts(_write(tmp_path, _bundle(PATIENT, *results)))
     assert texts["summary/drug-facts"] == "Drug decision facts: Hepatic (2026-01-01): ALT 31 U/L."
+
+
+def test_panels_that_share_their_members_are_read_a_bounded_number_of_times() -> None:
+    """Eight levels of six panels, each listing all six of the next level: 6^7 paths through a bundle of 48
+    resources. Each panel is read, and the text stays bounded, instead of growing six-fold per level."""
+    fan, depth = 6, 8
+
+    def observation(level: int, k: int) -> dict[str, Any]:
+        resource: dict[str, Any] = {"resourceType": "Observation", "id": f"o{level}-{k}", "status": "final",
+                                    "code": {"text": f"panel {level}-{k}"}, "subject": {"reference": "Patient/p"}}
+        if level + 1 < depth:
+            resource["hasMember"] = [{"reference": f"Observation/o{level + 1}-{m}"} for m in range(fan)]
+        else:
+            resource["valueQuantity"] = {"value": 1.2, "unit": "mg/dL"}
+        return resource
+
+    entries = [{"fullUrl": f"Observation/o{level}-{k}", "resource": observation(level, k)}
+               for level in range(depth) for k in range(fan)]
+    bundle = {"resourceType": "Bundle", "type": "collection",
+              "entry": [{"resource": {"resourceType": "Patient", "id": "p"}}, *entries]}
+    record = record_from_fhir_bundle(bundle, "fan-out")
+    panels = [f for f in record.fragments if f.section == "Observation"]
+    assert len(panels) == fan and all("1.2 mg/dL" in f.text for f in panels), "each top panel reads its values"
+    assert max(len(f.text) for f in panels) < 60_000

@@ -40,6 +40,7 @@ def _number(value: Any) -> str:
 
 
 _MAX_PANEL_DEPTH = 8  # a panel of panels of ...: real ones nest two or three deep
+_MAX_PANEL_MEMBERS = 500  # members read under one top-level result: panels that share members cannot fan out
 _NUMBER = re.compile(r"\s*[<>]?=?\s*[+-]?(\d+([.,]\d*)?|[.,]\d+)([eE][+-]?\d+)?\s*")
 
 
@@ -90,19 +91,28 @@ def _susceptibility(r: Resource) -> str:
     return ", ".join(words)
 
 
-def _measurement(r: Resource, index: ChartIndex, seen: frozenset[int] = frozenset()) -> str:
+def _measurement(r: Resource, index: ChartIndex, seen: frozenset[int] = frozenset(),
+                 budget: list[int] | None = None) -> str:
     """'1.2 mg/dL (flag high)', a blood pressure's components, a susceptibility ('resistant'), the members of an
     Observation panel, or '' when nothing was measured. A panel that lists itself, directly or through its
     members (real exports do), is read once: `seen` holds the panels above this one. Panels nested deeper
-    than `_MAX_PANEL_DEPTH` (a chain of thousands would exhaust the stack) are not opened further."""
+    than `_MAX_PANEL_DEPTH` (a chain of thousands would exhaust the stack) are not opened further, and at most
+    `_MAX_PANEL_MEMBERS` members are read under one result (`budget`): panels whose members all list the same
+    next panels would otherwise be read a number of times exponential in their depth."""
+    budget = budget if budget is not None else [_MAX_PANEL_MEMBERS]
     value = value_of(r)
     components = ", ".join(f"{text_of(c.get('code')) or 'component'} {v}" for c in objects(r.get("component"))
                            if (v := value_of(c) or _susceptibility(c)))
     inside = seen | {id(r)}
     links = objects(r.get("hasMember")) if len(inside) <= _MAX_PANEL_DEPTH else []
-    members = [f"{text_of(m.get('code')) or 'result'} {v}" for link in links
-               if (m := index.resolve(link)) is not None and id(m) not in inside
-               and (v := _measurement(m, index, inside))]
+    members = []
+    for link in links:
+        member = index.resolve(link)
+        if member is None or id(member) in inside or budget[0] <= 0:
+            continue
+        budget[0] -= 1
+        if read := _measurement(member, index, inside, budget):
+            members.append(f"{text_of(member.get('code')) or 'result'} {read}")
     flags = _interpretation(r)
     measured = value or components or "; ".join(members)
     if not measured:
