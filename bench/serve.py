@@ -1,11 +1,17 @@
-"""`ebmrag serve` under load: concurrent clients asking about the demo patients (offline brief, demo KB).
+"""`ebmrag serve` under load, this tree beside earlier commits in one run (issue 33: every core serving).
 
-Run: python bench/serve.py --clients 50 --seconds 60 --out docs/benchmarks.md
+Run: python bench/serve.py --clients 50 --seconds 60 --baseline 0691bb5 --baseline HEAD --workers 1,2 \
+         --out docs/benchmarks.md
 
-A real server (uvicorn on 127.0.0.1, SQLite store in a temporary directory) holds the bundled demo
-records under one tenant; each client (its own clinician key) loops `POST /v1/patients/{pid}/ask` for a
-random demo patient and question. Reported: requests, errors (any status but 200), requests/s, latency
-p50/p95/p99, and the process's resident memory before and after the run.
+Each variant is a real `ebmrag serve` process on 127.0.0.1 with a SQLite store in a fresh directory: this
+working tree (with `--workers` 1, 2, ...), and each `--baseline` commit checked out into a temporary git worktree
+and run from its own source with the same virtual environment (PYTHONPATH puts that source first). The keys are
+made by the variant's own `ebmrag keys create`. The bundled demo records are stored under one tenant; each client
+(its own clinician key, so the per-key rate limit is not what is measured) loops `POST /v1/patients/{pid}/ask`
+for a random demo patient and its question, from threads of this process. Variants run one after another on the
+same machine; the ratio to the first variant is the comparison. Reported: requests, errors (any status but 200),
+requests/s, latency p50/p95/p99, and the server's memory after the run: resident (RSS) and proportional (PSS,
+which counts pages shared between worker processes once), summed over its processes.
 """
 
 from __future__ import annotations
@@ -14,60 +20,97 @@ import argparse
 import json
 import os
 import random
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
+from typing import IO
 
 import httpx
-import uvicorn
 
-from ebmrag.config import Settings
 from ebmrag.demo import demo_query, demo_record_paths
-from ebmrag.serve.app import create_app
-from ebmrag.store.access import create_key
-from ebmrag.store.patients import SQLiteStore
 from report import emit, machine  # bench/ is on sys.path when a script here runs
 
+REPO = Path(__file__).resolve().parents[1]
 
-def rss_mb(pid: int | str = "self") -> float:
-    """Resident memory of a process and all its descendants (the workers of `serve --workers`)."""
+
+@dataclass(frozen=True)
+class Variant:
+    label: str
+    source: Path  # the `src` folder the server imports ebmrag from
+    workers: int
+
+
+@dataclass(frozen=True)
+class Outcome:
+    variant: Variant
+    latencies: list[float]
+    errors: list[int]
+    seconds: float
+    rss_mb: float
+    pss_mb: float
+
+
+def memory_mb(pid: int) -> tuple[float, float]:
+    """RSS and PSS of a process and all its descendants (the workers of `serve --workers`)."""
+    rss = pss = 0.0
     try:
-        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Rss:"):
+                rss = int(line.split()[1]) / 1024
+            elif line.startswith("Pss:"):
+                pss = int(line.split()[1]) / 1024
         children = " ".join(p.read_text() for p in Path(f"/proc/{pid}/task").glob("*/children")).split()
     except OSError:
-        return 0.0
-    own = next((int(line.split()[1]) / 1024 for line in lines if line.startswith("VmRSS:")), 0.0)
-    return own + sum(rss_mb(child) for child in children)
+        return 0.0, 0.0
+    for child in children:
+        child_rss, child_pss = memory_mb(int(child))
+        rss, pss = rss + child_rss, pss + child_pss
+    return rss, pss
 
 
-def start_workers(data: str, workers: int) -> tuple[subprocess.Popen[bytes], str]:
-    """`ebmrag serve --workers N` as its own process."""
-    port = 20000 + os.getpid() % 10000
-    process = subprocess.Popen([sys.executable, "-m", "ebmrag.cli", "serve", "--data-dir", data, "--port", str(port),
-                                "--workers", str(workers)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def ebmrag(variant: Variant, *args: str, stdout: int | IO[bytes] = subprocess.DEVNULL,
+           stderr: int | IO[bytes] = subprocess.DEVNULL) -> subprocess.Popen[bytes]:
+    """`python -m ebmrag.cli ARGS` importing the variant's source."""
+    env = {**os.environ, "PYTHONPATH": str(variant.source)}
+    return subprocess.Popen([sys.executable, "-m", "ebmrag.cli", *args], env=env, stdout=stdout,
+                            stderr=stderr)
+
+
+def make_key(variant: Variant, data: Path, role: str) -> str:
+    made = ebmrag(variant, "keys", "create", "--data-dir", str(data), "--tenant", "bench", "--role", role,
+                  stdout=subprocess.PIPE)
+    out, _ = made.communicate(timeout=120)
+    if made.returncode:
+        raise SystemExit(f"{variant.label}: keys create failed")
+    return out.decode().strip().splitlines()[-1]
+
+
+def start(variant: Variant, data: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    server = ebmrag(variant, "serve", "--data-dir", str(data), "--port", str(port), "--workers",
+                    str(variant.workers))
     url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
+    for _ in range(1200):
         try:
             if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                return process, url
+                return server, url
         except httpx.HTTPError:
             time.sleep(0.1)
-    process.kill()
-    raise RuntimeError("ebmrag serve --workers did not start")
-
-
-def start(app: object) -> tuple[uvicorn.Server, str]:
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))  # type: ignore[arg-type]
-    threading.Thread(target=server.run, daemon=True).start()
-    while not server.started:
-        time.sleep(0.05)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    return server, f"http://127.0.0.1:{port}"
+    server.kill()
+    raise SystemExit(f"{variant.label}: ebmrag serve did not start")
 
 
 def client_loop(url: str, key: str, patients: list[tuple[str, str]], until: float, seed: int,
@@ -77,74 +120,106 @@ def client_loop(url: str, key: str, patients: list[tuple[str, str]], until: floa
         while time.monotonic() < until:
             pid, question = rng.choice(patients)
             started = time.perf_counter()
-            status = http.post(f"/v1/patients/{pid}/ask", json={"question": question}).status_code
+            try:
+                status = http.post(f"/v1/patients/{pid}/ask", json={"question": question}).status_code
+            except httpx.HTTPError:
+                status = 0
             latencies.append(time.perf_counter() - started)
             if status != 200:
                 errors.append(status)
 
 
+def measure(variant: Variant, clients: int, seconds: float) -> Outcome:
+    with tempfile.TemporaryDirectory() as folder:
+        data = Path(folder)
+        service_key = make_key(variant, data, "service")
+        client_keys = [make_key(variant, data, "clinician") for _ in range(clients)]
+        server, url = start(variant, data)
+        try:
+            patients = []
+            with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {service_key}"}, timeout=600) as http:
+                for n, path in enumerate(demo_record_paths()):
+                    pid = f"demo{n}"
+                    stored = http.put(f"/v1/patients/{pid}", content=path.read_bytes(),
+                                      headers={"Content-Type": "application/json"})
+                    if stored.status_code != 200:
+                        raise SystemExit(f"{variant.label}: storing {path.name} gave {stored.status_code}")
+                    patients.append((pid, demo_query(path)))
+            with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {client_keys[0]}"}, timeout=600) as http:
+                for pid, question in patients * (variant.workers * 4):  # every worker's engine loaded and warm
+                    http.post(f"/v1/patients/{pid}/ask", json={"question": question})
+            latencies: list[float] = []
+            errors: list[int] = []
+            until = time.monotonic() + seconds
+            threads = [threading.Thread(target=client_loop, args=(url, client_keys[i], patients, until, i,
+                                                                  latencies, errors)) for i in range(clients)]
+            started = time.monotonic()
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            elapsed = time.monotonic() - started
+            rss, pss = memory_mb(server.pid)
+        finally:
+            server.terminate()
+            server.wait(timeout=60)
+    return Outcome(variant, latencies, errors, elapsed, rss, pss)
+
+
+def worktree(rev: str, parent: Path) -> Path:
+    """`rev` checked out (detached) under `parent`; the caller removes it."""
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", rev], check=True,
+                            capture_output=True, text=True).stdout.strip()
+    path = parent / commit
+    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "--quiet", str(path), commit], check=True)
+    return path
+
+
+def table(outcomes: list[Outcome]) -> list[str]:
+    first = len(outcomes[0].latencies) / outcomes[0].seconds
+    rows = ["| variant | requests | errors | requests/s | × first | p50 ms | p95 ms | p99 ms | RSS / PSS MB after |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for o in outcomes:
+        cuts = statistics.quantiles(o.latencies, n=100)
+        rate = len(o.latencies) / o.seconds
+        rows.append(f"| {o.variant.label} | {len(o.latencies)} | {len(o.errors)} | {rate:.1f} | {rate / first:.2f} | "
+                    f"{cuts[49] * 1000:.0f} | {cuts[94] * 1000:.0f} | {cuts[98] * 1000:.0f} | "
+                    f"{o.rss_mb:.0f} / {o.pss_mb:.0f} |")
+        if o.errors:
+            rows.append(f"|  | error statuses: {json.dumps(sorted(set(o.errors)))} |||||||")
+    return rows
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=60.0)
-    parser.add_argument("--workers", type=int, default=0, help="0: one in-process server; N: `ebmrag serve "
-                                                                 "--workers N` as its own process")
+    parser.add_argument("--baseline", action="append", default=[], help="a commit to run first (repeatable)")
+    parser.add_argument("--workers", default="1", help="worker processes of this tree, comma-separated: 1,2")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as data:
-        store = SQLiteStore(Path(data) / "store.sqlite")
-        key = create_key(store, "bench", "service")[0]
-        client_keys = [create_key(store, "bench", "clinician")[0] for _ in range(args.clients)]  # a key each: the
-        # per-key rate limit is not what is measured
-        settings = Settings()
-        workers = None
-        if args.workers:
-            workers, url = start_workers(data, args.workers)
-        else:
-            server, url = start(create_app(store, settings))
-        patients = []
-        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=300) as http:
-            for n, path in enumerate(demo_record_paths()):
-                pid = f"demo{n}"
-                assert http.put(f"/v1/patients/{pid}", content=path.read_bytes(),
-                                headers={"Content-Type": "application/json"}).status_code == 200
-                patients.append((pid, demo_query(path)))
-                for _ in range(max(1, args.workers) * 2):  # warm every worker's engine
-                    http.post(f"/v1/patients/{pid}/ask", json={"question": demo_query(path)})
-        measured = workers.pid if workers else "self"
-        before = rss_mb(measured)
-        latencies: list[float] = []
-        errors: list[int] = []
-        until = time.monotonic() + args.seconds
-        threads = [threading.Thread(target=client_loop, args=(url, client_keys[i], patients, until, i, latencies,
-                                                              errors)) for i in range(args.clients)]
-        started = time.monotonic()
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        elapsed = time.monotonic() - started
-        after = rss_mb(measured)
-        if workers:
-            workers.terminate()
-            workers.wait(timeout=30)
-        else:
-            server.should_exit = True
-    cuts = statistics.quantiles(latencies, n=100)
+    with tempfile.TemporaryDirectory() as trees:
+        variants = []
+        for rev in args.baseline:
+            tree = worktree(rev, Path(trees))
+            variants.append(Variant(f"`{tree.name}` (baseline)", tree / "src", 1))
+        variants += [Variant(f"this tree, {n} worker{'s' if n > 1 else ''}", REPO / "src", n)
+                     for n in map(int, args.workers.split(","))]
+        outcomes = []
+        for variant in variants:
+            print(f"measuring {variant.label} ...", file=sys.stderr)
+            outcomes.append(measure(variant, args.clients, args.seconds))
+    subprocess.run(["git", "-C", str(REPO), "worktree", "prune"], check=False)  # the checkouts are gone now
+    command = (f"python bench/serve.py --clients {args.clients} --seconds {args.seconds:g}"
+               + "".join(f" --baseline {rev}" for rev in args.baseline) + f" --workers {args.workers}"
+               + " --out docs/benchmarks.md")
     lines = [f"## `ebmrag serve` under load, {date.today().isoformat()}", "",
-             f"{machine()}. Command: "
-             f"`python bench/serve.py --clients {args.clients} --seconds {args.seconds:g}"
-             f"{f' --workers {args.workers}' if args.workers else ''} --out docs/benchmarks.md`.",
-             "", f"{args.clients} clients, {args.seconds:g} s of `POST /v1/patients/{{pid}}/ask` (offline brief, demo "
-             f"knowledge base, {len(patients)} demo patients, SQLite store; "
-             f"{f'{args.workers} worker processes' if args.workers else 'one in-process server'}).", "",
-             "| requests | errors | requests/s | p50 ms | p95 ms | p99 ms | RSS before / after MB |",
-             "|---|---|---|---|---|---|---|",
-             f"| {len(latencies)} | {len(errors)} | {len(latencies) / elapsed:.1f} | {cuts[49] * 1000:.0f} | "
-             f"{cuts[94] * 1000:.0f} | {cuts[98] * 1000:.0f} | {before:.0f} / {after:.0f} |"]
-    if errors:
-        lines.append(f"\nError statuses: {json.dumps(sorted(set(errors)))}")
-    emit(args.out, f"serve-load{'-workers' if args.workers else ''}", lines)
+             f"{machine()}. Command: `{command}`.", "",
+             f"{args.clients} client threads in the benchmark's process, {args.seconds:g} s of "
+             f"`POST /v1/patients/{{pid}}/ask` per variant (offline brief, demo knowledge base, "
+             f"{len(demo_record_paths())} demo patients, one tenant, SQLite store; the server in its own process), "
+             "variants one after another in one run.", "", *table(outcomes)]
+    emit(args.out, "serve-load", lines)
 
 
 if __name__ == "__main__":

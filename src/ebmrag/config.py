@@ -56,7 +56,7 @@ class ServeSettings:
     rate_burst: int = 40
     request_seconds: float = 120.0  # a request still running after this is answered 504
     engine_slots: int = 0  # requests doing engine work at once in each worker process (0: the CPU count)
-    tenant_slots: int = 0  # ... of which one tenant may hold (0: engine_slots - 1, at least 1)
+    tenant_slots: int = 0  # ... of which one tenant may hold (0: all; it gives back its extra ones when others wait)
     tenant_queue: int = 64  # a tenant's requests waiting for a slot; one more is refused 429
     queue_limit: int = 256  # all tenants' requests waiting for a slot; one more is refused 503
     max_chart_fragments: int = 10_000  # ask and pack refuse (422) a chart with more fragments

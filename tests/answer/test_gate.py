@@ -81,3 +81,25 @@ def test_a_complete_record_still_retrieves_for_a_question_it_cannot_answer() -> 
     assert diagnosis.action is Action.ANSWER and diagnosis.question_type == "diagnosis"
     sparse = gate.run(_record("Feels tired.", "Lives alone."), "Which antibiotic is safe?")
     assert sparse.action is Action.RETRIEVE_WARN, "the question never lowers a warning to plain retrieval"
+
+
+def test_a_records_labels_are_stored_read_back_and_forgotten(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 33: the gate labels a stored chart once (when it is prepared) and reads the labels back on every ask;
+    the sentences and labels are those computed without a store; another section is another key; erasure
+    forgets them."""
+    from ebmrag.kvcache import KeyValueCache
+
+    store = KeyValueCache(tmp_path / "derived.sqlite", "gate_labels")
+    record = _record("Biopsy shows adenocarcinoma. She reports chest pain.", "Denies fever.", section="History")
+    plain = RetrievalGate(RuleLabeller()).run(record)
+    stored = RetrievalGate(RuleLabeller(store=store)).run(record)
+    assert stored.sentences == plain.sentences and len(plain.sentences) == 3
+    monkeypatch.setattr(RuleLabeller, "label", lambda *a: pytest.fail("labelled again"))
+    again = RetrievalGate(RuleLabeller(store=store)).run(record)
+    assert again.sentences == plain.sentences and again.completeness == plain.completeness
+    moved = _record("Denies fever.", section="Social_History")
+    with pytest.raises(pytest.fail.Exception, match="labelled again"):
+        RetrievalGate(RuleLabeller(store=store)).run(moved)
+    assert RuleLabeller(store=store).forget(record.fragments) == 2
+    with pytest.raises(pytest.fail.Exception, match="labelled again"):
+        RetrievalGate(RuleLabeller(store=store)).run(record)

@@ -80,3 +80,36 @@ def test_rule_decisions_are_stored_on_disk_and_keyed_by_the_rule_file(tmp_path: 
     edited.write_text(DEFAULT_RULES_PATH.read_text(encoding="utf-8") + "\n# a clinician's edit\n", encoding="utf-8")
     with pytest.raises(pytest.fail.Exception, match="computed again"):
         TierClassifier(edited, store=store).rule_decisions(items)
+
+
+def test_model_predictions_are_stored_keyed_by_the_model_file_and_forgotten(tmp_path: Path) -> None:
+    """Issue 33: a prepared chart's texts that no rule speaks for are predicted once (the model was the largest
+    part of tiering a 10,000-fragment chart on every ask); another model file predicts again; erasure forgets."""
+    from ebmrag.evidence.tiers import BUNDLED_TIER_MODEL
+    from ebmrag.kvcache import KeyValueCache
+    from ebmrag.models.text_classifier import load_text_classifier
+
+    class Counting:
+        def __init__(self, path: Path) -> None:
+            self.inner = load_text_classifier(BUNDLED_TIER_MODEL, None)  # type: ignore[arg-type]
+            self.path, self.labels = path, self.inner.labels
+            self.seen: list[str] = []
+
+        def predict(self, texts: list[str]) -> list[tuple[str, float]]:
+            self.seen += texts
+            return self.inner.predict(texts)
+
+    store = KeyValueCache(tmp_path / "derived.sqlite", "tier_rules")
+    items = [("Walked 40 metres with the physiotherapist.", "Notes"), ("Slept well, ate breakfast.", None)]
+    model = Counting(Path(BUNDLED_TIER_MODEL))
+    first = TierClassifier(model=model, store=store).classify_many(items)
+    assert len(model.seen) == 2
+    again = Counting(Path(BUNDLED_TIER_MODEL))
+    assert TierClassifier(model=again, store=store).classify_many(items) == first and again.seen == []
+    copy = tmp_path / "other.npz"
+    copy.write_bytes(Path(BUNDLED_TIER_MODEL).read_bytes() + b"\0")
+    assert TierClassifier(model=Counting(copy), store=store)._model_key("x") != \
+        TierClassifier(model=again, store=store)._model_key("x")
+    assert TierClassifier(model=again, store=store).forget(items) == 4  # two rule rows, two predictions
+    TierClassifier(model=again, store=store).classify_many(items)
+    assert again.seen == [text for text, _ in items]

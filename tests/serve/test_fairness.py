@@ -127,6 +127,56 @@ def test_long_work_pauses_for_another_tenant_and_stops_at_its_deadline() -> None
     wait_until(lambda: scheduler.state()["started"] == 0, 2)  # its thread has ended, its slot is free
 
 
+def test_a_tenant_alone_uses_every_slot_and_gives_one_back_when_another_arrives() -> None:
+    """Issue 33: work-conserving. Tenant a alone runs on both slots; when b arrives, a holds more than its share
+    (2 of 2 with two tenants) and gives a slot back at its next checkpoint, long before its 30 s slice ends."""
+    scheduler = FairScheduler(slots=2, tenant_slots=2, tenant_queue=8, queue_limit=16, slice_seconds=30)
+    stop = threading.Event()
+    running: list[str] = []
+
+    def long_work(name: str) -> Callable[[], None]:
+        def work() -> None:
+            running.append(name)
+            while not stop.is_set():
+                checkpoint()
+                time.sleep(0.005)
+        return work
+
+    big = [scheduler.submit("a", long_work(f"a{i}"), 60) for i in range(2)]
+    wait_until(lambda: len(running) == 2)  # both at once: no slot kept idle for a tenant that is not there
+    assert scheduler.state()["running"] == 2
+    asked = time.monotonic()
+    small = scheduler.submit("b", lambda: time.monotonic(), 60)
+    assert small.future.result(timeout=5) - asked < 5  # within a checkpoint, not after a's 30 s slice
+    assert scheduler.counts["paused"] == 1  # one of a's gave its slot back; the other kept its share
+    stop.set()
+    for job in big:
+        job.future.result(timeout=5)
+
+
+def test_a_tenant_at_its_share_keeps_its_slot_until_its_slice_ends() -> None:
+    """Two slots, a and b one request each: c's arrival pauses neither before its slice ends (each holds its
+    share of 2 slots among 3 tenants rounded up), then the first to reach a checkpoint after it."""
+    scheduler = FairScheduler(slots=2, tenant_slots=2, tenant_queue=8, queue_limit=16, slice_seconds=0.5)
+    stop = threading.Event()
+    started = threading.Barrier(3)
+
+    def long_work() -> None:
+        started.wait(5)
+        while not stop.is_set():
+            checkpoint()
+            time.sleep(0.005)
+
+    jobs = [scheduler.submit(tenant, long_work, 60) for tenant in ("a", "b")]
+    started.wait(5)
+    asked = time.monotonic()
+    small = scheduler.submit("c", lambda: time.monotonic(), 60)
+    assert small.future.result(timeout=5) - asked >= 0.3  # waited for a slice to end (0.5 s from the start)
+    stop.set()
+    for job in jobs:
+        job.future.result(timeout=5)
+
+
 def test_the_queues_are_bounded_per_tenant_and_in_all() -> None:
     scheduler = FairScheduler(slots=1, tenant_slots=1, tenant_queue=1, queue_limit=2)
     gate = threading.Event()

@@ -204,6 +204,8 @@ def test_erasure_during_preparation_leaves_no_prepared_data(serve: Callable[...,
     assert not _files_hold(resources.cache_dir, f"done{tag}".encode())
     keys = [(t, f["section"]) for f in running["fragments"] for t in [f["text"]]]
     assert resources.tier_classifier.forget(keys) == 0, "a tier decision of the erased chart was left"
+    fragments = record_from_json(running, "<test>").fragments
+    assert resources.gate_labeller.forget(fragments) == 0, "the gate's labels of the erased chart were left"
 
 
 def test_another_tenants_preparation_does_not_delay_an_ask(serve: Callable[..., Live]) -> None:

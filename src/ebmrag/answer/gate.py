@@ -15,10 +15,17 @@ can never warn, and its own case studies (I = 0.47 retrieves, 0.27 warns) contra
 defaults θ1 = 0.35, θ2 = 0.25 lie between the completeness of full records and of the same records
 cut to history only, on the shared AgentClinic and CMB-Clin cases (docs/results/gate.md has the
 distributions); `GateParams.paper()` gives the printed 0.3 / 0.1.
+
+A record's labels do not depend on the question, so the rule labeller keeps each fragment's labelled sentences
+on disk (keyed by the rules', lexicons' and detectors' content, the section and the text): a stored chart is
+labelled once, when it is prepared (serve/prepare.py), and a 10,000-fragment chart's gate reads them back
+instead of labelling ~15,000 sentences on every ask. Erasure forgets them with the fragment.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import tomllib
 from collections.abc import Sequence
@@ -33,8 +40,9 @@ from ebmrag.errors import ConfigError
 from ebmrag.evidence.entities import EntityExtractor, EntityKind, default_extractor
 from ebmrag.evidence.questions import QuestionClassifier, QuestionType, default_question_classifier
 from ebmrag.evidence.tiers import CHECK_EVERY, TierClassifier
+from ebmrag.kvcache import KeyValueCache, digest
 from ebmrag.protocols import checkpoint
-from ebmrag.records.fragment import PatientRecord, Tier
+from ebmrag.records.fragment import Fragment, PatientRecord, Tier
 from ebmrag.text.sentences import split_sentences
 
 GATE_LEXICON = Path(__file__).parents[1] / "evidence" / "rules" / "gate.toml"
@@ -103,7 +111,22 @@ class GateDecision:
 class SentenceLabeller(Protocol):
     def label(self, text: str, section: str | None) -> tuple[Label, str]: ...
 
+    def label_fragments(self, fragments: Sequence[Fragment]) -> list[list[LabelledSentence]]:
+        """Each fragment's sentences, labelled (a checkpoint every CHECK_EVERY fragments)."""
+        ...
+
     def to_dict(self) -> dict[str, Any]: ...
+
+
+def label_each(labeller: SentenceLabeller, fragments: Sequence[Fragment]) -> list[list[LabelledSentence]]:
+    """`label_fragments` by one `label` call per sentence, for labellers that keep nothing."""
+    labelled = []
+    for n, fragment in enumerate(fragments):
+        if n % CHECK_EVERY == 0:
+            checkpoint()  # a long chart's sentences: the host may stop or pause the work here
+        labelled.append([LabelledSentence(s.text, fragment.id, *labeller.label(s.text, fragment.section))
+                         for s in split_sentences(fragment.text)])
+    return labelled
 
 
 @cache
@@ -122,10 +145,16 @@ def _symptom_pattern(path: Path = GATE_LEXICON) -> re.Pattern[str]:
 class RuleLabeller:
     """Label-free A/B/C from tiers, clinical entities, symptom words and negation."""
 
-    def __init__(self, classifier: TierClassifier | None = None, extractor: EntityExtractor | None = None) -> None:
+    def __init__(self, classifier: TierClassifier | None = None, extractor: EntityExtractor | None = None,
+                 store: KeyValueCache | None = None) -> None:
+        """`store`: each fragment's labelled sentences on disk (module doc), keyed by `fingerprint`."""
         self.classifier = classifier or TierClassifier()
         self.extractor = extractor or default_extractor()
         self.symptoms = _symptom_pattern()
+        self.store = store
+        self.fingerprint = digest("gate", self.classifier.fingerprint, self.extractor.fingerprint,
+                                  hashlib.sha256(GATE_LEXICON.read_bytes()).hexdigest(),
+                                  hashlib.sha256(Path(__file__).read_bytes()).hexdigest())
 
     def label(self, text: str, section: str | None) -> tuple[Label, str]:
         # Rules only: the gate labels sentence by sentence, where a model call each would dominate `ask`.
@@ -141,8 +170,38 @@ class RuleLabeller:
                 return Label.B, f"symptom '{match.group(0)}'"
         return Label.C, "no positive finding, value, drug or symptom"
 
+    def label_fragments(self, fragments: Sequence[Fragment]) -> list[list[LabelledSentence]]:
+        """Each fragment's labelled sentences, read from the store where it has them, labelled and stored
+        where not."""
+        if self.store is None:
+            return label_each(self, fragments)
+        keys = [self._key(f) for f in fragments]
+        stored = self.store.get_many(list(dict.fromkeys(keys)))
+        missing = [f for key, f in zip(keys, fragments, strict=True) if key not in stored]
+        fresh = {self._key(f): _sentences_to_json(labelled) for f, labelled in
+                 zip(missing, label_each(self, missing), strict=True)}
+        if fresh:
+            self.store.put_many(fresh)
+        return [_sentences_from_json(stored.get(key) or fresh[key], f.id)
+                for key, f in zip(keys, fragments, strict=True)]
+
+    def forget(self, fragments: Sequence[Fragment]) -> int:
+        """Erase the stored labels of these fragments; returns the rows removed."""
+        return self.store.forget([self._key(f) for f in fragments]) if self.store is not None else 0
+
+    def _key(self, fragment: Fragment) -> str:
+        return digest(self.fingerprint, fragment.section or "", fragment.text)
+
     def to_dict(self) -> dict[str, Any]:
         return {"type": "rules", "tier_rules": self.classifier.to_dict()["rules_path"]}
+
+
+def _sentences_to_json(labelled: Sequence[LabelledSentence]) -> bytes:
+    return json.dumps([[s.text, s.label.value, s.reason] for s in labelled], ensure_ascii=False).encode()
+
+
+def _sentences_from_json(blob: bytes, fragment_id: str) -> list[LabelledSentence]:
+    return [LabelledSentence(text, fragment_id, Label(label), reason) for text, label, reason in json.loads(blob)]
 
 
 class RetrievalGate:
@@ -158,13 +217,7 @@ class RetrievalGate:
         """Completeness decides for the record; the question can only add retrieval: a record complete
         enough to name the diagnosis still cannot say which antibiotic a guideline recommends. A caller that
         has typed the question already passes `question_type`."""
-        sentences = []
-        for n, fragment in enumerate(record.fragments):
-            if n % CHECK_EVERY == 0:
-                checkpoint()  # a long chart's sentences: the host may stop or pause the work here
-            for sentence in split_sentences(fragment.text):
-                label, reason = self.labeller.label(sentence.text, fragment.section)
-                sentences.append(LabelledSentence(sentence.text, fragment.id, label, reason))
+        sentences = [s for labelled in self.labeller.label_fragments(record.fragments) for s in labelled]
         decision = self.decide(sentences)
         if not question.strip():
             return decision

@@ -28,12 +28,13 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, StrictStr
 
-from ebmrag.answer.gate import Label
+from ebmrag.answer.gate import Label, LabelledSentence, label_each
 from ebmrag.errors import ConfigError, LLMError, require_extra
 from ebmrag.llm.completion import complete_json
 from ebmrag.llm.prompts import step_prompt
 from ebmrag.models.text_classifier import LinearTextClassifier, fit_linear_classifier
 from ebmrag.protocols import ChatClient, Embedder
+from ebmrag.records.fragment import Fragment
 from ebmrag.retrieve.search import HybridRetriever
 from ebmrag.text.language import prompt_language
 
@@ -133,6 +134,9 @@ class ClassifierLabeller:
     def label(self, text: str, section: str | None) -> tuple[Label, str]:
         label, p = self.model.predict([text])[0]
         return Label(label), f"classifier p={p:.2f}"
+
+    def label_fragments(self, fragments: Sequence[Fragment]) -> list[list[LabelledSentence]]:
+        return label_each(self, fragments)
 
     def to_dict(self) -> dict[str, Any]:
         return {"type": "classifier", "path": str(self.path)}

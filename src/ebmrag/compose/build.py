@@ -10,8 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ebmrag.answer.engine import Engine
-from ebmrag.answer.gate import GateParams, RetrievalGate, RuleLabeller
-from ebmrag.answer.gate_model import ClassifierLabeller
+from ebmrag.answer.gate import GateParams, RetrievalGate
 from ebmrag.answer.relevance import RelevanceFilter
 from ebmrag.compose.resources import Resources, cache_dir_of, chat_client, openai_client
 from ebmrag.config import Settings, settings_from_dict, settings_to_dict
@@ -90,10 +89,8 @@ def build_rewriter(resources: Resources) -> QueryRewriter | None:
 
 def build_gate(resources: Resources) -> RetrievalGate:
     a = resources.settings.answer
-    labeller = (ClassifierLabeller(a.gate_model, resources.embedder) if a.gate_model
-                else RuleLabeller(resources.tier_classifier, resources.extractor))
-    return RetrievalGate(labeller, GateParams(a.gate_alpha, a.gate_beta, a.gate_gamma, a.gate_theta1, a.gate_theta2),
-                         resources.questions)
+    params = GateParams(a.gate_alpha, a.gate_beta, a.gate_gamma, a.gate_theta1, a.gate_theta2)
+    return RetrievalGate(resources.gate_labeller, params, resources.questions)
 
 
 def build_engine_from(resources: Resources) -> Engine:

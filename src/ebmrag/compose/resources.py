@@ -13,6 +13,8 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
+from ebmrag.answer.gate import RuleLabeller, SentenceLabeller
+from ebmrag.answer.gate_model import ClassifierLabeller
 from ebmrag.config import Settings
 from ebmrag.evidence.entities import EntityCompressor, default_extractor
 from ebmrag.evidence.questions import QuestionClassifier, default_question_classifier
@@ -58,6 +60,10 @@ class Resources:
         self.questions = QuestionClassifier(m.question_rules) if m.question_rules else default_question_classifier()
         self.extractor = default_extractor()
         self.compressor = EntityCompressor(self.extractor, store=KeyValueCache(derived, "compressions"))
+        gate_model = settings.answer.gate_model
+        self.gate_labeller: SentenceLabeller = (
+            ClassifierLabeller(gate_model, self.embedder) if gate_model
+            else RuleLabeller(self.tier_classifier, self.extractor, store=KeyValueCache(derived, "gate_labels")))
         self._client = chat_client
         self._client_built = chat_client is not None
 
@@ -85,10 +91,11 @@ class Resources:
 
     def prepare(self, fragments: Sequence[Fragment], step: int = 16) -> None:
         """What an ask computes for these fragments whatever the question, into the caches (serve/prepare.py): tier
-        decisions, compressed states and their vectors, then the texts' vectors (last: a cached text vector marks a
-        prepared fragment). `step` texts per embedding call, a checkpoint between calls: a host can pause the work
-        for a request within one small forward pass."""
+        decisions, the gate's labelled sentences, compressed states and their vectors, then the texts' vectors
+        (last: a cached text vector marks a prepared fragment). `step` texts per embedding call, a checkpoint
+        between calls: a host can pause the work for a request within one small forward pass."""
         decisions = self.tier_classifier.classify_many([(f.text, f.section) for f in fragments])
+        self.gate_labeller.label_fragments(fragments)
         tiered = [f.with_decision(d) for f, d in zip(fragments, decisions, strict=True)]
         compressible = [f.text for f in tiered if f.tier.compressible]
         states = [c.text for c in self.compressor.compress_many(compressible) if c.text]
@@ -107,8 +114,8 @@ class Resources:
     def forget(self, fragments: Sequence[Fragment]) -> int:
         """Erasure through one call: the vectors of the fragments' texts and of their compressed states (in the
         knowledge base's embedder too when it is another one: the gate's sentences search with it), their tier
-        decisions and compressed states, and any cached model reply that quotes one of them. Returns the cache
-        entries removed."""
+        decisions, the gate's labels and compressed states, and any cached model reply that quotes one of them.
+        Returns the cache entries removed."""
         texts = [f.text for f in fragments]
         states = [c.text for c in self.compressor.compress_many(texts) if c.text]
         sentences = [s.text for text in texts for s in split_sentences(text)]  # the gate and the brief embed these
@@ -117,6 +124,8 @@ class Resources:
             forgotten += self.knowledge_base.embedder.forget(texts + sentences)
         forgotten += self.tier_classifier.forget([(f.text, f.section) for f in fragments])
         forgotten += self.compressor.forget(texts)
+        if isinstance(self.gate_labeller, RuleLabeller):
+            forgotten += self.gate_labeller.forget(fragments)
         client = self._client if self._client_built else None
         cache = getattr(client, "cache", None)
         if cache is not None:

@@ -119,6 +119,18 @@ def _vocabulary_fingerprint() -> str:
     return digest(*(hashlib.sha256(path.read_bytes()).hexdigest() for path in files))
 
 
+def _prediction_from_json(blob: bytes) -> tuple[str, float]:
+    label, probability = json.loads(blob)
+    return str(label), float(probability)
+
+
+def _path_digest(path: Path) -> str:
+    """sha256 of a model file, or of every file under a model folder."""
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    return digest(*(f"{f.relative_to(path) if path.is_dir() else f.name}:"
+                    f"{hashlib.sha256(f.read_bytes()).hexdigest()}" for f in files))
+
+
 # What a rule's `detector` may name: each returns what it found, or None
 DETECTORS = {"adr": _adr, "adr_serious": _serious_adr, "result": _results, "critical_result": _critical}
 
@@ -219,6 +231,7 @@ class TierClassifier:
                  store: KeyValueCache | None = None) -> None:
         self.model = model
         self.store = store  # rule decisions on disk, keyed by the rule file's content: a record is classified once
+        self._model_fingerprint: str | None = None  # ... and the model's predictions, keyed by its file's too
         self.rules_path = Path(rules_path) if rules_path is not None else None
         path = self.rules_path or DEFAULT_RULES_PATH
         try:
@@ -290,8 +303,10 @@ class TierClassifier:
         """Erase the stored rule decisions of these (text, section) pairs; returns the rows removed."""
         if self.store is None:
             return 0
-        return self.store.forget([digest(self.fingerprint, normalize_section(section), text)
-                                  for text, section in items])
+        keys = [digest(self.fingerprint, normalize_section(section), text) for text, section in items]
+        if self.model is not None:
+            keys += [self._model_key(text) for text, _ in items]
+        return self.store.forget(keys)
 
     def classify(self, text: str, section: str | None = None) -> TierDecision:
         return self.classify_many([(text, section)])[0]
@@ -301,13 +316,35 @@ class TierClassifier:
         decisions = self.rule_decisions(items)
         silent = [i for i, d in enumerate(decisions) if d is None]
         if self.model is not None and silent:
-            predictions = self.model.predict([fold(without_instructions(items[i][0])) for i in silent])
+            predictions = self._predictions([items[i][0] for i in silent])
             for i, (label, p) in zip(silent, predictions, strict=True):
                 if label == Tier.T1.value and p < MODEL_T1_MIN:
                     continue  # T1 from text alone needs a confident model; else the default tier stands
                 decisions[i] = TierDecision(Tier(label), f"model:{self.model.path.stem} p={p:.2f}",
                                             standing=label == Tier.T1.value)
         return [d if d is not None else self.default for d in decisions]
+
+    def _predictions(self, texts: Sequence[str]) -> list[tuple[str, float]]:
+        """The model's (label, probability) per text, read from and written to the disk store when there is one
+        (a stored chart's texts are predicted once, when it is prepared)."""
+        if self.model is None:
+            raise ValueError("no tier model")
+        if self.store is None:
+            return self.model.predict([fold(without_instructions(t)) for t in texts])
+        keys = [self._model_key(t) for t in texts]
+        stored = self.store.get_many(list(dict.fromkeys(keys)))
+        missing = list(dict.fromkeys(t for key, t in zip(keys, texts, strict=True) if key not in stored))
+        fresh = {self._model_key(t): json.dumps(prediction).encode() for t, prediction in
+                 zip(missing, self.model.predict([fold(without_instructions(t)) for t in missing]), strict=True)}
+        if fresh:
+            self.store.put_many(fresh)
+        return [_prediction_from_json(stored.get(key) or fresh[key]) for key in keys]
+
+    def _model_key(self, text: str) -> str:
+        if self._model_fingerprint is None:
+            self._model_fingerprint = digest(self.fingerprint, "model", _path_digest(self.model.path)
+                                             if self.model is not None else "")
+        return digest(self._model_fingerprint, text)
 
     def run(self, record: PatientRecord) -> PatientRecord:
         decisions = self.classify_many([(f.text, f.section) for f in record.fragments])

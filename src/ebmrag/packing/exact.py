@@ -229,8 +229,9 @@ class ExactPacker:
         validate_window(window)
         left_out = allergy_overflow(candidates, window) if self.objective == "critical" else set()
         chosen, note = self._solve_without(candidates, window, left_out)
+        overflow = _overflow_note(candidates, left_out) if left_out else ""  # once: it counts every candidate
         if left_out:
-            note = "; ".join(filter(None, [note, _overflow_note(candidates, left_out)]))
+            note = "; ".join(filter(None, [note, overflow]))
         filled = self._fill(candidates, chosen, window)
         moves = findings_before_filler(candidates, chosen, window) if self.findings_first else Moves()
         if moves.added:  # the room a finding left over goes to the best of what is still out, as before
@@ -257,7 +258,7 @@ class ExactPacker:
                 packed.append(pack_entry(candidate, candidate.options[chosen[index]], self._reason(candidate),
                                          "in the optimal packing"))
             elif index in left_out:
-                dropped.append(drop_entry(candidate, DropReason.CAPACITY, _overflow_note(candidates, left_out)))
+                dropped.append(drop_entry(candidate, DropReason.CAPACITY, overflow))
             else:
                 dropped.append(self._why_dropped(candidate, window, room))
         return PackResult(self.name, window, tuple(packed), tuple(dropped), note)

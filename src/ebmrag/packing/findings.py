@@ -40,20 +40,22 @@ def findings_before_filler(candidates: Sequence[Candidate], chosen: dict[int, in
     room = window - sum(candidates[i].options[j].tokens for i, j in chosen.items())
     waiting = sorted((i for i, c in enumerate(candidates) if i not in chosen and is_finding(c)),
                      key=lambda i: (-max(o.utility for o in candidates[i].options), i))
+    yielding = sorted((j for j in chosen if is_yielding(candidates[j])),  # once: a finding never yields
+                      key=lambda j: (candidates[j].options[chosen[j]].utility, -j))
+    held = sum(candidates[j].options[chosen[j]].tokens for j in yielding)
+    given = 0  # yielding[:given] have given their place
     for index in waiting:
-        yielding = sorted((j for j in chosen if is_yielding(candidates[j])),
-                          key=lambda j: (candidates[j].options[chosen[j]].utility, -j))
-        free = room + sum(candidates[j].options[chosen[j]].tokens for j in yielding)
-        options = [k for k, o in enumerate(candidates[index].options) if o.tokens <= free]
+        options = [k for k, o in enumerate(candidates[index].options) if o.tokens <= room + held]
         if not options:
             continue
         best = max(options, key=lambda k: (candidates[index].options[k].utility, -k))
         need = candidates[index].options[best].tokens
         replaced: list[str] = []
-        for j in yielding:
-            if room >= need:
-                break
-            room += candidates[j].options[chosen.pop(j)].tokens
+        while room < need:
+            j = yielding[given]
+            given += 1
+            tokens = candidates[j].options[chosen.pop(j)].tokens
+            room, held = room + tokens, held - tokens
             moves.displaced[j] = candidates[index].fragment.id
             replaced.append(candidates[j].fragment.id)
         chosen[index] = best

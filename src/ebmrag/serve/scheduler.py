@@ -5,7 +5,8 @@ Engine work (embedding a chart, tiering, packing, answering) is CPU-bound, and a
 runs for a minute; behind one lock, one tenant's such request stalled every other tenant's (issue 32). Here:
 
 - at most `slots` requests do engine work at once in this process, each on its own thread; a tenant has at
-  most `tenant_slots` of them started (running or paused);
+  most `tenant_slots` of them started (running or paused), all of them by default: a tenant alone uses every
+  core (issue 33), and gives slots back as soon as others need them (below);
 - a request that finds no free slot waits in its tenant's queue, and each freed slot goes to the tenant whose
   turn it is: the one with the fewest requests started, then the one served longest ago (round robin among
   equals), so a tenant with many requests, or big ones, waits behind itself and not behind others;
@@ -14,8 +15,12 @@ runs for a minute; behind one lock, one tenant's such request stalled every othe
 - long work reaches `protocols.checkpoint()` between batches. There it stops (`WorkCancelled`) once its request
   has timed out or gone away, so a 504 frees its slot within one batch; and once it has run for a slice
   (`slice_seconds`) while another tenant waits, it pauses, hands its slot over and resumes in its tenant's next
-  turn (a paused request still counts as started, so its tenant's turn comes after idle tenants'). One large
-  request therefore delays another tenant's small one by about a slice, even with one slot.
+  turn (a paused request still counts as started, so its tenant's turn comes after idle tenants'). A tenant
+  holding more than its fair share of the slots (slots / tenants with work, rounded up) while another tenant
+  waits pauses at its next checkpoint without finishing its slice. One large request therefore delays another
+  tenant's small one by about a slice even with one slot, and by one batch when its tenant held more than its
+  share. Work with no checkpoint (a long model call) keeps its slot: `tenant_slots` below `slots` keeps one free
+  for others.
 
 Background work (preparing a chart after it was stored: serve/prepare.py) has a lane of its own below every
 tenant's queue: it gets a slot only while no request's engine work runs or waits, and pauses at its next
@@ -84,15 +89,16 @@ class FairScheduler:
         self._running = 0  # jobs holding a slot
         self._started = 0  # jobs with a thread: running or paused
         self._active: Counter[str] = Counter()  # started jobs per tenant
+        self._holding: Counter[str] = Counter()  # slots held per tenant (requests only)
         self._waiting = 0  # admitted jobs not started yet
         self._pool = ThreadPoolExecutor(self._max_started, thread_name_prefix="ebmrag-engine")
         self.counts: Counter[str] = Counter()  # pauses, cancellations, refusals: for /metrics
 
     @classmethod
     def for_service(cls, serve: ServeSettings) -> FairScheduler:
-        """[serve] engine_slots (0: the CPU count), tenant_slots (0: one fewer, at least 1), the queue bounds."""
+        """[serve] engine_slots (0: the CPU count), tenant_slots (0: all of them), the queue bounds."""
         slots = serve.engine_slots or os.cpu_count() or 1
-        return cls(slots, min(serve.tenant_slots or max(1, slots - 1), slots), serve.tenant_queue, serve.queue_limit)
+        return cls(slots, min(serve.tenant_slots or slots, slots), serve.tenant_queue, serve.queue_limit)
 
     # --- entry points --------------------------------------------------------------------------------------
 
@@ -196,11 +202,10 @@ class FairScheduler:
     def _checkpoint(self, job: Job) -> None:
         if job.expired():
             raise WorkCancelled()
-        if not job.background and time.monotonic() < job.slice_end:
+        if not self._queues and not job.background:  # nobody waits (read without the lock: a hint, checked below)
             return
         with self._lock:
             if not self._yields(job):
-                job.slice_end = time.monotonic() + self.slice_seconds
                 return
             self._release(job)  # pause: the slot goes to another tenant's turn
             self.counts["paused"] += 1
@@ -224,7 +229,13 @@ class FairScheduler:
         work whenever a request runs beside it or waits."""
         if job.background:
             return self._requests_running > 0 or any(self._eligible(queue[0]) for queue in self._queues.values())
-        return any(t != job.tenant and self._eligible(queue[0]) for t, queue in self._queues.items())
+        others = [t for t, queue in self._queues.items() if t != job.tenant and self._eligible(queue[0])]
+        if not others:
+            return False
+        if time.monotonic() >= job.slice_end:
+            return True
+        tenants = len(set(others) | {t for t, held in self._holding.items() if held})
+        return self._holding[job.tenant] > -(-self.slots // tenants)  # over its share (rounded up): give one back
 
     def _finish(self, job: Job) -> None:
         with self._lock:
@@ -267,6 +278,7 @@ class FairScheduler:
                 return
             self._running += 1
             self._requests_running += not job.background
+            self._holding[job.tenant] += not job.background
             job.holds_slot = True
             job.slice_end = time.monotonic() + self.slice_seconds
             if job.started:
@@ -309,6 +321,10 @@ class FairScheduler:
             job.holds_slot = False
             self._running -= 1
             self._requests_running -= not job.background
+            if not job.background:
+                self._holding[job.tenant] -= 1
+                if not self._holding[job.tenant]:
+                    del self._holding[job.tenant]
 
     def _retry_after(self) -> str:
         return str(max(1, math.ceil(self._waiting / self.slots)))
