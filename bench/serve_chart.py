@@ -102,7 +102,7 @@ def make_key(variant: serve.Variant, data: Path, tenant: str, role: str) -> str:
     return out.decode().strip().splitlines()[-1]
 
 
-def write_config(folder: Path, sizes: list[int]) -> tuple[Path, str]:
+def write_config(folder: Path, sizes: list[int], serve_settings: dict[str, float] | None = None) -> tuple[Path, str]:
     """The config file the server runs with, and its [serve] table in one line (for the report). The caches are
     the run's own (a chart prepared by an earlier run would be found prepared); the built ONNX graph is copied
     over if there is one."""
@@ -110,7 +110,8 @@ def write_config(folder: Path, sizes: list[int]) -> tuple[Path, str]:
     built = default_cache_dir() / "onnx"
     if built.is_dir():
         shutil.copytree(built, cache / "onnx")
-    limits = {"max_chart_fragments": max(DEFAULT_LIMIT, *sizes), "request_seconds": 600, "max_body_mb": 64}
+    limits = {"max_chart_fragments": max(DEFAULT_LIMIT, *sizes), "request_seconds": 600, "max_body_mb": 64,
+              **(serve_settings or {})}
     lines = [f"{name} = {value}" for name, value in limits.items()]
     path = folder / "serve.toml"
     path.write_text("\n".join(["[serve]", *lines, "", "[models]", f"cache_dir = {json.dumps(str(cache))}", ""]),
@@ -332,11 +333,11 @@ class Results:
     config: str
 
 
-def run(sizes: list[int], count: int, seconds: float) -> Results:
+def run(sizes: list[int], count: int, seconds: float, serve_settings: dict[str, float]) -> Results:
     variant = serve.Variant("this tree", serve.REPO / "src", workers=1)
     with tempfile.TemporaryDirectory() as folder:
         data = Path(folder)
-        config, text = write_config(data, sizes)
+        config, text = write_config(data, sizes, serve_settings)
         a_service, b_service = make_key(variant, data, "a", "service"), make_key(variant, data, "b", "service")
         a_keys = [make_key(variant, data, "a", "clinician") for _ in range(A_CLIENTS + 1)]
         b_key = make_key(variant, data, "b", "clinician")
@@ -374,14 +375,21 @@ def main() -> None:
     parser.add_argument("--sizes", default="100,1000,10000,50000", help="chart sizes in fragments, comma-separated")
     parser.add_argument("--asks", type=int, default=7, help="asks per chart size")
     parser.add_argument("--seconds", type=float, default=30.0, help="tenant B's asks, idle and busy, each this long")
+    parser.add_argument("--serve", action="append", default=[], metavar="NAME=N",
+                        help="a numeric [serve] setting for the server (engine_slots=2, tenant_slots=1); repeatable")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
+    try:
+        serve_settings = {name.strip(): float(value) if "." in value else int(value)
+                          for name, value in (item.split("=", 1) for item in args.serve)}
+    except ValueError:
+        parser.error("--serve takes NAME=NUMBER")
     if args.asks < 1 or not sizes or min(sizes) < 1:
         parser.error("--asks and every size must be >= 1")
-    r = run(sizes, args.asks, args.seconds)
+    r = run(sizes, args.asks, args.seconds, serve_settings)
     command = (f"python bench/serve_chart.py --sizes {args.sizes} --asks {args.asks} --seconds {args.seconds:g}"
-               + (f" --out {args.out}" if args.out else ""))
+               + "".join(f" --serve {item}" for item in args.serve) + (f" --out {args.out}" if args.out else ""))
     lines = [f"## `ebmrag serve` on large stored charts, {date.today().isoformat()}", "",
              f"{machine()}. Command: `{command}`.", "",
              f"One `ebmrag serve` (one worker, SQLite store, extractive answers and the demo knowledge base by "

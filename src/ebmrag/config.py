@@ -60,6 +60,7 @@ class ServeSettings:
     tenant_queue: int = 64  # a tenant's requests waiting for a slot; one more is refused 429
     queue_limit: int = 256  # all tenants' requests waiting for a slot; one more is refused 503
     max_chart_fragments: int = 10_000  # ask and pack refuse (422) a chart with more fragments
+    switch_interval_ms: float = 1.0  # a Python thread runs this long before a waiting one may take over (Python: 5)
     prepare_charts: bool = True  # a stored chart is embedded, tiered and compressed in the background after writes
     prepare_queue: int = 10_000  # patients waiting for preparation; one more is left to its first ask
     kb_admin_tenant: str = "ebmrag"  # the knowledge base is shared: only this tenant's admin keys may change it
@@ -78,6 +79,8 @@ class ServeSettings:
                              "max_chart_fragments >= 1")
         if self.engine_slots and self.tenant_slots > self.engine_slots:
             raise ValueError(f"tenant_slots ({self.tenant_slots}) cannot exceed engine_slots ({self.engine_slots})")
+        if not 0.05 <= self.switch_interval_ms <= 100:
+            raise ValueError(f"switch_interval_ms must be 0.05 to 100, got {self.switch_interval_ms}")
         if self.prepare_queue < 1:
             raise ValueError(f"prepare_queue must be >= 1, got {self.prepare_queue}")
         if self.key_max_days < 0:

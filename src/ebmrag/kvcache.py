@@ -18,6 +18,8 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from ebmrag.protocols import checkpoint
+
 _BATCH = 500  # SQLite's default limit on bound parameters is 999
 
 
@@ -61,13 +63,18 @@ class KeyValueCache:
         self._lock = threading.Lock()
 
     def get_many(self, keys: Sequence[str]) -> dict[str, bytes]:
+        """The values of the keys found; a checkpoint between batches, never while holding the lock (a paused
+        reader must not keep another request from the cache)."""
         found: dict[str, bytes] = {}
-        with self._lock:
-            for start in range(0, len(keys), _BATCH):
-                chunk = list(keys[start : start + _BATCH])
-                marks = ",".join("?" * len(chunk))
-                rows = self._db.execute(f"SELECT key, {self.column} FROM {self.table} WHERE key IN ({marks})", chunk)
-                found.update((key, _bytes(value)) for key, value in rows)
+        for start in range(0, len(keys), _BATCH):
+            if start:
+                checkpoint()
+            chunk = list(keys[start : start + _BATCH])
+            marks = ",".join("?" * len(chunk))
+            with self._lock:
+                rows = self._db.execute(f"SELECT key, {self.column} FROM {self.table} WHERE key IN ({marks})",
+                                        chunk).fetchall()
+            found.update((key, _bytes(value)) for key, value in rows)
         return found
 
     def get(self, key: str) -> bytes | None:

@@ -35,6 +35,8 @@ class WorkCancelled(BaseException):
     stage, a detector) cannot swallow it and carry on with work whose answer nobody will read."""
 
 
+CHECK_EVERY = 128  # items of a long loop (fragments, decisions) between two checkpoints
+
 _CHECKPOINT: ContextVar[Callable[[], None] | None] = ContextVar("ebmrag_checkpoint", default=None)
 
 

@@ -154,6 +154,37 @@ def test_a_tenant_alone_uses_every_slot_and_gives_one_back_when_another_arrives(
         job.future.result(timeout=5)
 
 
+def test_a_newcomer_of_another_tenant_runs_alone_for_its_first_slice() -> None:
+    """Issue 33: threads of one process share the interpreter lock, so a small request beside a large one ran at
+    half speed. Tenant b's request, started after a's has run for a slice, has the engine to itself for its first
+    slice: a's work waits at its next checkpoint (keeping its slot) and goes on once b's is done."""
+    scheduler = FairScheduler(slots=2, tenant_slots=2, tenant_queue=8, queue_limit=16, slice_seconds=0.5)
+    steps: list[float] = []
+    stop = threading.Event()
+
+    def long_work() -> None:
+        while not stop.is_set():
+            checkpoint()
+            steps.append(time.monotonic())
+            time.sleep(0.002)
+
+    def newcomer() -> tuple[int, int]:
+        time.sleep(0.05)  # a reaches its next checkpoint meanwhile
+        before = len(steps)
+        time.sleep(0.3)
+        return before, len(steps)
+
+    big = scheduler.submit("a", long_work, 60)
+    wait_until(lambda: len(steps) > 5 and steps[-1] - steps[0] > 0.6)  # a has run for more than a slice
+    before, after = scheduler.submit("b", newcomer, 60).future.result(timeout=5)
+    assert after - before <= 1, "a kept running beside b's first slice"
+    resumed = len(steps)
+    wait_until(lambda: len(steps) > resumed + 5)  # ... and goes on once b is done
+    assert scheduler.counts["gave_way"] >= 1
+    stop.set()
+    big.future.result(timeout=5)
+
+
 def test_a_tenant_at_its_share_keeps_its_slot_until_its_slice_ends() -> None:
     """Two slots, a and b one request each: c's arrival pauses neither before its slice ends (each holds its
     share of 2 slots among 3 tenants rounded up), then the first to reach a checkpoint after it."""

@@ -42,7 +42,7 @@ from ebmrag.llm.openai import OpenAIChatClient
 from ebmrag.llm.prompts import PromptStage, load_prompts, with_warning
 from ebmrag.packing.packer import ContextPacker
 from ebmrag.packing.types import PackResult, validate_window
-from ebmrag.protocols import ChatClient, TokenCounter
+from ebmrag.protocols import ChatClient, TokenCounter, checkpoint
 from ebmrag.records.fragment import PatientRecord
 from ebmrag.retrieve.query_rewrite import QueryRewriter, Rewrite
 from ebmrag.retrieve.vote import DocumentVoter
@@ -285,6 +285,8 @@ class Engine:
 
 @contextmanager
 def _timed(timings: dict[str, float], name: str) -> Iterator[None]:
+    """Time a stage; its start is a checkpoint (a prepared chart's stages compute little in loops that have one)."""
+    checkpoint()
     start = time.perf_counter()
     try:
         yield

@@ -39,9 +39,9 @@ from ebmrag.answer.params import check_gate_params
 from ebmrag.errors import ConfigError
 from ebmrag.evidence.entities import EntityExtractor, EntityKind, default_extractor
 from ebmrag.evidence.questions import QuestionClassifier, QuestionType, default_question_classifier
-from ebmrag.evidence.tiers import CHECK_EVERY, TierClassifier
+from ebmrag.evidence.tiers import TierClassifier
 from ebmrag.kvcache import KeyValueCache, digest
-from ebmrag.protocols import checkpoint
+from ebmrag.protocols import CHECK_EVERY, checkpoint
 from ebmrag.records.fragment import Fragment, PatientRecord, Tier
 from ebmrag.text.sentences import split_sentences
 
@@ -182,8 +182,12 @@ class RuleLabeller:
                  zip(missing, label_each(self, missing), strict=True)}
         if fresh:
             self.store.put_many(fresh)
-        return [_sentences_from_json(stored.get(key) or fresh[key], f.id)
-                for key, f in zip(keys, fragments, strict=True)]
+        labelled = []
+        for n, (key, fragment) in enumerate(zip(keys, fragments, strict=True)):
+            if n % (CHECK_EVERY * 8) == 0:
+                checkpoint()
+            labelled.append(_sentences_from_json(stored.get(key) or fresh[key], fragment.id))
+        return labelled
 
     def forget(self, fragments: Sequence[Fragment]) -> int:
         """Erase the stored labels of these fragments; returns the rows removed."""

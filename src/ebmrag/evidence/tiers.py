@@ -22,7 +22,7 @@ from ebmrag.evidence.adr import SERIOUS, AdrMention, adr_mentions
 from ebmrag.evidence.lexicon import drug_mentions
 from ebmrag.evidence.results import critical_results, result_mentions
 from ebmrag.kvcache import KeyValueCache, digest
-from ebmrag.protocols import TextClassifier, checkpoint
+from ebmrag.protocols import CHECK_EVERY, TextClassifier, checkpoint
 from ebmrag.records.fragment import PatientRecord, Tier, TierDecision
 from ebmrag.text.injection import fold, without_instructions
 
@@ -31,7 +31,6 @@ MODEL_T1_MIN = 0.85  # below this the model's T1 is not taken (T1 precision; mea
 INSTRUCTION_ONLY = TierDecision(Tier.T4, "text.instruction_like")  # every sentence addressed to a model: data only
 ALWAYS_KINDS = ("allergy", "face_sheet")  # what a rule's `always` may name (a question's needs are marked per query)
 BUNDLED_TIER_MODEL = Path(__file__).parent / "rules" / "tier_ngram.npz"  # bench/train_tier_model.py
-CHECK_EVERY = 128  # fragments tiered between two checkpoints (protocols.checkpoint: a long chart may be stopped)
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from datetime import datetime
 import numpy as np
 
 from ebmrag.packing.types import Candidate, DroppedFragment, DropReason, Packer, PackResult, drop_entry
+from ebmrag.protocols import checkpoint
 
 _WORD = re.compile(r"[a-z0-9]+(?:\.[0-9]+)?|[\u4e00-\u9fff]")
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)?")
@@ -84,7 +85,9 @@ def collapse_duplicates(candidates: Sequence[Candidate], threshold: float = 0.7,
         return list(candidates), []
     groups: dict[str, list[Candidate]] = defaultdict(list)
     features = {c.fragment.id: (shingles(c.fragment.text), numbers(c.fragment.text)) for c in pool}
+    checkpoint()  # between the steps of a large record's comparison: the host may pause or stop the work here
     root = _copy_groups(features, threshold)
+    checkpoint()
     for candidate in pool:
         groups[root(candidate.fragment.id)].append(candidate)
     dropped: dict[str, DroppedFragment] = {}
@@ -96,6 +99,7 @@ def collapse_duplicates(candidates: Sequence[Candidate], threshold: float = 0.7,
                 dropped[copy.fragment.id] = replace(drop_entry(copy, DropReason.DUPLICATE, detail),
                                                     duplicate_of=kept.fragment.id)
     survivors = [c for c in pool if c.fragment.id not in dropped and c.tier.compressible]
+    checkpoint()
     for copy, whole in _contained(survivors, features):
         if _keep_rank(whole)[:3] >= _keep_rank(copy)[:3]:  # never trade a newer or more critical copy for it
             detail = f"its text lies within {whole.fragment.id}, which is considered instead"

@@ -18,7 +18,7 @@ from ebmrag.packing.greedy import GreedyPacker
 from ebmrag.packing.params import STRATEGIES, PackingParams
 from ebmrag.packing.types import Candidate, DroppedFragment, EvidenceItem, Packer, PackResult, validate_window
 from ebmrag.packing.utility import CandidateBuilder, TierWeights, UtilityParams, fragment_header, score_candidates
-from ebmrag.protocols import TokenCounter
+from ebmrag.protocols import TokenCounter, checkpoint
 from ebmrag.records.fragment import Fragment, PatientRecord
 
 ANCHOR = datetime(2000, 1, 1, tzinfo=UTC)  # "now" of a pack without dated fragments: only differences count
@@ -139,12 +139,15 @@ class ContextPacker:
         if headers is None:  # numbered in the whole record, so a pre-filtered record keeps its numbers
             headers = [fragment_header(f, n) for n, f in enumerate([*record.fragments, *items], 1)]
         prefiltered: list[DroppedFragment] = []
+        checkpoint()  # between the steps of a large record's pack: the host may pause or stop the work here
         if self.prefilter is not None:
             kept, prefiltered = self.prefilter.select(record.fragments, query, window, as_of, self.params)
             if prefiltered:
                 kept_headers = _kept_headers(record.fragments, kept, headers)
                 record, headers = record.replace_fragments(kept), kept_headers
+        checkpoint()
         candidates = self._scored(record, query, as_of, evidence, items, evidence_similarity, headers)
+        checkpoint()
         collapsible = {f.id for f in record.fragments} | {e.id for e in evidence if e.compressible}
         result = pack_collapsed(self.packer, candidates, window, eligible=lambda c: c.fragment.id in collapsible)
         if prefiltered:

@@ -25,7 +25,7 @@ import numpy as np
 
 from ebmrag.evidence.entities import EntityCompressor
 from ebmrag.packing.types import Candidate, PackOption, State, one_line, render_line
-from ebmrag.protocols import Embedder, TokenCounter
+from ebmrag.protocols import CHECK_EVERY, Embedder, TokenCounter, checkpoint
 from ebmrag.records.fragment import Fragment, PatientRecord, Tier
 
 SECONDS_PER_YEAR = 365.25 * 24 * 3600
@@ -173,6 +173,7 @@ class CandidateBuilder:
             c.text if c and c.text and c.text != f.text else None for f, c in zip(fragments, compressions, strict=True)
         ]
         known = known_similarity or {}
+        checkpoint()
         texts = [query, *(f.text for f in fragments if f.id not in known), *(b for b in bodies_b if b)]
         vectors = self.embedder.embed(texts)
         computed = iter(np.clip(vectors[1:] @ vectors[0], 0.0, 1.0).tolist())
@@ -182,12 +183,15 @@ class CandidateBuilder:
         headers = list(headers) if headers is not None else [fragment_header(f, n) for n, f in enumerate(fragments, 1)]
         lines = [render_line(h, f.text) for h, f in zip(headers, fragments, strict=True)]
         lines_b = [render_line(h, b) for h, b in zip(headers, bodies_b, strict=True) if b]
+        checkpoint()
         costs = self.token_counter.count_many(lines + lines_b)
         cost_b = iter(costs[len(fragments) :])
         line_b = iter(lines_b)
         measured = []
         encounter = current_encounter_id(fragments)
         for order, fragment in enumerate(fragments):
+            if order % CHECK_EVERY == CHECK_EVERY - 1:
+                checkpoint()
             same = (fragment.encounter == encounter) if encounter and fragment.encounter else None
             item = MeasuredFragment(fragment, headers[order], lines[order], costs[order], float(sims[order]),
                                     age_in_years(fragment, as_of), hours_before_newest=hours_before(fragment, as_of),
@@ -205,6 +209,8 @@ def score_candidates(measured: Sequence[MeasuredFragment], params: UtilityParams
     """U_ij = F(j) · W(i) · Sim · exp(-λ·Δt); state B only when it is cheaper than A."""
     candidates = []
     for order, item in enumerate(measured):
+        if order % CHECK_EVERY == CHECK_EVERY - 1:
+            checkpoint()
         fragment = item.fragment
         base = params.weights.of(fragment.tier) * math.exp(-params.decay_lambda * item.age_years)
         similarity = max(item.similarity, params.similarity_floor)

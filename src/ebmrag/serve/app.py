@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 import os
+import sys
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -35,8 +36,12 @@ from ebmrag.serve.service import (
     Service,
     bounded_body,
     caller,
+    dumps,
+    encoded,
+    json_response,
     read_record,
     stored,
+    stored_record,
     stream_ask,
     wait_for_results,
 )
@@ -192,17 +197,18 @@ def _install_patients(app: FastAPI, service: Service) -> None:
         return result
 
     @app.get("/v1/patients/{pid}/fragments", tags=["patients"])
-    async def list_fragments(pid: PatientId, request: Request) -> dict[str, Any]:
+    async def list_fragments(pid: PatientId, request: Request) -> Response:
         key, pid = await visible(request, pid, READ)
         record = await stored(service, key, pid)
         classified, prepared = await service.run(lambda: (service.classify(record), service.prepared(record)),
                                                  tenant=key.tenant, patient=pid, engine=False)
         service.audit(key, pid, "read", request, tuple(f.id for f in classified.fragments))
-        return {"patient": pid, "record_skipped": list(record.skipped), "prepared_fragments": prepared, "fragments": [
-            {"id": f.id, "text": f.text, "section": f.section,
-             "timestamp": f.timestamp.isoformat() if f.timestamp else None, "encounter": f.encounter,
-             "tier": f.tier.value, "rule": f.decision.rule_id if f.decision else "",
-             "must_keep": bool(f.decision and f.decision.must_keep)} for f in classified.fragments]}
+        return await encoded({
+            "patient": pid, "record_skipped": list(record.skipped), "prepared_fragments": prepared, "fragments": [
+                {"id": f.id, "text": f.text, "section": f.section,
+                 "timestamp": f.timestamp.isoformat() if f.timestamp else None, "encounter": f.encounter,
+                 "tier": f.tier.value, "rule": f.decision.rule_id if f.decision else "",
+                 "must_keep": bool(f.decision and f.decision.must_keep)} for f in classified.fragments]})
 
     @app.delete("/v1/patients/{pid}", tags=["patients"])
     async def erase_patient(pid: PatientId, request: Request) -> dict[str, Any]:
@@ -221,24 +227,31 @@ def _install_answers(app: FastAPI, service: Service) -> None:
               responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
                                "description": "the ask JSON; with Accept: text/event-stream, stage events, the "
                                               "answer text, then the same JSON as a `result` event"}})
-    async def ask(pid: PatientId, body: AskBody, request: Request) -> dict[str, Any] | StreamingResponse:
+    async def ask(pid: PatientId, body: AskBody, request: Request) -> Response:
         key = await caller(request, service)
         valid_name(pid, "patient id")
         require(key, READ, pid)
         waited = await wait_for_results(service, key, pid, body.wait_ms)
-        record = service.check_chart(await stored(service, key, pid))
         pending = await run_in_threadpool(service.store.pending, key.tenant, pid)
         engine = await run_in_threadpool(service.engine, body.retrieval)  # the first call loads the model
         if "text/event-stream" in request.headers.get("accept", ""):
+            record = service.check_chart(await stored(service, key, pid))
             return StreamingResponse(stream_ask(service, engine, key, pid, body, record, request),
                                      media_type="text/event-stream")
-        result = await service.run(lambda: engine.ask(body.question, record, body.window), tenant=key.tenant,
-                                   patient=pid)
-        service.audit(key, pid, "ask", request, tuple(i.id for i in result.items))
-        data: dict[str, Any] = result.to_json()
-        data["trace"]["pending_results"] = pending  # announced, not arrived: the answer could not use them
-        data["trace"]["waited_ms"] = waited
-        return data
+
+        def answer() -> tuple[tuple[str, ...], bytes]:
+            """Reading the chart, answering and writing the JSON in one engine job: the scheduler's turns and
+            checkpoints govern all of a large chart's work, not only the answer."""
+            record = service.check_chart(stored_record(service, key, pid))
+            result = engine.ask(body.question, record, body.window)
+            data = result.to_json()
+            data["trace"]["pending_results"] = pending  # announced, not arrived: the answer could not use them
+            data["trace"]["waited_ms"] = waited
+            return tuple(i.id for i in result.items), dumps(data)
+
+        items, answered = await service.run(answer, tenant=key.tenant, patient=pid)
+        service.audit(key, pid, "ask", request, items)
+        return json_response(answered)
 
     @app.post("/v1/results", tags=["results"])
     async def post_results(request: Request) -> dict[str, Any]:
@@ -264,7 +277,7 @@ def _install_answers(app: FastAPI, service: Service) -> None:
         return {"stored": outcomes["stored"], "pending": outcomes["pending"], "rejected": rejected}
 
     @app.post("/v1/patients/{pid}/pack", tags=["answers"])
-    async def pack(pid: PatientId, body: PackBody, request: Request) -> dict[str, Any]:
+    async def pack(pid: PatientId, body: PackBody, request: Request) -> Response:
         key = await caller(request, service)
         valid_name(pid, "patient id")
         require(key, READ, pid)
@@ -272,7 +285,7 @@ def _install_answers(app: FastAPI, service: Service) -> None:
         result = await service.run(lambda: service.packer(body.strategy).run(record, body.query, body.window),
                                    tenant=key.tenant, patient=pid)
         service.audit(key, pid, "pack", request, tuple(p.fragment_id for p in result.packed))
-        return dict(result.to_json(), context=result.context)
+        return await encoded(dict(await run_in_threadpool(result.to_json), context=result.context))
 
     @app.post("/v1/search", tags=["answers"])
     async def search(body: SearchBody, request: Request) -> list[dict[str, Any]]:
@@ -298,7 +311,11 @@ def app_from_environment() -> FastAPI:
 
 
 def serve_app(data_dir: Path, settings: Settings, store_url: str = "") -> FastAPI:
+    """The app a server process runs. It sets the process's thread switch interval ([serve] switch_interval_ms):
+    engine work is mostly Python under one interpreter lock, and a shorter interval lets the event loop and a small
+    request's thread take the lock back sooner from a large request's."""
     from ebmrag.store.patients import open_store
 
+    sys.setswitchinterval(settings.serve.switch_interval_ms / 1000)
     return create_app(open_store(data_dir, store_url or settings.serve.store_url, settings.serve.audit_key_file),
                       settings)

@@ -21,6 +21,11 @@ runs for a minute; behind one lock, one tenant's such request stalled every othe
   tenant's small one by about a slice even with one slot, and by one batch when its tenant held more than its
   share. Work with no checkpoint (a long model call) keeps its slot: `tenant_slots` below `slots` keeps one free
   for others.
+- a request that has just started runs alone for its first slice: another tenant's request that has run for more
+  than a slice waits at its next checkpoint (keeping its slot) until that slice ends or the newcomer finishes.
+  Engine work is mostly Python, so two requests in one process share one core's worth of the interpreter lock;
+  without this, a small request beside a large one took several times its own time (issue 33: another tenant's
+  small request during the largest ask). A long request waits at most a slice for each newcomer.
 
 Background work (preparing a chart after it was stored: serve/prepare.py) has a lane of its own below every
 tenant's queue: it gets a slot only while no request's engine work runs or waits, and pauses at its next
@@ -64,6 +69,7 @@ class Job:
     cancelled: bool = False
     slice_end: float = 0.0
     background: bool = False  # the lane below the tenants' queues (module doc)
+    first_dispatch: float = 0.0  # time.monotonic() when it first got a slot
 
     def expired(self) -> bool:
         return self.cancelled or time.monotonic() >= self.deadline
@@ -81,6 +87,8 @@ class FairScheduler:
         self.tenant_queue, self.queue_limit = tenant_queue, queue_limit
         self._max_started = slots * STARTED_PER_SLOT
         self._lock = threading.Lock()
+        self._finished = threading.Condition(self._lock)  # a request ended: those giving way look again
+        self._newcomers: dict[Job, float] = {}  # requests in their first slice: when it ends
         self._queues: dict[str, deque[Job]] = {}  # tenants with waiting jobs; paused jobs first, then new ones
         self._background: deque[Job] = deque()  # background jobs waiting for a slot; paused ones first
         self._requests_running = 0  # jobs holding a slot that are not background work
@@ -177,7 +185,7 @@ class FairScheduler:
         lines += ["# HELP ebmrag_engine_events_total Pauses for another tenant, cancellations, refusals.",
                   "# TYPE ebmrag_engine_events_total counter"]
         lines += [f'ebmrag_engine_events_total{{event="{name}"}} {counts.get(name, 0)}'
-                  for name in ("paused", "cancelled", "refused_429", "refused_503")]
+                  for name in ("paused", "gave_way", "cancelled", "refused_429", "refused_503")]
         return "\n".join(lines) + "\n"
 
     # --- the worker's side ---------------------------------------------------------------------------------
@@ -202,6 +210,8 @@ class FairScheduler:
     def _checkpoint(self, job: Job) -> None:
         if job.expired():
             raise WorkCancelled()
+        if not job.background and self._newcomers:  # a hint without the lock, checked under it
+            self._give_way(job)
         if not self._queues and not job.background:  # nobody waits (read without the lock: a hint, checked below)
             return
         with self._lock:
@@ -213,6 +223,24 @@ class FairScheduler:
             self._enqueue(job, paused=True)
             self._dispatch()
         self._resume(job)
+
+    def _give_way(self, job: Job) -> None:
+        """Wait, keeping the slot, while another tenant's request that started after this one is in its first
+        slice (module doc), once this one has run for a slice itself (two new requests share); stop when this job's
+        deadline passes or it is cancelled meanwhile."""
+        if time.monotonic() < job.first_dispatch + self.slice_seconds:
+            return
+        with self._finished:
+            while True:
+                now = time.monotonic()
+                if job.expired():
+                    raise WorkCancelled()
+                ends = [end for other, end in self._newcomers.items()
+                        if other.tenant != job.tenant and other.first_dispatch > job.first_dispatch and end > now]
+                if not ends:
+                    return
+                self.counts["gave_way"] += 1
+                self._finished.wait(max(0.0, min(max(ends), job.deadline) - now))
 
     def _resume(self, job: Job) -> None:
         """Wait for a slot again; stop when the deadline passes first or the job is cancelled meanwhile."""
@@ -239,6 +267,8 @@ class FairScheduler:
 
     def _finish(self, job: Job) -> None:
         with self._lock:
+            if self._newcomers.pop(job, None) is not None:
+                self._finished.notify_all()
             self._release(job)
             self._started -= 1
             if not job.background:
@@ -285,10 +315,12 @@ class FairScheduler:
                 job.wake.set()
                 continue
             job.started = True
+            job.first_dispatch = time.monotonic()
             self._started += 1
             if not job.background:
                 self._waiting -= 1
                 self._active[job.tenant] += 1
+                self._newcomers[job] = job.slice_end
             self._pool.submit(self._execute, job)
 
     def _next(self) -> Job | None:
