@@ -36,8 +36,10 @@ def serve(
     host: Annotated[str, typer.Option(help="Interface to bind; 127.0.0.1 keeps the service on this machine.")]
     = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port.")] = 8080,
-    workers: Annotated[int, typer.Option(help="Worker processes, each with its own engine (one answers one "
-                                               "question at a time); rate limits are per worker.")] = 1,
+    workers: Annotated[int, typer.Option(help="Worker processes, each with its own engine and model (~200 MB "
+                                               "each). The threads of one process share one core's worth of "
+                                               "Python: one worker per core serves on every core. Rate limits, "
+                                               "queues and fair shares are per worker.")] = 1,
     store_url: StoreOption = "",
     config: ConfigOption = None,
 ) -> None:
