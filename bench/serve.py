@@ -81,36 +81,59 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def ebmrag(variant: Variant, *args: str, stdout: int | IO[bytes] = subprocess.DEVNULL,
-           stderr: int | IO[bytes] = subprocess.DEVNULL) -> subprocess.Popen[bytes]:
+Sink = int | IO[bytes]
+
+
+@dataclass(frozen=True)
+class Server:
+    process: subprocess.Popen[bytes]
+    url: str
+    log: Path  # the server's stderr
+
+
+def ebmrag(variant: Variant, args: list[str], out: Sink = subprocess.DEVNULL,
+           err: Sink = subprocess.DEVNULL) -> subprocess.Popen[bytes]:
     """`python -m ebmrag.cli ARGS` importing the variant's source."""
     env = {**os.environ, "PYTHONPATH": str(variant.source)}
-    return subprocess.Popen([sys.executable, "-m", "ebmrag.cli", *args], env=env, stdout=stdout,
-                            stderr=stderr)
+    return subprocess.Popen([sys.executable, "-m", "ebmrag.cli", *args], env=env, stdout=out, stderr=err)
 
 
-def make_key(variant: Variant, data: Path, role: str) -> str:
-    made = ebmrag(variant, "keys", "create", "--data-dir", str(data), "--tenant", "bench", "--role", role,
-                  stdout=subprocess.PIPE)
-    out, _ = made.communicate(timeout=120)
+def make_key(variant: Variant, data: Path, role: str, tenant: str = "bench") -> str:
+    """A key made by the variant's own `ebmrag keys create`."""
+    made = ebmrag(variant, ["keys", "create", "--data-dir", str(data), "--tenant", tenant, "--role", role],
+                  subprocess.PIPE, subprocess.PIPE)
+    out, err = made.communicate(timeout=120)
     if made.returncode:
-        raise SystemExit(f"{variant.label}: keys create failed")
+        raise SystemExit(f"{variant.label}: keys create --tenant {tenant} --role {role} failed: "
+                         f"{err.decode(errors='replace')}")
     return out.decode().strip().splitlines()[-1]
 
 
-def start(variant: Variant, data: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    server = ebmrag(variant, "serve", "--data-dir", str(data), "--port", str(port), "--workers",
-                    str(variant.workers))
+def start(variant: Variant, data: Path, config: Path | None = None) -> Server:
+    """`ebmrag serve` on a free port (with `--config`), its stderr in `data`/serve.log; waits for /healthz."""
+    port, log = free_port(), data / "serve.log"
+    args = ["serve", "--data-dir", str(data), "--port", str(port), "--workers", str(variant.workers)]
+    with log.open("wb") as sink:
+        process = ebmrag(variant, args + (["--config", str(config)] if config else []), err=sink)
     url = f"http://127.0.0.1:{port}"
     for _ in range(1200):
+        if process.poll() is not None:
+            break
         try:
             if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                return server, url
+                return Server(process, url, log)
         except httpx.HTTPError:
             time.sleep(0.1)
-    server.kill()
-    raise SystemExit(f"{variant.label}: ebmrag serve did not start")
+    process.kill()
+    raise SystemExit(f"{variant.label}: ebmrag serve did not start:\n{log.read_text(errors='replace')[-2000:]}")
+
+
+def stop(server: Server) -> None:
+    server.process.terminate()
+    try:
+        server.process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        server.process.kill()
 
 
 def client_loop(url: str, key: str, patients: list[tuple[str, str]], until: float, seed: int,
@@ -134,7 +157,8 @@ def measure(variant: Variant, clients: int, seconds: float) -> Outcome:
         data = Path(folder)
         service_key = make_key(variant, data, "service")
         client_keys = [make_key(variant, data, "clinician") for _ in range(clients)]
-        server, url = start(variant, data)
+        server = start(variant, data)
+        url = server.url
         try:
             patients = []
             with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {service_key}"}, timeout=600) as http:
@@ -159,10 +183,9 @@ def measure(variant: Variant, clients: int, seconds: float) -> Outcome:
             for thread in threads:
                 thread.join()
             elapsed = time.monotonic() - started
-            rss, pss = memory_mb(server.pid)
+            rss, pss = memory_mb(server.process.pid)
         finally:
-            server.terminate()
-            server.wait(timeout=60)
+            stop(server)
     return Outcome(variant, latencies, errors, elapsed, rss, pss)
 
 

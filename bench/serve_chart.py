@@ -28,9 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -38,7 +36,6 @@ import time
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
-from typing import IO
 
 import httpx
 
@@ -74,33 +71,7 @@ class Growth:
     rss_mb: float
 
 
-@dataclass(frozen=True)
-class Server:
-    process: subprocess.Popen[bytes]
-    url: str
-    log: Path
-
-
 # --- the server and its keys ------------------------------------------------------------------------------------
-
-Sink = int | IO[bytes]
-
-
-def ebmrag(variant: serve.Variant, args: list[str], out: Sink, err: Sink) -> subprocess.Popen[bytes]:
-    """`python -m ebmrag.cli ARGS` importing the variant's source (bench/serve.py's, with stderr to keep)."""
-    env = {**os.environ, "PYTHONPATH": str(variant.source)}
-    return subprocess.Popen([sys.executable, "-m", "ebmrag.cli", *args], env=env, stdout=out, stderr=err)
-
-
-def make_key(variant: serve.Variant, data: Path, tenant: str, role: str) -> str:
-    """A key of `tenant` (bench/serve.py's make_key has one tenant)."""
-    made = ebmrag(variant, ["keys", "create", "--data-dir", str(data), "--tenant", tenant, "--role", role],
-                  subprocess.PIPE, subprocess.PIPE)
-    out, err = made.communicate(timeout=120)
-    if made.returncode:
-        raise SystemExit(f"keys create --tenant {tenant} --role {role} failed: {err.decode(errors='replace')}")
-    return out.decode().strip().splitlines()[-1]
-
 
 def write_config(folder: Path, sizes: list[int], serve_settings: dict[str, float] | None = None) -> tuple[Path, str]:
     """The config file the server runs with, and its [serve] table in one line (for the report). The caches are
@@ -118,34 +89,6 @@ def write_config(folder: Path, sizes: list[int], serve_settings: dict[str, float
                     encoding="utf-8")
     return path, "`[serve] " + ", ".join(lines) + "`"
 
-
-
-def start(variant: serve.Variant, data: Path, config: Path) -> Server:
-    """`ebmrag serve --config CONFIG` (bench/serve.py's start passes no config); its stderr goes to a log file."""
-    port = serve.free_port()
-    log = data / "serve.log"
-    with log.open("wb") as sink:
-        process = ebmrag(variant, ["serve", "--data-dir", str(data), "--port", str(port), "--workers",
-                                   str(variant.workers), "--config", str(config)], sink, sink)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(1200):
-        if process.poll() is not None:
-            break
-        try:
-            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                return Server(process, url, log)
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    process.kill()
-    raise SystemExit(f"ebmrag serve did not start:\n{log.read_text(errors='replace')[-2000:]}")
-
-
-def stop(server: Server) -> None:
-    server.process.terminate()
-    try:
-        server.process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        server.process.kill()
 
 
 def client(url: str, key: str) -> httpx.Client:
@@ -215,7 +158,7 @@ def ask(http: httpx.Client, pid: str, question: str, into: Asks) -> None:
         into.errors.append(status)
 
 
-def grow(server: Server, service_key: str, clinician_key: str, size: int, count: int) -> Growth:
+def grow(server: serve.Server, service_key: str, clinician_key: str, size: int, count: int) -> Growth:
     """Store a chart of `size` fragments, wait for its preparation, ask `count` questions about it."""
     pid = f"chart{size}"
     with client(server.url, service_key) as http:
@@ -253,7 +196,7 @@ def small_loop(url: str, key: str, pid: str, seconds: float) -> Asks:
     return asks
 
 
-def contend(server: Server, a_keys: list[str], big: str, b_key: str, seconds: float) -> tuple[Asks, Asks]:
+def contend(server: serve.Server, a_keys: list[str], big: str, b_key: str, seconds: float) -> tuple[Asks, Asks]:
     """B's small asks while A's clients ask about `big`; (B's asks, A's asks meanwhile)."""
     a_asks, stop_event = Asks(), threading.Event()
     threads = [threading.Thread(target=busy_loop, args=(server.url, key, big, i, stop_event, a_asks))
@@ -338,20 +281,20 @@ def run(sizes: list[int], count: int, seconds: float, serve_settings: dict[str, 
     with tempfile.TemporaryDirectory() as folder:
         data = Path(folder)
         config, text = write_config(data, sizes, serve_settings)
-        a_service, b_service = make_key(variant, data, "a", "service"), make_key(variant, data, "b", "service")
-        a_keys = [make_key(variant, data, "a", "clinician") for _ in range(A_CLIENTS + 1)]
-        b_key = make_key(variant, data, "b", "clinician")
-        server = start(variant, data, config)
+        a_service, b_service = (serve.make_key(variant, data, "service", tenant) for tenant in ("a", "b"))
+        a_keys = [serve.make_key(variant, data, "clinician", "a") for _ in range(A_CLIENTS + 1)]
+        b_key = serve.make_key(variant, data, "clinician", "b")
+        server = serve.start(variant, data, config)
         try:
             return measure(server, sizes, count, seconds, (a_service, a_keys, b_service, b_key), text)
         except BaseException:
             print(server.log.read_text(errors="replace")[-3000:], file=sys.stderr)
             raise
         finally:
-            stop(server)
+            serve.stop(server)
 
 
-def measure(server: Server, sizes: list[int], count: int, seconds: float,
+def measure(server: serve.Server, sizes: list[int], count: int, seconds: float,
             keys: tuple[str, list[str], str, str], config: str) -> Results:
     a_service, a_keys, b_service, b_key = keys
     with client(server.url, b_service) as http:  # B's small chart first: it also loads the models
