@@ -70,10 +70,10 @@ class HybridRetriever:
             raise ValueError("a query is empty")
         if self.mode == "bm25" or not queries:
             with pinned(self.kb):
-                return [self.hits(self.rank(q, k, filters)) for q in queries]
+                return self.hits_many([self.rank(q, k, filters) for q in queries])
         vectors = self.kb.embedder.embed(list(queries))
         with pinned(self.kb):
-            return [self.hits(self.rank(q, k, filters, v)) for q, v in zip(queries, vectors, strict=True)]
+            return self.hits_many([self.rank(q, k, filters, v) for q, v in zip(queries, vectors, strict=True)])
 
     @property
     def embedder(self) -> SentenceEmbedder:
@@ -150,15 +150,18 @@ class HybridRetriever:
         return None if filters is None else self.kb.reader().scope(filters)
 
     def hits(self, ranked: Ranked) -> list[SearchHit]:
+        return self.hits_many([ranked])[0]
+
+    def hits_many(self, ranked: Sequence[Ranked]) -> list[list[SearchHit]]:
+        """The hits of several ranked lists, their chunk rows and titles read in one pass: the record's query
+        sentences share most of their chunks, and a follow-up ask's retrieval was mostly these reads."""
         reader = self.kb.reader()
-        rows = reader.chunks_by_rows(ranked.rows.tolist())
-        titles = reader.titles_of([c.doc_id for c in rows.values()])
-        return [
-            SearchHit(c.chunk_id, c.doc_id, float(score), c.section, c.text, c.source, c.section_id, c.char_start,
-                      c.char_end, c.authority, c.date, row, title=titles.get(c.doc_id, ""))
-            for row, score in zip(ranked.rows.tolist(), ranked.scores.tolist(), strict=True)
-            if (c := rows[row])
-        ]
+        rows = reader.chunks_by_rows(list(dict.fromkeys(row for r in ranked for row in r.rows.tolist())))
+        titles = reader.titles_of(list({c.doc_id for c in rows.values()}))
+        return [[SearchHit(c.chunk_id, c.doc_id, float(score), c.section, c.text, c.source, c.section_id,
+                           c.char_start, c.char_end, c.authority, c.date, row, title=titles.get(c.doc_id, ""))
+                 for row, score in zip(r.rows.tolist(), r.scores.tolist(), strict=True) if (c := rows[row])]
+                for r in ranked]
 
     def to_dict(self) -> dict[str, Any]:
         return {"kb": self.kb.to_dict(), "params": asdict(self.params),
