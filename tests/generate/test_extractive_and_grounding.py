@@ -93,3 +93,22 @@ def test_brief_puts_key_facts_first_drops_nothing_recorded_lines_and_stays_short
     assert "(27 more context lines in the packed context, not repeated here.)" in brief.text
     with pytest.raises(ValueError, match="brief needs"):
         extractive_brief("q", notes, RULES, patient_sentences=0)
+
+
+def test_knowledge_base_sentences_are_tiered_once_patient_sentences_every_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 33: the brief tiered every evidence sentence on every ask. Knowledge-base sentences are no patient's
+    data and recur, so the second brief reads them from memory; a patient's sentences are tiered afresh (nothing
+    of a chart is kept in process memory, where an erasure could not reach it)."""
+    rules = TierClassifier()
+    items = [item(1, PATIENT, "allergy", Tier.T1, ALLERGY, 0), item(2, EVIDENCE, "guide#0", Tier.T3, GUIDE, 0)]
+    first = extractive_brief("Which antibiotic?", items, rules).text
+    seen: list[str] = []
+    original = TierClassifier.rule_decision
+
+    def counting(self: TierClassifier, text: str, section: str | None = None) -> Any:
+        seen.append(text)
+        return original(self, text, section)
+
+    monkeypatch.setattr(TierClassifier, "rule_decision", counting)
+    assert extractive_brief("Which antibiotic?", items, rules).text == first
+    assert seen and all(text in ALLERGY for text in seen), seen

@@ -14,13 +14,14 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from ebmrag.evidence.tiers import TierClassifier
 from ebmrag.generate.context import EVIDENCE, PATIENT, ContextItem
 from ebmrag.generate.injection import is_instruction
 from ebmrag.llm.prompts import with_warning
-from ebmrag.records.fragment import Tier
+from ebmrag.records.fragment import Tier, TierDecision
 from ebmrag.text.sentences import split_sentences
 
 TIER_HEADINGS = {Tier.T1: "Decisive findings (pathology, genetics, high-risk allergies)",
@@ -72,14 +73,25 @@ class _Candidate:
         return self.key, self.decisive, self.overlap, self.item.utility, -self.item.rank
 
 
+@lru_cache(maxsize=16_384)
+def _knowledge_sentence(rules: TierClassifier, text: str) -> tuple[bool, TierDecision | None]:
+    """Whether a knowledge-base sentence is a finding to cite (not instruction-like) and its tier decision.
+    Knowledge-base sentences recur from ask to ask and are no patient's data, so they are kept in memory; tiering
+    them on every ask was most of the offline brief's time."""
+    return not is_instruction(text), rules.rule_decision(text, None)
+
+
 def _sentences(item: ContextItem, asked: set[str], rules: TierClassifier) -> list[_Candidate]:
     """The item's sentences, cited and scored; instruction-like ones are not findings and stay out (see
     injection), nor are sentences that only say nothing was recorded."""
-    texts = [s.text.strip() for s in split_sentences(item.body)]
-    texts = [t for t in texts if t and not is_instruction(t) and not _EMPTY.search(t)]
+    texts = [t for s in split_sentences(item.body) if (t := s.text.strip()) and not _EMPTY.search(t)]
+    if item.kind == EVIDENCE:
+        judged = [(t, decision) for t in texts for keep, decision in [_knowledge_sentence(rules, t)] if keep]
+    else:
+        judged = [(t, rules.rule_decision(t, item.section)) for t in texts if not is_instruction(t)]
+    texts = [t for t, _ in judged]
     found = []
-    for text in texts:
-        decision = rules.rule_decision(text, item.section)  # a pathology report's every sentence is decisive
+    for text, decision in judged:  # a pathology report's every sentence is decisive
         decisive = decision is not None and decision.tier in (Tier.T1, Tier.T2)
         words = set(_WORDS.findall(text.lower()))
         overlap = len(words & asked) / len(asked) if asked else 0.0
