@@ -221,3 +221,30 @@ def test_a_write_carries_loaded_indexes_over_to_the_next_reader(tmp_path: Path, 
     found = reader.chunks_by_rows(reader.dense.search(query, 60)[0].tolist())
     texts = {c.doc_id: c.text for c in found.values()}
     assert "d004" not in texts and texts["d003"].endswith("v1.") and len(texts) == 59
+
+
+def test_a_reader_keeps_the_chunk_rows_it_read_and_a_new_generation_reads_its_own(tmp_path: Path,
+                                                                                    embedder,  # type: ignore[no-untyped-def]
+                                                                                    monkeypatch: pytest.MonkeyPatch
+                                                                                    ) -> None:
+    """Issue 33: a follow-up ask's record sentences vote with mostly the same chunks; a reader reads each chunk
+    row once (the generation never changes), and the next generation (a write) starts with nothing kept."""
+    from ebmrag.index import reader as reader_module
+    from ebmrag.index import store
+
+    kb = KnowledgeBase(tmp_path / "kb", CONFIG, embedder=embedder, storage=StorageSettings(merge_factor=0))
+    kb.apply([note(i) for i in range(20)])
+    reader = kb.reader()
+    rows = reader.dense.search(embedder.embed([note(4).text])[0], 10)[0].tolist()
+    first = reader.chunks_by_rows(rows)
+    monkeypatch.setattr(store, "chunks_by_rows", lambda *a: pytest.fail("read again"))
+    assert reader.chunks_by_rows(rows) == first
+    monkeypatch.undo()
+    kb.apply([note(4, version=1)])
+    fresh = kb.reader().chunks_by_rows(kb.reader().dense.search(embedder.embed([note(4).text])[0], 10)[0].tolist())
+    assert any(c.text.endswith("v1.") for c in fresh.values())
+    monkeypatch.setattr(reader_module, "ROW_CACHE", 3)
+    small = kb.reader()
+    small._rows.clear()
+    small.chunks_by_rows(list(range(10)))
+    assert len(small._rows) == 3

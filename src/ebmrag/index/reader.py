@@ -9,6 +9,8 @@ generation that produced them (compare `Reader.path`).
 from __future__ import annotations
 
 import json
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from functools import cached_property
@@ -27,6 +29,7 @@ from ebmrag.index.types import Filters
 
 FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
+ROW_CACHE = 20_000  # chunk rows a reader keeps in memory (~1 KB of text each)
 
 
 def read_manifest(generation: Path) -> dict[str, Any]:
@@ -111,6 +114,8 @@ class Reader:
         self.size = sum(e.rows for e in entries)  # the row space, deleted rows included
         self.live_chunks = sum(e.live for e in entries)
         self.config = config
+        self._rows: OrderedDict[int, store.ChunkRow] = OrderedDict()  # recently read chunk rows (chunks_by_rows)
+        self._rows_lock = threading.Lock()
 
     @cached_property
     def lexical(self) -> LexicalIndex:
@@ -181,6 +186,28 @@ class Reader:
                     yield self._global(i, chunk)
 
     def chunks_by_rows(self, rows: Sequence[int]) -> dict[int, store.ChunkRow]:
+        """The chunk rows of these global rows. The last ROW_CACHE rows read are kept: an ask's record sentences
+        vote with m = 100 chunks each, mostly the same chunks from one ask to the next, and reading and building
+        them was most of a follow-up ask's retrieval. A generation's rows never change."""
+        found: dict[int, store.ChunkRow] = {}
+        missing: list[int] = []
+        with self._rows_lock:
+            for row in map(int, rows):
+                chunk = self._rows.get(row)
+                if chunk is None:
+                    missing.append(row)
+                else:
+                    found[row] = chunk
+                    self._rows.move_to_end(row)
+        read = self._read_rows(missing) if missing else {}
+        with self._rows_lock:
+            self._rows.update(read)
+            while len(self._rows) > ROW_CACHE:
+                self._rows.popitem(last=False)
+        found.update(read)
+        return found
+
+    def _read_rows(self, rows: Sequence[int]) -> dict[int, store.ChunkRow]:
         by_segment: dict[int, list[int]] = {}
         for row in rows:
             i = int(np.searchsorted(self.offsets, int(row), side="right")) - 1
