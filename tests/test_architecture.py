@@ -30,12 +30,15 @@ PACKAGE_ROOT = "__init__"
 # where an edge may point, ALLOWED says which edges exist.
 LAYERS: dict[str, frozenset[str]] = {
     "foundation": frozenset({"errors", "protocols", "kvcache", PACKAGE_ROOT}),
+    "observe": frozenset({"observe"}),  # spans and metrics: every layer above reports through it
     "text": frozenset({"text"}),  # sentence splitting, language
     "data": frozenset({"records", "models"}),  # Fragment, PatientRecord, loaders, FHIR; embedder, tokens
     "evidence": frozenset({"evidence"}),  # tier rules, question types, entities, lexicon
     "stages": frozenset({"packing", "ingest", "llm"}),
     "index": frozenset({"index"}),  # knowledge-base storage
     "retrieve": frozenset({"retrieve", "ddx", "store", "demo"}),
+    "ehr": frozenset({"ehr"}),  # charts pulled from FHIR servers (SMART, paging, _since, Bulk Data) into the store;
+    # CDS Hooks cards from a chart (drug classes, renal list, the chart's facts cited)
     "generate": frozenset({"generate"}),
     "answer": frozenset({"answer"}),  # Engine, gate, relevance, result
     "research": frozenset({"research", "eval"}),
@@ -54,24 +57,26 @@ ALLOWED: dict[str, set[str]] = {
     "protocols": set(),
     "kvcache": {"protocols"},
     PACKAGE_ROOT: {"errors"},
+    "observe": {"errors"},
     "text": {"errors"},
     "records": {"errors", "text"},
-    "models": {"errors", "kvcache", "protocols"},
+    "models": {"errors", "kvcache", "observe", "protocols"},
     "evidence": {"errors", "kvcache", "models", "protocols", "records", "text"},
-    "packing": {"evidence", "models", "protocols", "records", "text"},
+    "packing": {"evidence", "models", "observe", "protocols", "records", "text"},
     "ingest": {"errors", "protocols", "records", "text"},
-    "llm": {"errors", "kvcache", "protocols"},
+    "llm": {"errors", "kvcache", "observe", "protocols"},
     "index": {"errors", "ingest", "models", "protocols"},
-    "retrieve": {"errors", "index", "llm", "models", "protocols"},
+    "retrieve": {"errors", "index", "llm", "models", "observe", "protocols"},
     "ddx": {"errors", "evidence", "protocols", "text"},
     "store": {"errors", "kvcache", "records"},
+    "ehr": {"errors", "evidence", "protocols", "records", "store"},
     "demo": {"errors", "index", "records"},
     "generate": {"evidence", "index", "llm", "packing", "protocols", "records", "text"},
     # Neither "config" nor "compose": the composition root builds an Engine from settings (compose.build_engine),
     # the Engine does not build itself. Both edges existed and were removed; do not list them again.
     "answer": {
-        "errors", "evidence", "generate", "index", "kvcache", "llm", "models", "packing", "protocols", "records",
-        "retrieve", "text",
+        "errors", "evidence", "generate", "index", "kvcache", "llm", "models", "observe", "packing", "protocols",
+        "records", "retrieve", "text",
     },
     "research": {
         "ddx", "errors", "evidence", "generate", "index", "llm", "packing", "protocols", "records", "retrieve",
@@ -81,20 +86,21 @@ ALLOWED: dict[str, set[str]] = {
         "retrieve", "text",
     },
     # Each component owns its params (answer.params, index.params, ...); config composes them into Settings.
-    "config": {"answer", "errors", "index", "llm", "packing", "records", "research", "retrieve"},
+    "config": {"answer", "ehr", "errors", "index", "llm", "observe", "packing", "records", "research", "retrieve"},
     "compose": {
         "answer", "config", "ddx", "demo", "evidence", "generate", "index", "kvcache", "llm", "models", "packing",
         "protocols", "records", "research", "retrieve", "text",
     },
     "integrations": {"compose", "config", "errors", "generate", "models", "packing", "records"},
     "serve": {
-        PACKAGE_ROOT, "answer", "compose", "config", "ddx", "errors", "generate", "index", "ingest", "packing",
-        "protocols", "records", "retrieve", "store",
+        PACKAGE_ROOT, "answer", "compose", "config", "ddx", "ehr", "errors", "generate", "index", "ingest",
+        "observe", "packing", "protocols", "records", "retrieve", "store",
     },
-    "gateway": {"errors", "store"},
+    "gateway": {"errors", "observe", "store"},
     "cli": {
-        PACKAGE_ROOT, "answer", "compose", "config", "ddx", "demo", "errors", "eval", "gateway", "index", "ingest",
-        "llm", "packing", "protocols", "records", "research", "retrieve", "serve", "store", "text",
+        PACKAGE_ROOT, "answer", "compose", "config", "ddx", "demo", "ehr", "errors", "eval", "gateway", "index",
+        "ingest", "llm", "observe", "packing", "protocols", "records", "research", "retrieve", "serve", "store",
+        "text",
     },
     "__main__": {"cli"},
     # bench measures the parts it names, so it imports more than compose and config; the list is what the

@@ -4,7 +4,8 @@ Each table is the params dataclass of the component that reads it, and its field
 [packing] `packing.params.PackingParams`, [kb] `index.params.KnowledgeBaseConfig` (what a knowledge base is)
 and `index.params.StorageSettings` (how it is stored), [retrieval] `retrieve.params.RetrievalParams`, [llm]
 `llm.params.LLMParams`, [answer] `answer.params.AnswerParams`, [research] `research.params.ResearchParams`,
-[chart] `records.params.ChartParams`;
+[chart] `records.params.ChartParams`, [observe] `observe.params.ObserveParams`, [ehr] `ehr.params.EhrParams`,
+[cds] `ehr.cds_params.CdsParams`;
 [models] (the shared models the composition root builds) and [serve] (the HTTP service) are defined here.
 Every key, its default and its meaning: docs/configuration.md.
 """
@@ -17,9 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from ebmrag.answer.params import AnswerParams
+from ebmrag.ehr.cds_params import CdsParams
+from ebmrag.ehr.params import EhrParams
 from ebmrag.errors import ConfigError
 from ebmrag.index.params import KnowledgeBaseConfig, StorageSettings, check_embedding
 from ebmrag.llm.params import LLMParams
+from ebmrag.observe.params import ObserveParams
 from ebmrag.packing.params import PackingParams
 from ebmrag.records.params import ChartParams
 from ebmrag.research.params import ResearchParams
@@ -101,9 +105,13 @@ class Settings:
     serve: ServeSettings = field(default_factory=ServeSettings)
     research: ResearchParams = field(default_factory=ResearchParams)
     chart: ChartParams = field(default_factory=ChartParams)
+    observe: ObserveParams = field(default_factory=ObserveParams)
+    ehr: EhrParams = field(default_factory=EhrParams)
+    cds: CdsParams = field(default_factory=CdsParams)
 
 
-TABLES = ("packing", "models", "kb", "retrieval", "llm", "answer", "serve", "research", "chart")
+TABLES = ("packing", "models", "kb", "retrieval", "llm", "answer", "serve", "research", "chart", "observe",
+          "ehr", "cds")
 
 
 def with_overrides(settings: Settings, **tables: dict[str, Any]) -> Settings:
@@ -196,4 +204,7 @@ def settings_from_dict(data: dict[str, Any]) -> Settings:
         _section(ServeSettings, data.get("serve"), "serve"),
         _section(ResearchParams, data.get("research"), "research"),
         _section(ChartParams, data.get("chart"), "chart"),
+        observe=_section(ObserveParams, data.get("observe"), "observe"),
+        ehr=_section(EhrParams, data.get("ehr"), "ehr"),
+        cds=_section(CdsParams, data.get("cds"), "cds"),
     )

@@ -438,7 +438,8 @@ def test_an_unknown_drug_is_unnamed_and_a_renewed_order_listed_once(tmp_path: Pa
     old = _medication("m2", "Reaptan 5 MG/5 MG Oral Tablet", "active", "2015-01-01")
     renewed = _medication("m3", "Reaptan 5 MG/5 MG Oral Tablet", "active", "2026-01-02")
     texts = _texts(_write(tmp_path, _bundle(PATIENT, unknown, old, renewed)))
-    assert texts["summary/active-medications"] == "Active medications (2): unnamed medication; Reaptan."
+    # in the chart's canonical order (records/fhir/order.py: oldest first): Reaptan's first order is from 2015
+    assert texts["summary/active-medications"] == "Active medications (2): Reaptan; unnamed medication."
 
 
 def test_a_binary_of_another_patient_is_not_read(tmp_path: Path) -> None:

@@ -40,6 +40,7 @@ from ebmrag.generate.staged import StagedAnswerer, StageTrace, cited_numbers
 from ebmrag.index.types import SearchHit
 from ebmrag.llm.openai import OpenAIChatClient
 from ebmrag.llm.prompts import PromptStage, load_prompts, with_warning
+from ebmrag.observe.instruments import stage
 from ebmrag.packing.packer import ContextPacker
 from ebmrag.packing.types import PackResult, validate_window
 from ebmrag.protocols import ChatClient, TokenCounter, checkpoint
@@ -285,10 +286,12 @@ class Engine:
 
 @contextmanager
 def _timed(timings: dict[str, float], name: str) -> Iterator[None]:
-    """Time a stage; its start is a checkpoint (a prepared chart's stages compute little in loops that have one)."""
+    """Time a stage (for the trace, and as a span and a histogram: observe.instruments); its start is a checkpoint
+    (a prepared chart's stages compute little in loops that have one)."""
     checkpoint()
     start = time.perf_counter()
     try:
-        yield
+        with stage(name):
+            yield
     finally:
         timings[name] = (time.perf_counter() - start) * 1000

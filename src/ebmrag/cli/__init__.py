@@ -6,6 +6,7 @@
     eval ...                      cli.eval     measurements on public data
     gate ...                      cli.gate     the retrieval gate's classifier
     serve, mcp, keys, audit       cli.serve    the multi-tenant service (HTTP and MCP)
+    pull, ehr keygen              cli.ehr      charts from an EHR's FHIR server into the service's store
     gateway run | publish         cli.gateway  results from a message queue into the store
     ddx, ddx eval | build-kb      cli.ddx      Bayesian differential diagnosis
     research, research export | score  cli.research  the research agent and its trajectories
@@ -22,7 +23,7 @@ from typing import Annotated
 import typer
 
 from ebmrag import __version__
-from ebmrag.cli import ask, kb, pack, serve
+from ebmrag.cli import ask, ehr, kb, pack, serve
 from ebmrag.cli.ddx import ddx_app
 from ebmrag.cli.eval import eval_app
 from ebmrag.cli.gate import gate_app
@@ -61,6 +62,8 @@ app.command()(serve.serve)
 app.command()(serve.mcp)
 app.add_typer(serve.keys_app, name="keys")
 app.add_typer(serve.audit_app, name="audit")
+app.command()(ehr.pull)
+app.add_typer(ehr.ehr_app, name="ehr")
 app.add_typer(gateway_app, name="gateway")
 app.add_typer(ddx_app, name="ddx")
 app.add_typer(research_app, name="research")

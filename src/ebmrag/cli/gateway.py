@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from ebmrag import __version__
 from ebmrag.cli.common import ConfigOption, stderr, user_errors
 from ebmrag.cli.serve import DataDirOption, StoreOption, open_store_for
 
@@ -29,11 +30,20 @@ def run(data_dir: DataDirOption, broker: BrokerOption, stream: StreamOption = "e
         store_url: StoreOption = "", config: ConfigOption = None,
         prepare: Annotated[bool, typer.Option(help="Prepare each chart a result is stored into (vectors, tiers, "
                                                    "compressed states) in the background, into the cache the "
-                                                   "service reads: needs the embedding model.")] = False) -> None:
-    """Consume results into the patient store until SIGTERM (each acknowledged only once stored)."""
+                                                   "service reads: needs the embedding model.")] = False,
+        metrics_port: Annotated[int, typer.Option(min=0, max=65535, help="Serve Prometheus /metrics (messages, "
+                                                                         "lag) on 127.0.0.1 at this port; 0: none.")]
+        = 0) -> None:
+    """Consume results into the patient store until SIGTERM (each acknowledged only once stored). Traces and
+    metrics go over OTLP as [observe] says (docs/observability.md)."""
     with user_errors():
+        from ebmrag.config import load_settings
         from ebmrag.gateway.consumer import ResultConsumer
+        from ebmrag.observe.metrics import REGISTRY, serve_metrics
+        from ebmrag.observe.setup import configure
 
+        configure(load_settings(config).observe, version=__version__)
+        metrics = serve_metrics(REGISTRY.render, metrics_port) if metrics_port else None
         store = open_store_for(data_dir, store_url, config)
         preparer = _preparer(store, config) if prepare else None
         consumer = ResultConsumer(store, broker, stream, group, claim_idle_ms=claim_idle_ms,
@@ -43,6 +53,8 @@ def run(data_dir: DataDirOption, broker: BrokerOption, stream: StreamOption = "e
         stats = consumer.run()
         if preparer is not None:
             preparer.wait_idle(timeout=30)  # what was stored before SIGTERM, within reason
+        if metrics is not None:
+            metrics.shutdown()
     stderr.print(f"gateway stopped: {stats.stored} stored, {stats.dead} dead-lettered ({stats.capped} at the delivery "
                  f"cap), {stats.claimed} reclaimed, {stats.failures} store failures ({stats.outages} outages)")
 

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ebmrag.errors import require_extra
+from ebmrag.observe.instruments import Consumed, consumed
 from ebmrag.store.patients import PatientStore
 from ebmrag.store.results import MessageError, ResultMessage, apply_message, parse_message
 
@@ -168,21 +169,31 @@ class ResultConsumer:
 
     def handle(self, client: Any, entry_id: Any, fields: dict[Any, Any], deliveries: int = 1) -> None:
         """One entry: stored and acknowledged, dead-lettered and acknowledged, or left pending (a store failure).
-        Raises StoreUnavailableError only when the store failed and then did not answer a probe."""
+        Raises StoreUnavailableError only when the store failed and then did not answer a probe. Each entry is
+        a span and counts in the gateway's metrics (observe.instruments.consumed): its kind and outcome, and
+        the lag from its arrival on the stream (the entry id's time) to the store."""
+        with consumed(self.stream, self.group, _arrival(entry_id)) as report:
+            self._handle(client, entry_id, fields, deliveries, report)
+
+    def _handle(self, client: Any, entry_id: Any, fields: dict[Any, Any], deliveries: int, report: Consumed) -> None:
         payload = fields.get(b"message", fields.get("message", b""))
         if deliveries > self.max_deliveries:
             self._dead(client, entry_id, payload, f"delivered {deliveries - 1} times without being stored")
             self.stats.capped += 1
+            report.outcome = "dead"
             return
         try:
             message = result_of(payload)
+            report.kind = message.kind
             outcome = apply_message(self.store, message)  # MessageError: a tenant the store does not know
         except MessageError as exc:
             self._dead(client, entry_id, payload, str(exc))
+            report.outcome = "dead"
             return
         except Exception as exc:  # the store failed: this entry's fault, or an outage?
-            self._store_failed(client, entry_id, payload, deliveries, exc)
+            report.outcome = "dead" if self._store_failed(client, entry_id, payload, deliveries, exc) else "retry"
             return
+        report.outcome = outcome
         self.stats.stored += outcome == "stored"
         self.stats.pending += outcome == "pending"
         client.xack(self.stream, self.group, entry_id)
@@ -193,7 +204,8 @@ class ResultConsumer:
                 log.warning("entry %s stored; its chart was not queued for preparation (%s)", _text(entry_id),
                             type(exc).__name__)
 
-    def _store_failed(self, client: Any, entry_id: Any, payload: Any, deliveries: int, exc: Exception) -> None:
+    def _store_failed(self, client: Any, entry_id: Any, payload: Any, deliveries: int, exc: Exception) -> bool:
+        """Whether the entry was dead-lettered (at its delivery cap); else it stays pending."""
         self.stats.failures += 1
         try:
             self.store.ping()
@@ -204,9 +216,10 @@ class ResultConsumer:
             self._dead(client, entry_id, payload,
                        f"delivered {deliveries} times without being stored (last: {type(exc).__name__})")
             self.stats.capped += 1
-            return
+            return True
         log.warning("entry %s not stored (%s; delivery %d of %d): left pending to be tried again", _text(entry_id),
                     type(exc).__name__, deliveries, self.max_deliveries)
+        return False
 
     def _dead(self, client: Any, entry_id: Any, payload: Any, reason: str) -> None:
         """Dead-letter first, acknowledge second: a crash between them leaves the entry pending (it is dead-
@@ -228,6 +241,12 @@ def result_of(payload: bytes | str) -> ResultMessage:
     except Exception as exc:
         raise MessageError(f"the message could not be turned into a fragment ({type(exc).__name__})") from None
     return message
+
+
+def _arrival(entry_id: Any) -> float | None:
+    """When the entry reached the stream (epoch seconds): Redis ids are `<milliseconds>-<sequence>`."""
+    millis = _text(entry_id).partition("-")[0]
+    return int(millis) / 1000 if millis.isdigit() else None
 
 
 def _text(value: Any) -> str:

@@ -15,7 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from ebmrag.errors import LLMError, ModelUnavailableError, require_extra
+from ebmrag.observe.instruments import model_call
 from ebmrag.protocols import ChatMessage, LLMReply
+
+PROVIDER = "llama.cpp"  # gen_ai.provider.name of a model run in this process
 
 
 class LlamaCppChatClient:
@@ -58,16 +61,18 @@ class LlamaCppChatClient:
               response_format: dict[str, Any] | None) -> LLMReply:
         self.warm_up()
         chat = [{"role": m.role, "content": m.content} for m in messages]
-        try:
-            with self._lock:
-                reply = self._llama.create_chat_completion(messages=chat, temperature=temperature,
-                                                           max_tokens=max_tokens, seed=self.seed,
-                                                           response_format=response_format)
-        except (ValueError, RuntimeError) as exc:  # e.g. the prompt is longer than the context
-            raise LLMError(f"local model {self.model}: {exc}") from exc
-        usage = reply.get("usage") or {}
-        return LLMReply(str(reply["choices"][0]["message"].get("content") or ""), int(usage.get("prompt_tokens", 0)),
-                        int(usage.get("completion_tokens", 0)), False, self.model)
+        with model_call(PROVIDER, self.model, temperature=temperature, max_tokens=max_tokens) as call:
+            try:
+                with self._lock:
+                    reply = self._llama.create_chat_completion(messages=chat, temperature=temperature,
+                                                               max_tokens=max_tokens, seed=self.seed,
+                                                               response_format=response_format)
+            except (ValueError, RuntimeError) as exc:  # e.g. the prompt is longer than the context
+                raise LLMError(f"local model {self.model}: {exc}") from exc
+            usage = reply.get("usage") or {}
+            call.replied(int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0)))
+        return LLMReply(str(reply["choices"][0]["message"].get("content") or ""), call.input_tokens,
+                        call.output_tokens, False, self.model)
 
     def to_dict(self) -> dict[str, Any]:
         return {"type": "llama.cpp", "model_path": str(self.model_path), "context_tokens": self.context_tokens,

@@ -15,6 +15,7 @@ import os
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -23,10 +24,12 @@ from typing import Any
 
 from ebmrag.errors import LLMError
 from ebmrag.kvcache import KeyValueCache
+from ebmrag.observe.instruments import model_call
 from ebmrag.protocols import ChatMessage, LLMReply, ToolCall, ToolReply
 
 log = logging.getLogger(__name__)
 RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
+PROVIDER = "openai"  # gen_ai.provider.name: the API spoken, whichever server answers it
 
 
 @dataclass
@@ -98,6 +101,8 @@ class OpenAIChatClient:
         if timeout <= 0 or max_retries < 0 or backoff < 0 or breaker_seconds < 0:
             raise ValueError("timeout must be > 0, max_retries, backoff and breaker_seconds >= 0")
         self.base_url, self.model = base_url.rstrip("/"), model
+        address = urllib.parse.urlsplit(self.base_url)
+        self._server = (address.hostname or "", address.port or (443 if address.scheme == "https" else 80))
         self.api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY", "")
         self.timeout, self.max_retries, self.backoff = timeout, max_retries, backoff
         self.cache_dir = Path(cache_dir) if cache_dir else None
@@ -137,6 +142,15 @@ class OpenAIChatClient:
                          self.model)
 
     def _cached_or_posted(self, body: dict[str, Any], tools: bool) -> dict[str, Any]:
+        """The reply, from the cache or the endpoint, reported as one model call (observe.instruments: a span with
+        the GenAI attributes and token counts, never the messages)."""
+        with model_call(PROVIDER, self.model, temperature=body["temperature"], max_tokens=body["max_tokens"],
+                        server_address=self._server[0], server_port=self._server[1]) as call:
+            found = self._cached_or_fetched(body, tools)
+            call.replied(found["prompt_tokens"], found["completion_tokens"], found.get("model", ""), found["cached"])
+        return found
+
+    def _cached_or_fetched(self, body: dict[str, Any], tools: bool) -> dict[str, Any]:
         key = hashlib.sha256(json.dumps(body, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
         cached = self.cache.get(key) if self.cache else None
         if cached is not None:
@@ -223,6 +237,8 @@ def _parse_reply(data: dict[str, Any], allow_tool_calls: bool = False) -> dict[s
     usage = data.get("usage") or {}
     found: dict[str, Any] = {"text": text, "prompt_tokens": int(usage.get("prompt_tokens", 0)),
                              "completion_tokens": int(usage.get("completion_tokens", 0))}
+    if isinstance(data.get("model"), str):  # the model that answered (a gateway may route to another)
+        found["model"] = data["model"][:200]
     if allow_tool_calls:
         found["tool_calls"] = calls
     return found

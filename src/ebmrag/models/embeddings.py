@@ -36,6 +36,7 @@ from ebmrag.kvcache import KeyValueCache
 from ebmrag.models.adapters import delta_digest, load_delta, resolve_delta
 from ebmrag.models.onnx_bert import ONNX_PRECISIONS, onnx_capable
 from ebmrag.models.tokens import bundled_model_dir
+from ebmrag.observe.tracing import span
 from ebmrag.protocols import Vectors, checkpoint
 
 EMBEDDING_PRECISIONS = ("auto", "fp32", "bf16", "int8")  # auto: onnx fp32; torch bf16 where the CPU has it natively
@@ -289,11 +290,12 @@ class SentenceEmbedder:
         for start in range(0, len(order), self.batch_size):
             checkpoint()
             batch = order[start : start + self.batch_size]
-            if self.runtime == "onnx":
-                with self._forward:
-                    rows = self._model.encode([texts[k] for k in batch])
-            else:
-                rows = self._torch_batch([texts[k] for k in batch])
+            with span("embed", {"ebmrag.embed.texts": len(batch)}, detail=True):
+                if self.runtime == "onnx":
+                    with self._forward:
+                        rows = self._model.encode([texts[k] for k in batch])
+                else:
+                    rows = self._torch_batch([texts[k] for k in batch])
             yield dict(zip(batch, rows, strict=True))
 
     def _torch_batch(self, batch: list[str]) -> np.ndarray:

@@ -11,6 +11,7 @@ from ebmrag.evidence.entities import EntityCompressor
 from ebmrag.evidence.questions import QuestionClassifier, QuestionType, mark_needed
 from ebmrag.evidence.tiers import TierClassifier
 from ebmrag.models.embeddings import SentenceEmbedder
+from ebmrag.observe.instruments import traced
 from ebmrag.packing.baselines import FifoPacker, SemanticPacker, UniformPacker
 from ebmrag.packing.dedup import pack_collapsed
 from ebmrag.packing.exact import ExactPacker
@@ -41,6 +42,12 @@ def make_packer(strategy: str, token_counter: TokenCounter | None = None, k_min:
             raise ValueError("the uniform strategy needs a token counter to re-measure truncated text")
         return UniformPacker(token_counter)
     raise ValueError(f"unknown packing strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+
+
+def _counts(result: PackResult) -> dict[str, str | int]:
+    """What the pack's span says (observe.tracing): the strategy, the window, how much was placed and dropped."""
+    return {"ebmrag.pack.strategy": result.strategy, "ebmrag.pack.window": result.window,
+            "ebmrag.pack.packed": len(result.packed), "ebmrag.pack.dropped": len(result.dropped)}
 
 
 class ContextPacker:
@@ -121,6 +128,7 @@ class ContextPacker:
             known_similarity=evidence_similarity)
         return score_candidates(measured, self.params)
 
+    @traced("pack", _counts)
     def run(self, record: PatientRecord | None, query: str, window: int | None = None, as_of: datetime | None = None,
             evidence: Sequence[EvidenceItem] = (), evidence_similarity: Mapping[str, float] | None = None,
             headers: Sequence[str] | None = None, question_type: QuestionType | None = None) -> PackResult:

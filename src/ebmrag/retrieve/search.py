@@ -18,12 +18,22 @@ import numpy.typing as npt
 from ebmrag.index.backend import KnowledgeStore, knowledge_base_from_dict, pinned
 from ebmrag.index.types import Filters, Reranker, SearchHit
 from ebmrag.models.embeddings import SentenceEmbedder
+from ebmrag.observe.instruments import traced
 from ebmrag.retrieve.focus import FocusExtractor
 from ebmrag.retrieve.fusion import Ranked, fuse, top, with_focus
 from ebmrag.retrieve.params import RetrievalParams
 from ebmrag.retrieve.rerank import reranker_from_dict
 
 VARIANT_WEIGHT = 0.5  # a model-written rewording counts half as much as the question itself
+
+
+def _counts(lists: list[list[SearchHit]]) -> dict[str, int]:
+    """What a search's span says (observe.tracing): how many queries ran and how many hits came back."""
+    return {"ebmrag.search.queries": len(lists), "ebmrag.search.hits": sum(len(hits) for hits in lists)}
+
+
+def _hit_counts(hits: list[SearchHit]) -> dict[str, int]:
+    return _counts([hits])
 
 
 class HybridRetriever:
@@ -44,6 +54,7 @@ class HybridRetriever:
         self.route_depth, self.rrf_k, self.focus_weight = p.route_depth, p.rrf_k, p.focus_weight
         self._focus: tuple[object, FocusExtractor] | None = None
 
+    @traced("search", _hit_counts)
     def run(self, query: str, k: int = 10, filters: Filters | None = None, variants: Sequence[str] = (),
             hypothesis: str = "") -> list[SearchHit]:
         """`variants` (query expansion) run every route again, each at VARIANT_WEIGHT of the question's weight;
@@ -60,6 +71,7 @@ class HybridRetriever:
                                              hypothesis=hypothesis))
         return self.reranker.rerank(query, candidates)[:k]
 
+    @traced("search", _counts)
     def run_many(self, queries: Sequence[str], k: int = 10, filters: Filters | None = None) -> list[list[SearchHit]]:
         """One first-stage ranked list per query, never reranked: this serves the document vote, which counts
         chunks across many record sentences by their route scores (a reranker is for one question's list, and

@@ -28,6 +28,8 @@ from ebmrag.answer.engine import Engine
 from ebmrag.compose import Resources
 from ebmrag.config import Settings
 from ebmrag.serve.bodies import parse_json
+from ebmrag.serve.cds_routes import install_cds
+from ebmrag.serve.ehr_routes import install_ehr
 from ebmrag.serve.guard import BodyGuard, request_id, scope_request_id
 from ebmrag.serve.kb_routes import install_kb
 from ebmrag.serve.models import AskBody, PackBody, SearchBody
@@ -45,6 +47,7 @@ from ebmrag.serve.service import (
     stream_ask,
     wait_for_results,
 )
+from ebmrag.serve.telemetry import install_telemetry, native_telemetry_off, render_metrics
 from ebmrag.serve.ui import install_ui
 from ebmrag.store.access import (
     ERASE,
@@ -85,7 +88,8 @@ def create_app(store: PatientStore, settings: Settings | None = None, engine: En
     the service builds both through the composition root on first use."""
     settings = settings or Settings()
     service = Service(store, settings, engine, resources)
-    app = FastAPI(title="ebmrag", version="1", description="Evidence-graded context for clinical assistants.")
+    app = FastAPI(title="ebmrag", version="1", description="Evidence-graded context for clinical assistants.",
+                  **native_telemetry_off())  # its spans hold paths: ours (serve.telemetry) hold route templates
     app.state.service = service
     install_openapi(app)
     install_errors(app)
@@ -94,6 +98,8 @@ def create_app(store: PatientStore, settings: Settings | None = None, engine: En
     _install_patients(app, service)
     _install_answers(app, service)
     install_kb(app, service)
+    install_ehr(app, service)
+    install_cds(app, service)
     install_ui(app, service, stored)
     async def refused(scope: Any, status: int) -> None:
         route = _route_of(app, scope)
@@ -103,6 +109,7 @@ def create_app(store: PatientStore, settings: Settings | None = None, engine: En
 
     app.add_middleware(BodyGuard, store=store, max_bytes=int(settings.serve.max_body_mb * 2**20),  # outermost
                        refused=refused, failed_keys=service.failed_keys)
+    install_telemetry(app, service)  # the request spans around everything, the guard too
     return app
 
 
@@ -157,7 +164,7 @@ def _install_health(app: FastAPI, service: Service) -> None:
 
     @app.get("/metrics", tags=["health"], response_class=PlainTextResponse)
     async def metrics() -> PlainTextResponse:
-        return PlainTextResponse(service.metrics.render() + service.scheduler.render(),
+        return PlainTextResponse(render_metrics(service),
                                  media_type="text/plain; version=0.0.4")
 
 

@@ -1,10 +1,11 @@
-"""Per-key rate limits and the Prometheus counters of the service (no dependency: the text format is small)."""
+"""Per-key rate limits and the request metrics of the service (observe.metrics writes the Prometheus text)."""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import defaultdict
+
+from ebmrag.observe.metrics import Family, Registry
 
 
 class RateLimiter:
@@ -29,25 +30,28 @@ class RateLimiter:
 
 
 class Metrics:
-    """Request counts by route and status, and latency sums, in Prometheus text format."""
+    """This service's request metrics in Prometheus text format (observe.metrics): counts by route template and
+    status, time spent per route (a sum, and a latency histogram), and the gauges the service adds (queue depths).
+    One registry per service, so two apps in one process (tests) count apart; the OpenTelemetry instruments
+    behind them (`http.server.request.duration`) are the process's."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._count: dict[tuple[str, int], int] = defaultdict(int)
-        self._seconds: dict[str, float] = defaultdict(float)
+        self.registry = Registry()
+        self._count = self.registry.counter(REQUESTS)
+        self._seconds = self.registry.counter(REQUEST_SECONDS)
+        self._latency = self.registry.histogram(REQUEST_DURATION)
 
     def observe(self, route: str, status: int, seconds: float) -> None:
-        with self._lock:
-            self._count[(route, status)] += 1
-            self._seconds[route] += seconds
+        """`route`: the template ("/v1/patients/{pid}/ask") or "unmatched", never the path."""
+        self._count.inc(route=route, status=status)
+        self._seconds.inc(seconds, route=route)
+        self._latency.observe(seconds, route=route)
 
     def render(self) -> str:
-        with self._lock:
-            lines = ["# HELP ebmrag_requests_total Requests by route and status.",
-                     "# TYPE ebmrag_requests_total counter"]
-            lines += [f'ebmrag_requests_total{{route="{r}",status="{s}"}} {n}'
-                      for (r, s), n in sorted(self._count.items())]
-            lines += ["# HELP ebmrag_request_seconds_total Time spent answering, by route.",
-                      "# TYPE ebmrag_request_seconds_total counter"]
-            lines += [f'ebmrag_request_seconds_total{{route="{r}"}} {s:.6f}' for r, s in sorted(self._seconds.items())]
-        return "\n".join(lines) + "\n"
+        return self.registry.render()
+
+
+REQUESTS = Family("ebmrag_requests_total", "Requests by route and status.", ("route", "status"))
+REQUEST_SECONDS = Family("ebmrag_request_seconds_total", "Time spent answering, by route.", ("route",))
+REQUEST_DURATION = Family("ebmrag_request_duration_seconds", "Request latency by route template.", ("route",),
+                          "http.server.request.duration", "s", ("http.route",))

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ebmrag.config import ServeSettings
+from ebmrag.observe.tracing import bind
 from ebmrag.protocols import WorkCancelled, checkpoints
 from ebmrag.serve.problems import ProblemError
 
@@ -128,7 +129,9 @@ class FairScheduler:
     def submit(self, tenant: str, work: Callable[[], Any], seconds: float, background: bool = False) -> Job:
         """Admit `work` to its tenant's queue (429/503 ProblemError when full); its future is done once its
         thread has ended, or once it leaves the queue unstarted. `background`: the lane below every request
-        (module doc), never refused."""
+        (module doc), never refused. The work runs under the caller's trace context (its spans are children of
+        the request's span; a thread of the pool does not inherit it)."""
+        work = bind(work)
         if background:
             with self._lock:
                 job = Job(tenant, work, time.monotonic() + seconds, background=True)

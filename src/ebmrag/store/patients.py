@@ -49,6 +49,13 @@ SCHEMA = (
        response TEXT NOT NULL, PRIMARY KEY (tenant, patient, idem_key))""",
     """CREATE TABLE IF NOT EXISTS ui_sessions (token_digest TEXT PRIMARY KEY, key_id TEXT NOT NULL,
        created TEXT NOT NULL, expires TEXT NOT NULL, last_seen TEXT NOT NULL)""",  # /ui sign-ins: store/sessions.py
+    # Charts pulled from FHIR servers (ehr/pull.py): the raw resources of each source, kept so that a `_since`
+    # refresh fetches only what changed, and each source's sync point and the fragment ids its chart gave.
+    """CREATE TABLE IF NOT EXISTS ehr_resources (tenant TEXT NOT NULL, patient TEXT NOT NULL, source TEXT NOT NULL,
+       resource_type TEXT NOT NULL, resource_id TEXT NOT NULL, version TEXT NOT NULL, body TEXT NOT NULL,
+       PRIMARY KEY (tenant, patient, source, resource_type, resource_id))""",
+    """CREATE TABLE IF NOT EXISTS ehr_sync (tenant TEXT NOT NULL, patient TEXT NOT NULL, source TEXT NOT NULL,
+       since TEXT NOT NULL, pulled TEXT NOT NULL, fragments TEXT NOT NULL, PRIMARY KEY (tenant, patient, source))""",
 )
 
 # Columns added after a release: a store made before them gets them on open (ALTER TABLE ... ADD COLUMN), its old
@@ -61,7 +68,8 @@ AUDIT_KEY_FILE_ENV = "EBMRAG_AUDIT_KEY_FILE"
 AUDIT_COLUMNS = "seq, at, key_id, tenant, patient, action, request_id, fragments, prev, hash, scheme"
 KEY_COLUMNS = "key_id, tenant, role, patients, digest, created, revoked, expires"
 
-TENANT_TABLES = ("patients", "fragments", "idempotency", "pending")  # rows of patient data: scoped by tenant everywhere
+TENANT_TABLES = ("patients", "fragments", "idempotency", "pending",  # rows of patient data: scoped by tenant everywhere
+                 "ehr_resources", "ehr_sync")
 log = logging.getLogger(__name__)
 
 
@@ -101,6 +109,36 @@ class ApiKey:
             return False
         ends = datetime.fromisoformat(self.expires)
         return (ends if ends.tzinfo else ends.replace(tzinfo=UTC)) <= (moment or datetime.now(UTC))
+
+
+@dataclass(frozen=True)
+class PulledResource:
+    """One raw FHIR resource as a pull keeps it: by (type, id), with the version it had."""
+
+    resource_type: str
+    resource_id: str
+    version: str  # meta.versionId, else meta.lastUpdated, else ""
+    body: str  # the resource's JSON
+
+
+@dataclass(frozen=True)
+class PulledState:
+    """Where a source's last pull of a patient left off."""
+
+    since: str  # the `_since` instant of the next refresh
+    pulled: str  # when it was stored
+    fragments: tuple[str, ...]  # the fragment ids its chart gave: a later pull replaces these, and only these
+
+
+@dataclass(frozen=True)
+class PulledWrite:
+    """What one pull changed in the patient's fragments (and how many raw resources it wrote)."""
+
+    added: int
+    changed: int
+    removed: int
+    unchanged: int
+    resources: int
 
 
 def now() -> str:
@@ -275,6 +313,8 @@ class PatientStore:
             self._execute(cur, "DELETE FROM fragments WHERE tenant = ? AND patient = ?", (tenant, patient))
             self._execute(cur, "DELETE FROM idempotency WHERE tenant = ? AND patient = ?", (tenant, patient))
             self._execute(cur, "DELETE FROM pending WHERE tenant = ? AND patient = ?", (tenant, patient))
+            self._execute(cur, "DELETE FROM ehr_resources WHERE tenant = ? AND patient = ?", (tenant, patient))
+            self._execute(cur, "DELETE FROM ehr_sync WHERE tenant = ? AND patient = ?", (tenant, patient))
         self.after_erasure()
         return [fragment_from_json(r[0], patient) for r in rows]
 
@@ -297,6 +337,97 @@ class PatientStore:
             rows = self._execute(cur, "SELECT fragment_id, kind, producer, announced FROM pending WHERE tenant = ? "
                                       "AND patient = ? ORDER BY announced", (tenant, patient)).fetchall()
         return [{"id": r[0], "kind": r[1], "producer": r[2], "announced": r[3]} for r in rows]
+
+    # ------------------------------------------------------------------ charts pulled from FHIR servers (ehr/)
+    def pulled_state(self, tenant: str, patient: str, source: str) -> PulledState | None:
+        with self.transaction(tenant) as cur:
+            row = self._execute(cur, "SELECT since, pulled, fragments FROM ehr_sync WHERE tenant = ? AND patient = ? "
+                                     "AND source = ?", (tenant, patient, source)).fetchone()
+        return PulledState(row[0], row[1], tuple(json.loads(row[2]))) if row else None
+
+    def pulled_resources(self, tenant: str, patient: str, source: str) -> list[str]:
+        """The kept resources' JSON, in (type, id) order."""
+        with self.transaction(tenant) as cur:
+            rows = self._execute(cur, "SELECT body FROM ehr_resources WHERE tenant = ? AND patient = ? AND source = ? "
+                                      "ORDER BY resource_type, resource_id", (tenant, patient, source)).fetchall()
+        return [str(r[0]) for r in rows]
+
+    def put_pulled(self, tenant: str, patient: str, source: str, record: PatientRecord,
+                   resources: Sequence[PulledResource], since: str, replace_all: bool) -> PulledWrite:
+        """One pull stored whole or not at all: the raw resources (`replace_all`: they are all the source holds
+        now; else they are what changed), the sync point, and the chart. The chart replaces the fragments this
+        source's last pull gave; fragments from elsewhere (an upload, a result feed) stay, and a fragment whose
+        text did not change is not rewritten, so the preparation after the write computes only what is new. The
+        pulled fragments come first, in the chart's order (a refreshed chart packs as a fresh read of it would)."""
+        with self.transaction(tenant) as cur:
+            if replace_all:
+                self._execute(cur, "DELETE FROM ehr_resources WHERE tenant = ? AND patient = ? AND source = ?",
+                              (tenant, patient, source))
+            for resource in resources:
+                self._execute(cur, "DELETE FROM ehr_resources WHERE tenant = ? AND patient = ? AND source = ? AND "
+                                   "resource_type = ? AND resource_id = ?",
+                              (tenant, patient, source, resource.resource_type, resource.resource_id))
+                self._execute(cur, "INSERT INTO ehr_resources VALUES (?, ?, ?, ?, ?, ?, ?)",
+                              (tenant, patient, source, resource.resource_type, resource.resource_id,
+                               resource.version, resource.body))
+            row = self._execute(cur, "SELECT fragments FROM ehr_sync WHERE tenant = ? AND patient = ? AND source = ?",
+                                (tenant, patient, source)).fetchone()
+            before = set(json.loads(row[0])) if row else set()
+            counts = self._replace_pulled_fragments(cur, tenant, patient, record, before)
+            self._execute(cur, "DELETE FROM ehr_sync WHERE tenant = ? AND patient = ? AND source = ?",
+                          (tenant, patient, source))
+            self._execute(cur, "INSERT INTO ehr_sync VALUES (?, ?, ?, ?, ?, ?)",
+                          (tenant, patient, source, since, now(), json.dumps([f.id for f in record.fragments])))
+        return PulledWrite(*counts, len(resources))
+
+    def _replace_pulled_fragments(self, cur: Any, tenant: str, patient: str, record: PatientRecord,
+                                  before: set[str]) -> tuple[int, int, int, int]:
+        """(added, changed, removed, unchanged): rows written only where the fragment is new or its body differs."""
+        stored: dict[str, str] = {}
+        ids = [f.id for f in record.fragments] + sorted(before)
+        for start in range(0, len(ids), 500):
+            chunk = ids[start:start + 500]
+            rows = self._execute(cur, f"SELECT fragment_id, body FROM fragments WHERE tenant = ? AND patient = ? AND "
+                                      f"fragment_id IN ({','.join('?' * len(chunk))})",
+                                 (tenant, patient, *chunk)).fetchall()
+            stored.update({str(r[0]): str(r[1]) for r in rows})
+        gone = sorted(i for i in before if i in stored and i not in {f.id for f in record.fragments})
+        for fragment_id in gone:
+            self._execute(cur, "DELETE FROM fragments WHERE tenant = ? AND patient = ? AND fragment_id = ?",
+                          (tenant, patient, fragment_id))
+        self._write_patient(cur, tenant, patient, record)
+        fresh, changed, unchanged = [], 0, 0
+        for fragment in record.fragments:
+            body = fragment_to_json(fragment)
+            if fragment.id not in stored:
+                fresh.append(fragment)
+            elif stored[fragment.id] != body:
+                changed += 1
+                self._execute(cur, "UPDATE fragments SET body = ? WHERE tenant = ? AND patient = ? AND "
+                                   "fragment_id = ?", (body, tenant, patient, fragment.id))
+            else:
+                unchanged += 1
+        last = self._execute(cur, "SELECT MAX(position) FROM fragments WHERE tenant = ? AND patient = ?",
+                             (tenant, patient)).fetchone()[0]
+        self._insert(cur, tenant, patient, fresh, (last if last is not None else -1) + 1)
+        for fragment in fresh:  # an announced result that arrives is no longer pending
+            self._execute(cur, "DELETE FROM pending WHERE tenant = ? AND patient = ? AND fragment_id = ?",
+                          (tenant, patient, fragment.id))
+        self._reorder(cur, tenant, patient, [f.id for f in record.fragments])
+        return len(fresh), changed, len(gone), unchanged
+
+    def _reorder(self, cur: Any, tenant: str, patient: str, first: Sequence[str]) -> None:
+        """Positions as a fresh read of the chart would give them: `first` (the pulled chart, in its order), then
+        the other fragments in their order; only rows whose position moves are written."""
+        rows = self._execute(cur, "SELECT fragment_id, position FROM fragments WHERE tenant = ? AND patient = ? "
+                                  "ORDER BY position", (tenant, patient)).fetchall()
+        leading = set(first)
+        wanted = [*first, *(str(r[0]) for r in rows if str(r[0]) not in leading)]
+        now_at = {str(r[0]): int(r[1]) for r in rows}
+        for position, fragment_id in enumerate(wanted):
+            if now_at.get(fragment_id) != position:
+                self._execute(cur, "UPDATE fragments SET position = ? WHERE tenant = ? AND patient = ? AND "
+                                   "fragment_id = ?", (position, tenant, patient, fragment_id))
 
     # ------------------------------------------------------------------ idempotency
     def upsert_idempotent(self, tenant: str, patient: str, idem_key: str, record: PatientRecord,

@@ -29,6 +29,7 @@ from ebmrag.records.fhir.checks import defects
 from ebmrag.records.fhir.composition import section_notes
 from ebmrag.records.fhir.index import ChartIndex, Entry, Resource, bundle_entries, reference_of, type_id
 from ebmrag.records.fhir.medications import MEDICATION_TYPES, NOT_ACTIVE, current_names, reconcile
+from ebmrag.records.fhir.order import canonical_order
 from ebmrag.records.fhir.rendered import Rendered, Skip
 from ebmrag.records.fhir.resources import (
     allergy,
@@ -115,7 +116,8 @@ def record_from_fhir_bundle(bundle: Any, origin: str, *, stale_after: timedelta 
 def record_from_entries(entries: Sequence[Entry], origin: str, problems: Sequence[str] = (), *,
                         stale_after: timedelta = DEFAULT_STALE_AFTER) -> PatientRecord:
     chart = _identify(entries, origin)
-    clinical = [e for e in entries if e.resource.get("resourceType") != "Patient" and _is_this_patients(e, chart)]
+    clinical = canonical_order([e for e in entries if e.resource.get("resourceType") != "Patient"
+                                and _is_this_patients(e, chart)], _time)  # however the chart was packaged
     index = chart.index  # holds only this patient's resources and shared ones: nothing else can be resolved
     index.patient = chart.patient
     for entry in clinical:

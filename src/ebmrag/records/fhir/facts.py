@@ -37,6 +37,7 @@ def _vocab() -> dict[str, Any]:
     for fact in [*raw["fact"], *raw["other"]]:
         fact["pattern"] = re.compile(fact["display"], re.IGNORECASE)
         fact["codes"] = frozenset(fact["loinc"])
+        fact["preferred"] = re.compile(fact["prefer"], re.IGNORECASE) if fact.get("prefer") else None
     return raw
 
 
@@ -194,6 +195,7 @@ def _lab_facts(observations: Sequence[Resource], table: str = "fact") -> dict[st
     """Newest (time, "creatinine 88 umol/L", date as written) of each result of a vocabulary table: by LOINC
     code, else by display name when the result has no LOINC coding at all (a local lab code)."""
     newest: dict[str, tuple[datetime, str, str]] = {}
+    ranks: dict[str, tuple[datetime, bool]] = {}
     for r in observations:
         when, value = _stamp(r), value_of(r)
         if when is None or not re.search(r"\d", value):  # "Test Not Performed U/L" is no result
@@ -202,7 +204,10 @@ def _lab_facts(observations: Sequence[Resource], table: str = "fact") -> dict[st
         name = text_of(r.get("code"))
         for fact in _vocab()[table]:
             if loinc & fact["codes"] or (not loinc and fact["pattern"].search(name)):
-                if fact["name"] not in newest or when > newest[fact["name"]][0]:
+                preferred = fact["preferred"]
+                rank = (when, bool(preferred and preferred.search(" ".join([name, *sorted(loinc)]))))
+                if fact["name"] not in ranks or rank > ranks[fact["name"]]:  # a tie keeps the first
+                    ranks[fact["name"]] = rank
                     newest[fact["name"]] = (when, f"{fact['name']} {value}", _day(r))
                 break
     return newest

@@ -1,0 +1,112 @@
+"""`[cds]`: the CDS Hooks service of `ebmrag serve`, and the CDS clients (EHRs) it trusts (docs/configuration.md).
+
+A CDS client proves who it is with a JWT signed by a key of its JWK Set (CDS Hooks 2.0, "Trusting CDS Clients").
+Each trusted issuer is a table `[cds.issuers.<name>]`: its `iss`, where its JWK Set is (a file, or an https URL
+fetched and cached; the only URL a token's `jku` may name), the tenant its calls are audited under, and the FHIR
+servers whose `fhirAuthorization` tokens the service may use (a hook's `fhirServer` names a URL; the service
+fetches only from a listed one, so a trusted client cannot point it anywhere else).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from ebmrag.ehr.params import check_base
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")  # the store's tenant id rule
+ISSUER_KEYS = ("iss", "tenant", "jwks_file", "jwks_url", "fhir_servers")
+
+
+@dataclass(frozen=True)
+class TrustedIssuer:
+    """One CDS client. Exactly one of `jwks_file` (a JSON JWK Set on this server) and `jwks_url`."""
+
+    name: str
+    iss: str
+    tenant: str
+    jwks_file: str = ""
+    jwks_url: str = ""
+    fhir_servers: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        where = f"[cds.issuers.{self.name}]"
+        if not _NAME.match(self.name):
+            raise ValueError(f"issuer names must be 1-128 letters, digits or . _ : -, got {self.name!r}")
+        if not self.iss.strip():
+            raise ValueError(f"{where} needs iss: the `iss` claim of the client's JWTs")
+        if not _NAME.match(self.tenant):
+            raise ValueError(f"{where} tenant must be a tenant id (letters, digits, . _ : -), got {self.tenant!r}")
+        if bool(self.jwks_file) == bool(self.jwks_url):
+            raise ValueError(f"{where} needs exactly one of jwks_file and jwks_url")
+        if self.jwks_url and urlsplit(self.jwks_url).scheme not in ("https", "http"):
+            raise ValueError(f"{where} jwks_url must be an http(s) URL, got {self.jwks_url!r}")
+        for server in self.fhir_servers:
+            check_base(server, f"{where} fhir_servers")
+
+    def may_fetch_from(self, fhir_server: str) -> bool:
+        """Whether the hook's `fhirServer` is one of this client's listed FHIR bases (compared without a trailing
+        slash, scheme and host case-insensitively)."""
+        return _base(fhir_server) in {_base(s) for s in self.fhir_servers}
+
+
+def _base(url: str) -> str:
+    parts = urlsplit(url.strip())
+    return f"{parts.scheme.lower()}://{parts.netloc.lower()}{parts.path.rstrip('/')}"
+
+
+@dataclass(frozen=True)
+class CdsParams:
+    """The service's switches and limits, and the trusted issuers as TOML holds them (`[cds.issuers.<name>]`);
+    `issuer(name)` gives the checked `TrustedIssuer`, `trusted(iss)` the one a token names."""
+
+    enabled: bool = False  # GET /cds-services and the hook endpoints exist only when true
+    base_url: str = ""  # the service's public URL behind a proxy (a JWT's `aud` is checked against it); "" = as called
+    clock_skew_seconds: float = 30.0  # allowed between the client's clock and ours (exp, iat)
+    jwks_cache_seconds: float = 300.0  # a JWK Set fetched from jwks_url is reused this long (a new kid refetches)
+    fetch_timeout_seconds: float = 10.0  # one request to the EHR's FHIR server (missing prefetch)
+    fetch_max_pages: int = 50  # pages of one fetched search (100 resources each); more: the call is refused (412)
+    critical_hours: float = 24.0  # a critical result this recent gets a card
+    issuers: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.base_url:
+            check_base(self.base_url, "[cds] base_url")
+        if self.clock_skew_seconds < 0 or self.jwks_cache_seconds < 0:
+            raise ValueError("clock_skew_seconds and jwks_cache_seconds must be >= 0")
+        if self.fetch_timeout_seconds <= 0 or self.critical_hours <= 0:
+            raise ValueError("fetch_timeout_seconds and critical_hours must be > 0")
+        if not 1 <= self.fetch_max_pages <= 1000:
+            raise ValueError(f"fetch_max_pages must be 1 to 1000, got {self.fetch_max_pages}")
+        seen: dict[str, str] = {}
+        for name in self.issuers:
+            iss = self.issuer(name).iss  # every issuer checked when the settings are read
+            if iss in seen:
+                raise ValueError(f"[cds.issuers.{name}] and [cds.issuers.{seen[iss]}] have the same iss")
+            seen[iss] = name
+
+    def issuer(self, name: str) -> TrustedIssuer:
+        """The named issuer, checked; a KeyError when there is none."""
+        raw = self.issuers[name]
+        where = f"[cds.issuers.{name}]"
+        if not isinstance(raw, dict):
+            raise ValueError(f"{where} must be a table")
+        unknown = sorted(set(raw) - set(ISSUER_KEYS))
+        if unknown:
+            raise ValueError(f"{where} has unknown keys {unknown}; known: {list(ISSUER_KEYS)}")
+        servers = raw.get("fhir_servers", [])
+        if not isinstance(servers, list) or not all(isinstance(s, str) for s in servers):
+            raise ValueError(f"{where} fhir_servers must be a list of FHIR base URLs")
+        wrong = sorted(k for k, v in raw.items() if k != "fhir_servers" and not isinstance(v, str))
+        if wrong:
+            raise ValueError(f"{where} keys {wrong} must be strings")
+        if not raw.get("iss") or not raw.get("tenant"):
+            raise ValueError(f"{where} needs iss and tenant")
+        return TrustedIssuer(name=name, **{k: v for k, v in raw.items() if k != "fhir_servers"},
+                             fhir_servers=tuple(servers))
+
+    def trusted(self, iss: str) -> TrustedIssuer | None:
+        """The issuer whose `iss` this is, or None."""
+        return next((found for name in self.issuers if (found := self.issuer(name)).iss == iss), None)

@@ -1,0 +1,276 @@
+"""A FHIR REST client for pulling charts: bearer auth, paging, and patience with a busy or failing server.
+
+What a server refuses becomes one `EhrError` line naming the operation ("search Observation", never the patient
+id or the URL, which holds it), the status and the server's own diagnostics (an OperationOutcome), so an
+operator can act without a traceback. Retries follow what the server says:
+
+- 429 and 503 are retried (`[ehr] retries`) after their `Retry-After` (seconds or an HTTP date), or after an
+  exponential backoff when it is absent; a server asking for more than `max_retry_after_seconds` is an error,
+  since retrying sooner than asked only earns another 429;
+- other 5xx and network errors are retried `error_retries` times after the backoff;
+- a 401 gets one fresh token (the cached one may have expired early, or been revoked) and one more try.
+
+The token is sent only to the FHIR base's origin: a `next` link, a Bulk Data status or file URL elsewhere is
+refused rather than followed, since following it would hand the bearer token to whoever wrote the link.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import logging
+import re
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol
+from urllib.parse import urljoin, urlsplit
+
+import httpx
+
+from ebmrag.ehr.params import EhrParams
+from ebmrag.errors import EbmragError, RecordError
+from ebmrag.protocols import checkpoint
+from ebmrag.records.limits import load_json
+
+log = logging.getLogger(__name__)
+FHIR_JSON = "application/fhir+json"
+FIRST_BACKOFF = 0.5  # seconds; doubled per retry up to [ehr] max_backoff_seconds
+_DIAGNOSTICS = 240  # characters of the server's diagnostics kept in an error line
+
+
+class EhrError(EbmragError):
+    """A FHIR server (or its token endpoint) refused or could not be reached: one line naming the operation, the
+    status (None: no answer at all) and what the server said."""
+
+    def __init__(self, message: str, *, status: int | None = None, operation: str = "",
+                 unreachable: bool = False) -> None:
+        """`unreachable`: no answer at all (a network error, a timeout), not a refusal."""
+        super().__init__(" ".join(message.split()))
+        self.status, self.operation, self.unreachable = status, operation, unreachable
+
+
+class Authorizer(Protocol):
+    """Hands out bearer tokens (ehr.smart.TokenSource)."""
+
+    def token(self) -> str: ...
+
+    def refresh(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A response read whole (within `max_response_mb`)."""
+
+    status: int
+    headers: httpx.Headers
+    body: bytes
+    url: str
+
+    def json(self, operation: str) -> Any:
+        try:
+            return load_json(self.body, operation)  # depth-bounded, like every other input from outside
+        except RecordError as exc:
+            raise EhrError(f"{operation}: the FHIR server answered {self.status} with a body that is not valid "
+                           f"JSON ({exc.problem})", status=self.status, operation=operation) from None
+
+
+def origin(url: str) -> tuple[str, str]:
+    """(scheme, host:port) with the default port written out: the unit a token may be sent to."""
+    parts = urlsplit(url)
+    port = parts.port or {"http": 80, "https": 443}.get(parts.scheme, 0)
+    return parts.scheme.lower(), f"{(parts.hostname or '').lower()}:{port}"
+
+
+def retry_after(value: str | None, now: datetime | None = None) -> float | None:
+    """Seconds to wait from a Retry-After header: delay-seconds or an HTTP date; None when absent or unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
+
+
+def diagnostics(body: Any, hide: Sequence[str] = ()) -> str:
+    """What an OperationOutcome (or an OAuth error body) says, on one line, without the words in `hide` (the
+    patient id a server may echo back)."""
+    said: list[str] = []
+    if isinstance(body, Mapping) and body.get("resourceType") == "OperationOutcome":
+        issues = body.get("issue")
+        for issue in issues[:3] if isinstance(issues, list) else []:
+            if not isinstance(issue, Mapping):
+                continue
+            details = issue.get("details")
+            text = issue.get("diagnostics") or (details.get("text") if isinstance(details, Mapping) else None)
+            said.append(str(text or issue.get("code") or ""))
+    elif isinstance(body, Mapping) and isinstance(body.get("error"), str):
+        said.append(body["error"] + (f": {body['error_description']}" if body.get("error_description") else ""))
+    text = " ".join("; ".join(s for s in said if s).split())
+    for word in hide:
+        if word:  # as a whole id only: hiding "7" must not garble "HTTP 407"
+            text = re.sub(rf"(?<![\w.-]){re.escape(word)}(?![\w-])", "<patient>", text)
+    return text[:_DIAGNOSTICS] + ("…" if len(text) > _DIAGNOSTICS else "")
+
+
+def refusal(answer: Answer, operation: str, hide: Sequence[str] = ()) -> EhrError:
+    try:
+        said = diagnostics(load_json(answer.body, operation), hide) if answer.body else ""
+    except RecordError:
+        said = ""
+    reason = httpx.codes.get_reason_phrase(answer.status)
+    return EhrError(f"{operation}: the FHIR server refused ({answer.status} {reason})" + (f": {said}" if said else ""),
+                    status=answer.status, operation=operation)
+
+
+class FhirClient:
+    """Requests to one FHIR base on one `httpx.Client`; `requests` counts what was sent (retries included)."""
+
+    def __init__(self, base: str, params: EhrParams, *, auth: Authorizer | None = None,
+                 http: httpx.Client | None = None, sleep: Callable[[float], None] = time.sleep,
+                 hide: Sequence[str] = ()) -> None:
+        """`auth`: None for an open server; `hide`: words never repeated from the server's diagnostics (the
+        patient id); `sleep`: how a wait is spent (tests count them)."""
+        self.base, self.params, self.auth, self.sleep = base.rstrip("/"), params, auth, sleep
+        self.origin = origin(self.base)
+        self.http = http or httpx.Client(timeout=params.timeout_seconds, follow_redirects=False)
+        self.hide = tuple(hide)
+        self.requests = 0
+
+    def close(self) -> None:
+        self.http.close()
+
+    def url(self, path: str, authorized: bool = True) -> str:
+        """`path` under the base ("Patient/7/$everything"), or an absolute URL the server gave: on the base's
+        origin when the request carries the token (a Bulk Data file that needs no token may be elsewhere)."""
+        if "://" not in path:  # "Patient/7" is under the base; "/fhir/$export-status/9" under the origin
+            return urljoin(self.base, path) if path.startswith("/") else f"{self.base}/{path}"
+        if authorized and self.auth is not None and origin(path) != self.origin:
+            raise EhrError("the FHIR server sent a link to another server; it is not followed (the access token "
+                           "goes to the FHIR server only)")
+        return path
+
+    def read(self, path: str, query: Mapping[str, str] | None = None, *, operation: str,
+             authorized: bool = True) -> Any:
+        """GET a JSON resource (a Bundle, a CapabilityStatement); an error OperationOutcome is an EhrError."""
+        answer = self.send("GET", path, operation=operation, query=query, authorized=authorized)
+        body = answer.json(operation)
+        if isinstance(body, Mapping) and body.get("resourceType") == "OperationOutcome" and _is_error(body):
+            raise EhrError(f"{operation}: the FHIR server answered with an error: {diagnostics(body, self.hide)}",
+                           status=answer.status, operation=operation)
+        return body
+
+    def pages(self, path: str, query: Mapping[str, str], *, operation: str) -> Iterator[Mapping[str, Any]]:
+        """Every page of a search: the first from `path`, then each `link[rel=next]` (on the base's origin)."""
+        url: str | None = path
+        params: Mapping[str, str] | None = query
+        seen: set[str] = set()
+        while url is not None:
+            bundle = self.read(url, params, operation=operation)
+            if not isinstance(bundle, Mapping) or bundle.get("resourceType") != "Bundle":
+                raise EhrError(f"{operation}: the FHIR server answered with something other than a Bundle",
+                               operation=operation)
+            yield bundle
+            url, params = next_link(bundle), None
+            if url is not None:
+                url = urljoin(self.base + "/", url)
+                if origin(url) != self.origin:
+                    raise EhrError(f"{operation}: the FHIR server's next link points to another server; it is not "
+                                   "followed (the access token goes to the FHIR server only)", operation=operation)
+                if url in seen:
+                    raise EhrError(f"{operation}: the FHIR server's next link repeats an earlier page",
+                                   operation=operation)
+                seen.add(url)
+
+    def send(self, method: str, path: str, *, operation: str, query: Mapping[str, str] | None = None,
+             headers: Mapping[str, str] | None = None, authorized: bool = True, accept: str = FHIR_JSON) -> Answer:
+        """One request with the retries of the module doc; a status of 400 or more that is not retried, or that
+        stays after its retries, is an EhrError. 1xx-3xx answers (202 Accepted too) are returned."""
+        url = self.url(path, authorized)
+        busy = failed = 0
+        refreshed = False
+        while True:
+            checkpoint()  # a pull the service no longer waits for stops between two requests
+            try:
+                answer = self._exchange(method, url, query, headers, authorized, accept, operation)
+            except httpx.TransportError as exc:
+                if failed < self.params.error_retries:
+                    failed += 1
+                    self.wait(self._backoff(failed), operation, "unreachable")
+                    continue
+                raise EhrError(f"{operation}: the FHIR server could not be reached ({type(exc).__name__})",
+                               operation=operation, unreachable=True) from None
+            if answer.status < 400:
+                return answer
+            if answer.status == 401 and authorized and self.auth is not None and not refreshed:
+                refreshed = True
+                self.auth.refresh()
+                continue
+            if answer.status in (429, 503) and busy < self.params.retries:
+                busy += 1
+                self.wait(self._server_wait(answer, busy, operation), operation, str(answer.status))
+                continue
+            if answer.status >= 500 and answer.status != 503 and failed < self.params.error_retries:
+                failed += 1
+                self.wait(self._backoff(failed), operation, str(answer.status))
+                continue
+            raise refusal(answer, operation, self.hide)
+
+    def _exchange(self, method: str, url: str, query: Mapping[str, str] | None, headers: Mapping[str, str] | None,
+                  authorized: bool, accept: str, operation: str) -> Answer:
+        sent = {"Accept": accept, **(headers or {})}
+        if authorized and self.auth is not None:
+            if origin(url) != self.origin:  # never: url() checked it; kept here too, where the token is attached
+                raise EhrError(f"{operation}: refused to send the access token to another server")
+            sent["Authorization"] = f"Bearer {self.auth.token()}"
+        limit = int(self.params.max_response_mb * 2**20)
+        self.requests += 1
+        with self.http.stream(method, url, params=dict(query) if query else None, headers=sent) as reply:
+            body = bytearray()
+            for chunk in reply.iter_bytes():
+                body += chunk
+                if len(body) > limit:
+                    raise EhrError(f"{operation}: the FHIR server's answer is larger than "
+                                   f"{self.params.max_response_mb:g} MB ([ehr] max_response_mb)", operation=operation)
+            return Answer(reply.status_code, reply.headers, bytes(body), str(reply.url))
+
+    def _server_wait(self, answer: Answer, attempt: int, operation: str) -> float:
+        asked = retry_after(answer.headers.get("retry-after"))
+        if asked is None:
+            return self._backoff(attempt)
+        if asked > self.params.max_retry_after_seconds:
+            raise EhrError(f"{operation}: the FHIR server is busy ({answer.status}) and asks to wait {asked:g} s, "
+                           f"more than [ehr] max_retry_after_seconds ({self.params.max_retry_after_seconds:g} s)",
+                           status=answer.status, operation=operation)
+        return asked
+
+    def _backoff(self, attempt: int) -> float:
+        return float(min(self.params.max_backoff_seconds, FIRST_BACKOFF * 2 ** (attempt - 1)))
+
+    def wait(self, seconds: float, operation: str, why: str) -> None:
+        log.info("%s: %s, retrying in %.1f s", operation, why, seconds)
+        left = seconds
+        while left > 0:
+            checkpoint()  # a long Retry-After must not outlive the request that waits for it
+            self.sleep(min(left, 1.0))
+            left -= 1.0
+
+
+def next_link(bundle: Mapping[str, Any]) -> str | None:
+    links = bundle.get("link")
+    for link in links if isinstance(links, list) else []:
+        if isinstance(link, Mapping) and link.get("relation") == "next" and isinstance(link.get("url"), str):
+            return str(link["url"])
+    return None
+
+
+def _is_error(outcome: Mapping[str, Any]) -> bool:
+    issues = outcome.get("issue")
+    return any(isinstance(i, Mapping) and i.get("severity") in ("error", "fatal")
+               for i in (issues if isinstance(issues, list) else []))

@@ -1,0 +1,387 @@
+"""`pull_patient`: one patient's chart from a FHIR server into the store, whole or as a `_since` refresh.
+
+The server's CapabilityStatement decides how: `Patient/$everything` where it offers the operation, else one
+`patient=` search per resource type it can search that way (plus the Patient itself). Either way every page is
+followed, and what the pulled resources refer to but the compartment does not hold (a Medication, an
+Organization, a panel's member Observations) is fetched by id, `[ehr] reference_depth` rounds deep, so the chart
+resolves its references as the same chart read from a file does.
+
+A refresh asks only for what changed since the last pull (`_since` on $everything, `_lastUpdated=gt` on
+searches), merges it into the resources kept from before by (type, id, versionId), and rebuilds the whole chart
+from them with the lenient reader (records.fhir.bundle); the store then rewrites only fragments whose text
+changed, so the service prepares only those. A deletion on the server is not seen by `_since`: `full` re-reads
+everything and replaces what was kept.
+
+A pull is atomic: everything is fetched first, and only then one store transaction writes the resources, the sync
+point and the chart; a refusal, a timeout or a stop before that leaves the store as it was.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+
+from ebmrag.ehr.fhir import EhrError, FhirClient
+from ebmrag.ehr.params import EhrConnection, EhrParams
+from ebmrag.ehr.smart import connect
+from ebmrag.protocols import Progress, checkpoint, no_progress
+from ebmrag.records.fhir.bundle import DEFAULT_STALE_AFTER, record_from_entries, subject_link
+from ebmrag.records.fhir.index import Entry, reference_of, type_id
+from ebmrag.records.fragment import PatientRecord
+from ebmrag.store.access import valid_name
+from ebmrag.store.patients import PatientStore, PulledResource, PulledWrite
+
+log = logging.getLogger(__name__)
+Resource = Mapping[str, Any]
+Key = tuple[str, str]  # (resource type, id)
+ID_BATCH = 50  # ids per `_id=` search when fetching referenced resources
+NOT_FETCHED = frozenset({"Patient", "Group", "Bundle"})  # references never followed: other patients, cohorts
+
+
+@dataclass(frozen=True)
+class PullReport:
+    """What a pull did; no patient text (ids of fragments only, for the audit)."""
+
+    patient: str
+    connection: str
+    mode: str  # "$everything", "search" or "bulk"
+    incremental: bool
+    requests: int
+    fetched: int  # resources the server sent (a refresh: the changed ones)
+    kept: int  # resources the chart was built from
+    written: PulledWrite
+    skipped: tuple[str, ...]  # what the reader did not turn into fragments, and why
+    since: str  # the next refresh asks for changes from here
+    fragment_ids: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        w = self.written
+        return {"patient": self.patient, "connection": self.connection, "mode": self.mode,
+                "incremental": self.incremental, "requests": self.requests, "resources_fetched": self.fetched,
+                "resources_kept": self.kept, "fragments": len(self.fragment_ids), "added": w.added,
+                "changed": w.changed, "removed": w.removed, "unchanged": w.unchanged,
+                "record_skipped": list(self.skipped), "since": self.since}
+
+
+def source_of(connection: EhrConnection, fhir_patient: str) -> str:
+    """Where a chart comes from: one patient on one server (its sync state and kept resources are per source)."""
+    return f"{connection.base}/Patient/{fhir_patient}"
+
+
+def pull_patient(store: PatientStore, connection: EhrConnection, patient: str, *, params: EhrParams,
+                 full: bool = False, fhir_patient: str = "", stale_after: timedelta = DEFAULT_STALE_AFTER,
+                 http: httpx.Client | None = None, progress: Progress = no_progress,
+                 on_stored: Callable[[PullReport], None] | None = None) -> PullReport:
+    """Pull `patient` (the store's id, in the connection's tenant; on the server `fhir_patient`, by default the
+    same) and store the chart; a refresh unless `full` or there is no earlier pull. `on_stored` hears the report
+    right after the store's commit (the service audits there, whether or not its request is still waited for).
+    Raises EhrError (the server refused or could not be reached), ConfigError (the connection's key) or
+    RecordError (no chart)."""
+    valid_name(patient, "patient id")
+    fhir_id = valid_name(fhir_patient or patient, "FHIR patient id")
+    source = source_of(connection, fhir_id)
+    state = None if full else store.pulled_state(connection.tenant, patient, source)
+    started = datetime.now(UTC)
+    with OwnedClient(params, http) as client_http:
+        client, capability = connect(connection, params, http=client_http, hide=(fhir_id, patient))
+        fetcher = ChartFetcher(client, capability, fhir_id, params, progress)
+        fetched, server_time = fetcher.compartment(state.since if state else None)
+        kept = _kept(store, connection.tenant, patient, source) if state else {}
+        merged, changed = merge(kept, fetched)
+        extra = fetcher.referenced(merged, changed)
+        merged.update(extra)
+        changed.update(extra)
+    checkpoint()  # the last moment a stopped pull leaves the store untouched
+    since = next_since(server_time or started, params)
+    record, written = store_chart(store, connection.tenant, patient, source, merged, changed, since,
+                                  replace_all=state is None, origin=f"FHIR pull ({connection.name})",
+                                  stale_after=stale_after)
+    mode = "$everything" if fetcher.everything else "search"
+    report = PullReport(patient, connection.name, mode, state is not None, client.requests,
+                        len(fetched) + len(extra), len(merged), written, record.skipped, since,
+                        tuple(f.id for f in record.fragments))
+    if on_stored is not None:
+        on_stored(report)
+    log.info("pull from %s (%s): %d requests, %d resources fetched, %d fragments (+%d ~%d -%d)", connection.name,
+             mode, client.requests, len(fetched) + len(extra), len(record.fragments), written.added,
+             written.changed, written.removed)
+    return report
+
+
+class OwnedClient:
+    """The caller's httpx client, or one of our own that is closed afterwards."""
+
+    def __init__(self, params: EhrParams, given: httpx.Client | None) -> None:
+        self.given, self.params = given, params
+        self.client = given or httpx.Client(timeout=params.timeout_seconds, follow_redirects=False)
+
+    def __enter__(self) -> httpx.Client:
+        return self.client
+
+    def __exit__(self, *exc: object) -> None:
+        if self.given is None:
+            self.client.close()
+
+
+class ChartFetcher:
+    """The requests of one patient's pull on one server."""
+
+    def __init__(self, client: FhirClient, capability: Mapping[str, Any], fhir_id: str, params: EhrParams,
+                 progress: Progress) -> None:
+        self.client, self.fhir_id, self.params, self.progress = client, fhir_id, params, progress
+        self.everything = offers_everything(capability)
+        self.searchable = searchable_types(capability)
+        self.known_types = set(self.searchable) | _listed_types(capability)
+        self.received = 0
+
+    def compartment(self, since: str | None) -> tuple[dict[Key, Resource], str]:
+        """The patient's resources (changed after `since`, when given), and the server's time of the first page
+        (its `Bundle.meta.lastUpdated`, when it says)."""
+        found: dict[Key, Resource] = {}
+        server_time = ""
+        for bundle in self._compartment_pages(since):
+            server_time = server_time or _bundle_time(bundle)
+            for resource in bundle_resources(bundle):
+                if self._is_ours(resource):
+                    found[key_of(resource)] = resource
+        return found, server_time
+
+    def _compartment_pages(self, since: str | None) -> Iterator[Mapping[str, Any]]:
+        count = str(self.params.page_size)
+        if self.everything:
+            query = {"_count": count, **({"_since": since} if since else {})}
+            yield from self._pages(f"Patient/{self.fhir_id}/$everything", query, "Patient $everything")
+            return
+        changed = {"_lastUpdated": f"gt{since}"} if since else {}
+        yield from self._pages("Patient", {"_id": self.fhir_id, "_count": count, **changed}, "search Patient")
+        for kind, parameter in self.searchable.items():
+            value = self.fhir_id if parameter == "patient" else f"Patient/{self.fhir_id}"
+            yield from self._pages(kind, {parameter: value, "_count": count, **changed}, f"search {kind}")
+
+    def _pages(self, path: str, query: Mapping[str, str], operation: str) -> Iterator[Mapping[str, Any]]:
+        for bundle in self.client.pages(path, query, operation=operation):
+            self.received += len(bundle_resources(bundle))
+            self.progress("resources received", self.received, 0)
+            yield bundle
+
+    def referenced(self, held: Mapping[Key, Resource], new: Mapping[Key, Resource]) -> dict[Key, Resource]:
+        """What the `new` resources refer to on this server and is not held, by id, a few rounds deep (a
+        statement's Medication, then the Medication's manufacturer). What kept resources refer to was fetched
+        when they were (or is not on the server: a refresh does not ask again; a full pull does)."""
+        fetched: dict[Key, Resource] = {}
+        following: Mapping[Key, Resource] = new
+        for _ in range(self.params.reference_depth):
+            wanted = sorted(self._missing(following.values(), {*held, *fetched}))
+            if not wanted:
+                break
+            before = set(fetched)
+            for kind, ids in _by_type(wanted).items():
+                for start in range(0, len(ids), ID_BATCH):
+                    query = {"_id": ",".join(ids[start:start + ID_BATCH]), "_count": str(self.params.page_size)}
+                    for bundle in self._pages(kind, query, f"read referenced {kind}"):
+                        for resource in bundle_resources(bundle):
+                            if self._is_ours(resource):
+                                fetched[key_of(resource)] = resource
+            following = {k: v for k, v in fetched.items() if k not in before}
+        return fetched
+
+    def _missing(self, resources: Iterable[Resource], held: set[Key]) -> set[Key]:
+        wanted: set[Key] = set()
+        for resource in resources:
+            for reference in references_in(resource):
+                target = self._local_key(reference)
+                if target is not None and target not in held:
+                    wanted.add(target)
+        return wanted
+
+    def _local_key(self, reference: str) -> Key | None:
+        """(type, id) of a reference to this server ("Medication/7", "<base>/Medication/7/_history/2"); None for
+        a contained one ("#x"), a urn:uuid, another server's, or a type never followed or not served here."""
+        if reference.startswith(("#", "urn:")):
+            return None
+        if "://" in reference and not reference.startswith(self.client.base + "/"):
+            return None
+        found = type_id(reference)
+        if not found:
+            return None
+        kind, _, rid = found.partition("/")
+        if kind in NOT_FETCHED or (self.known_types and kind not in self.known_types):
+            return None
+        return kind, rid
+
+    def _is_ours(self, resource: Resource) -> bool:
+        """A resource of this patient or of nobody (a Medication); another patient's is not kept, even where a
+        server's $everything or a reference hands it over."""
+        if not isinstance(resource.get("id"), str) or not isinstance(resource.get("resourceType"), str):
+            return False
+        if resource["resourceType"] == "Patient":
+            return bool(resource["id"] == self.fhir_id)
+        named = type_id(reference_of(subject_link(resource)))
+        return not named.startswith("Patient/") or named == f"Patient/{self.fhir_id}"
+
+
+def offers_everything(capability: Mapping[str, Any]) -> bool:
+    patient = next((r for r in _resources(capability) if r.get("type") == "Patient"), None)
+    operations = patient.get("operation") if patient else None
+    return any(isinstance(o, Mapping) and (o.get("name") in ("everything", "$everything")
+                                           or str(o.get("definition", "")).endswith("/Patient-everything"))
+               for o in (operations if isinstance(operations, list) else []))
+
+
+def searchable_types(capability: Mapping[str, Any]) -> dict[str, str]:
+    """Resource type -> the search parameter naming its patient ("patient", else "subject"), for every type the
+    server can search by patient (its part of the patient compartment), in name order."""
+    found: dict[str, str] = {}
+    for resource in _resources(capability):
+        kind = resource.get("type")
+        params = resource.get("searchParam")
+        names = {p.get("name") for p in params if isinstance(p, Mapping)} if isinstance(params, list) else set()
+        if not isinstance(kind, str) or kind in NOT_FETCHED:
+            continue
+        if "patient" in names:
+            found[kind] = "patient"
+        elif "subject" in names:
+            found[kind] = "subject"
+    return dict(sorted(found.items()))
+
+
+def _listed_types(capability: Mapping[str, Any]) -> set[str]:
+    return {str(r["type"]) for r in _resources(capability) if isinstance(r.get("type"), str)}
+
+
+def _resources(capability: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    rests = capability.get("rest")
+    found: list[Mapping[str, Any]] = []
+    for rest in rests if isinstance(rests, list) else []:
+        listed = rest.get("resource") if isinstance(rest, Mapping) else None
+        found += [r for r in listed if isinstance(r, Mapping)] if isinstance(listed, list) else []
+    return found
+
+
+def bundle_resources(bundle: Mapping[str, Any]) -> list[Resource]:
+    """The resources of a searchset page; `search.mode = outcome` entries (an OperationOutcome of warnings) are not
+    the chart's."""
+    entries = bundle.get("entry")
+    found: list[Resource] = []
+    for entry in entries if isinstance(entries, list) else []:
+        resource = entry.get("resource") if isinstance(entry, Mapping) else None
+        search = entry.get("search") if isinstance(entry, Mapping) else None
+        if isinstance(search, Mapping) and search.get("mode") == "outcome":
+            continue
+        if isinstance(resource, Mapping) and resource.get("resourceType") != "OperationOutcome":
+            found.append(resource)
+    return found
+
+
+def references_in(value: Any) -> Iterator[str]:
+    """Every `reference` string anywhere in a resource (contained resources included)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Mapping):
+            reference = item.get("reference")
+            if isinstance(reference, str):
+                yield reference
+            stack.extend(v for v in item.values() if isinstance(v, Mapping | list))
+        elif isinstance(item, list):
+            stack.extend(v for v in item if isinstance(v, Mapping | list))
+
+
+def key_of(resource: Resource) -> Key:
+    return str(resource["resourceType"]), str(resource["id"])
+
+
+def version_of(resource: Resource) -> str:
+    meta = resource.get("meta")
+    if isinstance(meta, Mapping):
+        return str(meta.get("versionId") or meta.get("lastUpdated") or "")
+    return ""
+
+
+def merge(kept: Mapping[Key, Resource], fetched: Mapping[Key, Resource]) -> tuple[dict[Key, Resource],
+                                                                                  dict[Key, Resource]]:
+    """(everything the chart now holds, what of it is new or another version than kept)."""
+    merged = dict(kept)
+    changed: dict[Key, Resource] = {}
+    for key, resource in fetched.items():
+        old = kept.get(key)
+        if old is None or version_of(old) != version_of(resource) or (not version_of(resource) and old != resource):
+            changed[key] = resource
+        merged[key] = resource
+    return merged, changed
+
+
+def chart_record(resources: Iterable[Resource], patient: str, origin: str,
+                 stale_after: timedelta = DEFAULT_STALE_AFTER) -> PatientRecord:
+    """The chart of the pulled resources, read as a file of them would be, under the store's patient id."""
+    entries = [Entry(r, "", f"{r['resourceType']}/{r['id']}") for r in sorted(resources, key=key_of)]
+    return as_patient(record_from_entries(entries, origin, stale_after=stale_after), patient)
+
+
+def as_patient(record: PatientRecord, patient: str) -> PatientRecord:
+    """The record under the store's patient id (the server's `Patient/<id>` is not the store's key)."""
+    return PatientRecord(patient, tuple(replace(f, patient_id=patient) for f in record.fragments), record.origin,
+                         record.skipped, record.identifiers)
+
+
+def store_chart(store: PatientStore, tenant: str, patient: str, source: str, resources: Mapping[Key, Resource],
+                changed: Mapping[Key, Resource], since: str, *, replace_all: bool, origin: str,
+                stale_after: timedelta = DEFAULT_STALE_AFTER,
+                record: PatientRecord | None = None) -> tuple[PatientRecord, PulledWrite]:
+    """The chart (`record`, read already, or rebuilt from every held resource), then one store transaction
+    (`PatientStore.put_pulled`)."""
+    if not any(k[0] == "Patient" for k in resources):
+        raise EhrError("the FHIR server returned no Patient resource for this patient (unknown id, or not in the "
+                       "access token's scopes)", status=404)
+    record = as_patient(record, patient) if record else chart_record(resources.values(), patient, origin,
+                                                                     stale_after)
+    rows = [_row(r) for r in (resources if replace_all else changed).values()]
+    return record, store.put_pulled(tenant, patient, source, record, rows, since, replace_all)
+
+
+def _row(resource: Resource) -> PulledResource:
+    kind, rid = key_of(resource)
+    return PulledResource(kind, rid, version_of(resource),
+                          json.dumps(resource, ensure_ascii=False, separators=(",", ":")))
+
+
+def _kept(store: PatientStore, tenant: str, patient: str, source: str) -> dict[Key, Resource]:
+    kept: dict[Key, Resource] = {}
+    for body in store.pulled_resources(tenant, patient, source):
+        resource = json.loads(body)
+        kept[key_of(resource)] = resource
+    return kept
+
+
+def _by_type(keys: Sequence[Key]) -> dict[str, list[str]]:
+    grouped: dict[str, list[str]] = {}
+    for kind, rid in keys:
+        grouped.setdefault(kind, []).append(rid)
+    return grouped
+
+
+def _bundle_time(bundle: Mapping[str, Any]) -> str:
+    meta = bundle.get("meta")
+    stamp = meta.get("lastUpdated") if isinstance(meta, Mapping) else None
+    return stamp if isinstance(stamp, str) else ""
+
+
+def next_since(moment: datetime | str, params: EhrParams) -> str:
+    """The instant the next refresh asks for changes after: the server's time of this pull (or ours), less
+    `[ehr] since_skew_seconds` for what was being written while we read (fetching it twice costs nothing)."""
+    if isinstance(moment, str):
+        try:
+            moment = datetime.fromisoformat(moment.replace("Z", "+00:00"))
+        except ValueError:
+            moment = datetime.now(UTC)
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    start = moment.astimezone(UTC) - timedelta(seconds=params.since_skew_seconds)
+    return start.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+

@@ -1,0 +1,182 @@
+"""SMART Backend Services authorization (client credentials with a private-key JWT assertion).
+
+The flow (hl7.org/fhir/smart-app-launch/backend-services.html): find the token endpoint (the server's
+`.well-known/smart-configuration`, else the CapabilityStatement's `oauth-uris` extension), sign a short-lived
+assertion (`iss` = `sub` = client id, `aud` = the token endpoint, `exp` five minutes ahead, a fresh `jti`) with
+the client's RS384 or ES384 key, and trade it for an access token. The token is kept until shortly before it
+expires; a 401 from the FHIR server gets one fresh token (`FhirClient` asks `refresh()`), never a loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jwt
+
+from ebmrag.ehr.fhir import EhrError, FhirClient, diagnostics
+from ebmrag.ehr.keys import SigningKey, load_signing_key
+from ebmrag.ehr.params import EhrConnection, EhrParams
+from ebmrag.errors import RecordError
+from ebmrag.records.limits import load_json
+
+log = logging.getLogger(__name__)
+OAUTH_URIS = "http://fhir-registry.smarthealthit.org/StructureDefinition/oauth-uris"
+ASSERTION_TYPE = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"
+ASSERTION_SECONDS = 300  # the longest an assertion may live (SMART Backend Services)
+EXPIRY_MARGIN = 30.0  # seconds (at most a tenth of its life): a token this close to its end is replaced before use
+DEFAULT_TOKEN_SECONDS = 300  # a token answer without expires_in
+
+
+@dataclass(frozen=True)
+class SmartConfiguration:
+    token_endpoint: str
+    algorithms: tuple[str, ...] = ()  # the signing algorithms the server lists (empty: it does not say)
+
+
+def discover(client: FhirClient, capability: Mapping[str, Any] | None) -> SmartConfiguration:
+    """The token endpoint from `.well-known/smart-configuration`, else from the CapabilityStatement."""
+    try:
+        found = client.read(".well-known/smart-configuration", operation="SMART discovery", authorized=False)
+    except EhrError as exc:
+        if exc.status is None or exc.status >= 500:
+            raise
+        found = {}  # an older server: the CapabilityStatement says it
+    token = found.get("token_endpoint") if isinstance(found, Mapping) else None
+    algorithms = found.get("token_endpoint_auth_signing_alg_values_supported") if isinstance(found, Mapping) else None
+    if not isinstance(token, str) or not token:
+        token = _capability_token_url(capability)
+    if not token:
+        raise EhrError("SMART discovery: the FHIR server names no token endpoint (neither in "
+                       ".well-known/smart-configuration nor in its CapabilityStatement's oauth-uris)")
+    if "://" not in token:
+        raise EhrError("SMART discovery: the token endpoint is not an absolute URL")
+    return SmartConfiguration(token, tuple(a for a in algorithms if isinstance(a, str))
+                              if isinstance(algorithms, list) else ())
+
+
+def _capability_token_url(capability: Mapping[str, Any] | None) -> str:
+    rests = capability.get("rest") if isinstance(capability, Mapping) else None
+    for rest in rests if isinstance(rests, list) else []:
+        security = rest.get("security") if isinstance(rest, Mapping) else None
+        extensions = security.get("extension") if isinstance(security, Mapping) else None
+        for extension in extensions if isinstance(extensions, list) else []:
+            if not isinstance(extension, Mapping) or extension.get("url") != OAUTH_URIS:
+                continue
+            for inner in extension.get("extension") or []:
+                uri = inner.get("valueUri") if isinstance(inner, Mapping) and inner.get("url") == "token" else None
+                if isinstance(uri, str):
+                    return uri
+    return ""
+
+
+def client_assertion(key: SigningKey, client_id: str, token_endpoint: str, now: float | None = None) -> str:
+    """The signed JWT that authenticates the client (RFC 7523), good for five minutes and once (`jti`)."""
+    issued = int(now if now is not None else time.time())
+    claims = {"iss": client_id, "sub": client_id, "aud": token_endpoint, "exp": issued + ASSERTION_SECONDS,
+              "iat": issued, "jti": secrets.token_urlsafe(24)}
+    return jwt.encode(claims, key.key, algorithm=key.algorithm, headers={"kid": key.kid, "typ": "JWT"})
+
+
+class TokenSource:
+    """Access tokens of one connection, cached until `EXPIRY_MARGIN` before they expire (thread-safe: the pages of
+    one pull, and the pulls of one connection in this process, share a token: `connect` keeps one source per
+    connection)."""
+
+    def __init__(self, connection: EhrConnection, key: SigningKey, token_endpoint: str, timeout: float = 30.0,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.connection, self.key, self.endpoint, self.clock = connection, key, token_endpoint, clock
+        self.timeout = timeout
+        self._lock = threading.Lock()
+        self._token, self._until = "", 0.0
+        self.issued = 0  # tokens fetched (a test, or an operator's log, sees how often)
+        self.scope = ""  # what the server granted
+
+    def token(self) -> str:
+        with self._lock:
+            if self._token and self.clock() < self._until:
+                return self._token
+            return self._fetch()
+
+    def refresh(self) -> str:
+        with self._lock:
+            return self._fetch()
+
+    def _fetch(self) -> str:
+        form = {"grant_type": "client_credentials", "scope": self.connection.scope,
+                "client_assertion_type": ASSERTION_TYPE,
+                "client_assertion": client_assertion(self.key, self.connection.client_id, self.endpoint)}
+        started = self.clock()
+        try:
+            with httpx.Client(timeout=self.timeout, follow_redirects=False) as http:
+                reply = http.post(self.endpoint, data=form, headers={"Accept": "application/json"})
+        except httpx.TransportError as exc:
+            raise EhrError(f"token request: the authorization server could not be reached ({type(exc).__name__})",
+                           operation="token request", unreachable=True) from None
+        body = _json_or_empty(reply.content)
+        token = body.get("access_token") if isinstance(body, Mapping) else None
+        if reply.status_code != 200 or not isinstance(token, str) or not token:
+            said = diagnostics(body) or ("no access_token in the answer" if reply.status_code == 200 else "")
+            raise EhrError(f"token request: the authorization server refused ({reply.status_code})"
+                           + (f": {said}" if said else ""), status=reply.status_code, operation="token request")
+        lifetime = body.get("expires_in")
+        seconds = float(lifetime) if isinstance(lifetime, int | float) and lifetime >= 0 else DEFAULT_TOKEN_SECONDS
+        self._token, self._until = token, started + seconds - min(EXPIRY_MARGIN, seconds / 10)
+        self.scope = str(body.get("scope") or "")
+        self.issued += 1
+        log.info("connection %s: access token for %s, %.0f s", self.connection.name, self.scope or "-", seconds)
+        return token
+
+
+def _json_or_empty(raw: bytes) -> Any:
+    try:
+        return load_json(raw, "token answer") if raw else {}
+    except RecordError:
+        return {}
+
+
+def connect(connection: EhrConnection, params: EhrParams, *, http: httpx.Client | None = None,
+            hide: tuple[str, ...] = ()) -> tuple[FhirClient, Mapping[str, Any]]:
+    """A client of the connection's server, authorized when the connection has a client id, and the server's
+    CapabilityStatement (read first: it also says where the token endpoint is, for servers without
+    .well-known/smart-configuration)."""
+    client = FhirClient(connection.base, params, http=http, hide=hide)
+    capability = client.read("metadata", operation="read CapabilityStatement", authorized=False)
+    if not isinstance(capability, Mapping) or capability.get("resourceType") != "CapabilityStatement":
+        raise EhrError("read CapabilityStatement: the FHIR server's /metadata is not a CapabilityStatement")
+    if connection.client_id:
+        config = discover(client, capability)
+        if config.algorithms and connection.algorithm not in config.algorithms:
+            raise EhrError(f"SMART discovery: the server accepts assertions signed with "
+                           f"{', '.join(config.algorithms)}, not {connection.algorithm} "
+                           f"([ehr.connections.{connection.name}] algorithm)")
+        client.auth = token_source(connection, config.token_endpoint, params.timeout_seconds)
+    return client, capability
+
+
+_SOURCES: dict[tuple[Any, ...], TokenSource] = {}
+_SOURCES_LOCK = threading.Lock()
+
+
+def token_source(connection: EhrConnection, token_endpoint: str, timeout: float) -> TokenSource:
+    """The process's token source of this connection (a new one when its key file or any setting changed), so
+    consecutive pulls reuse a token that has not expired instead of asking for one each."""
+    try:
+        stamp = Path(connection.private_key_file).stat().st_mtime_ns
+    except OSError:
+        stamp = 0  # load_signing_key says why
+    identity = (token_endpoint, connection.client_id, connection.scope, connection.algorithm, connection.key_id,
+                str(Path(connection.private_key_file).resolve()), stamp)
+    with _SOURCES_LOCK:
+        source = _SOURCES.get(identity)
+        if source is None:
+            key = load_signing_key(connection.private_key_file, connection.algorithm, connection.key_id)
+            source = _SOURCES[identity] = TokenSource(connection, key, token_endpoint, timeout)
+        return source

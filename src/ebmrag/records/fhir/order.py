@@ -1,0 +1,86 @@
+"""One order for a chart's resources, whatever order the package delivered them in.
+
+The same chart arrives as a document Bundle in its author's order, as a FHIR server's `Patient/$everything`
+pages (grouped by type, in the server's storage order), as one search per resource type, or as Bulk Data files
+(one per type). The reader's output depends on resource order in many small ways: the fragments' order (which
+numbers each context line and so changes its token cost), the order of the face sheet's problem, allergy and
+medication lists, which Observation of a cycle is the panel, which of two resources with one id keeps it. So the
+reader first puts the resources in a canonical order that none of those packagings can change:
+
+1. by clinical time (the renderer's date of the resource; undated ones first), oldest first: a chart reads as a
+   timeline, and the face sheet's lists run from the oldest entry to the newest;
+2. then by resource type, and by what the resource is coded as (its `code`);
+3. then by the rest of its content, with what a packaging changes left out: the resource's `id` and `meta` (a
+   server assigns both), and every reference replaced by the content of what it points at (a `urn:uuid:` in a
+   file is a `Type/id` on a server, but it points at the same Medication).
+
+Resources equal in all three render the same text, so their remaining order (the delivered one) is invisible.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from itertools import groupby
+
+from ebmrag.records.fhir.index import ChartIndex, Entry, Resource
+
+_PACKAGING = ("id", "meta")  # what a server assigns or rewrites at the top level of a resource
+_REFERENCE = re.compile(r'"reference": "([^"#][^"]*)"')  # a Reference's target, as json.dumps writes it
+
+
+def canonical_order(entries: Sequence[Entry], time_of: Callable[[Resource], datetime | None]) -> list[Entry]:
+    """`entries` sorted by (time, type, content without ids or reference spellings): see the module doc. Content is
+    compared only within a run of equal time and type (most resources are told apart before it)."""
+    ranked = sorted(((_time_and_type(e.resource, time_of), n, e) for n, e in enumerate(entries)),
+                    key=lambda item: (item[0], item[1]))
+    tie = _TieBreak(entries)
+    ordered: list[Entry] = []
+    for _, run in groupby(ranked, key=lambda item: item[0]):
+        group = [entry for _, _, entry in run]
+        ordered += sorted(group, key=tie.content) if len(group) > 1 else group
+    return ordered
+
+
+def _time_and_type(resource: Resource, time_of: Callable[[Resource], datetime | None]
+                   ) -> tuple[bool, float, str, str]:
+    """(dated, when, type, what it is coded as): the code goes first because it holds no reference, so it is cheap
+    and already tells apart most resources of one time and type (a panel's results)."""
+    moment = time_of(resource)
+    return (moment is not None, moment.timestamp() if moment else 0.0, str(resource.get("resourceType")),
+            json.dumps(resource.get("code"), sort_keys=True, ensure_ascii=False, default=str))
+
+
+class _TieBreak:
+    """Content keys: the resource's JSON (keys sorted, packaging left out) with each reference replaced by a digest
+    of its target's JSON (whose own references are blanked), computed once per target. A contained "#id" is kept:
+    it is the same in every packaging."""
+
+    def __init__(self, entries: Sequence[Entry]) -> None:
+        self.entries = entries
+        self._index: ChartIndex | None = None
+        self._plain: dict[int, str] = {}
+
+    def content(self, entry: Entry) -> str:
+        return _REFERENCE.sub(lambda m: f'"reference": "{self._target(m.group(1))}"', _json(entry.resource))
+
+    def _target(self, reference: str) -> str:
+        if self._index is None:  # built on the first tie that holds a reference
+            self._index = ChartIndex()
+            for entry in self.entries:
+                self._index.add(entry)
+        found = self._index.resolve({"reference": reference})
+        if found is None:
+            return ""
+        if id(found) not in self._plain:
+            plain = _REFERENCE.sub('"reference": ""', _json(found))
+            self._plain[id(found)] = hashlib.sha256(plain.encode()).hexdigest()
+        return self._plain[id(found)]
+
+
+def _json(resource: Resource) -> str:
+    return json.dumps({k: v for k, v in resource.items() if k not in _PACKAGING}, sort_keys=True, ensure_ascii=False,
+                      default=str)

@@ -1,0 +1,237 @@
+"""Who is calling a CDS service: the client's JWT checked as CDS Hooks 2.0 requires ("Trusting CDS Clients").
+
+Every hook and feedback call carries `Authorization: Bearer <JWT>`. The token is refused (401) unless:
+- its header names an asymmetric algorithm (ES384 and RS384 are the specification's; ES/RS/PS 256-512 are
+  accepted; `none` and HMAC never), `typ` JWT and a `kid`;
+- its `iss` is a trusted issuer ([cds.issuers.<name>]) and `kid` names a key of that issuer's JWK Set: a file on
+  this server, or the configured `jwks_url` (fetched, cached, refetched once for a new kid); a `jku` header must
+  be that URL, never another: the set of keys is never taken from the token;
+- the key matches the algorithm (RSA for RS/PS, EC on the algorithm's curve for ES) and the signature verifies;
+- `aud` is the URL of the endpoint called (string or list), `exp` is in the future but at most five minutes
+  ahead, `iat` is not in the future, all within [cds] clock_skew_seconds;
+- its `jti` has not been seen from that issuer before (a replay cache that keeps each id until its token
+  expires; per worker process).
+A refusal names the check that failed, never the token's contents.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jwt
+
+from ebmrag.ehr.cds_params import CdsParams, TrustedIssuer
+
+ALGORITHMS = ("ES384", "RS384", "ES256", "ES512", "RS256", "RS512", "PS256", "PS384", "PS512")
+_KEY_TYPES = {"ES": "EC", "RS": "RSA", "PS": "RSA"}
+_CURVES = {"ES256": "P-256", "ES384": "P-384", "ES512": "P-521"}
+MAX_LIFETIME = 300.0  # seconds a token may still have to live: CDS Hooks and SMART keep them short
+REFETCH_AFTER = 30.0  # an unknown kid refetches a jwks_url at most this often
+MAX_JWKS_BYTES = 1 << 20
+MAX_REPLAY_ENTRIES = 200_000
+
+
+class CdsAuthError(Exception):
+    """A refused token; the message says which check failed (answered 401)."""
+
+
+@dataclass(frozen=True)
+class CdsCaller:
+    """The verified client: its issuer (and so its tenant) and the token's id."""
+
+    issuer: TrustedIssuer
+    jti: str
+
+    @property
+    def tenant(self) -> str:
+        return self.issuer.tenant
+
+
+class ReplayCache:
+    """(issuer, jti) pairs seen, each kept until its token expires. Bounded: past MAX_REPLAY_ENTRIES the expired
+    ones go, then the soonest to expire (whose tokens are about to be refused as expired anyway)."""
+
+    def __init__(self, limit: int = MAX_REPLAY_ENTRIES) -> None:
+        self.limit = limit
+        self._seen: dict[tuple[str, str], float] = {}
+        self._lock = threading.Lock()
+
+    def first_use(self, issuer: str, jti: str, until: float, now: float) -> bool:
+        """Record the id; False when it was already used by a token that has not expired."""
+        with self._lock:
+            key = (issuer, jti)
+            if self._seen.get(key, 0.0) > now:
+                return False
+            self._seen[key] = until
+            if len(self._seen) > self.limit:
+                self._seen = {k: v for k, v in self._seen.items() if v > now}
+                if len(self._seen) > self.limit:
+                    keep = sorted(self._seen.items(), key=lambda item: item[1])[len(self._seen) - self.limit:]
+                    self._seen = dict(keep)
+            return True
+
+
+class KeySets:
+    """The trusted issuers' JWK Sets by `kid`: a file is reread when it changes, a URL is fetched at most every
+    `jwks_cache_seconds` (and once more for a kid it did not hold, at most every REFETCH_AFTER seconds)."""
+
+    def __init__(self, params: CdsParams, http: httpx.Client | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.params, self.clock = params, clock
+        self.http = http or httpx.Client(timeout=params.fetch_timeout_seconds, follow_redirects=False)
+        self._cache: dict[str, tuple[Any, float, dict[str, dict[str, Any]]]] = {}  # source -> (stamp, at, keys)
+        self._lock = threading.Lock()
+
+    def key(self, issuer: TrustedIssuer, kid: str) -> dict[str, Any] | None:
+        with self._lock:
+            if issuer.jwks_file:
+                return self._from_file(Path(issuer.jwks_file)).get(kid)
+            keys, fetched_at = self._from_url(issuer.jwks_url, refresh=False)
+            if kid not in keys and self.clock() - fetched_at >= REFETCH_AFTER:
+                keys, _ = self._from_url(issuer.jwks_url, refresh=True)
+            return keys.get(kid)
+
+    def _from_file(self, path: Path) -> dict[str, dict[str, Any]]:
+        try:
+            info = os.stat(path)
+            stamp = (info.st_mtime_ns, info.st_size)
+            cached = self._cache.get(str(path))
+            if cached is not None and cached[0] == stamp:
+                return cached[2]
+            keys = _key_set(path.read_bytes()[:MAX_JWKS_BYTES + 1])
+        except OSError:
+            raise CdsAuthError("the issuer's JWK Set file cannot be read") from None
+        self._cache[str(path)] = (stamp, self.clock(), keys)
+        return keys
+
+    def _from_url(self, url: str, refresh: bool) -> tuple[dict[str, dict[str, Any]], float]:
+        cached = self._cache.get(url)
+        now = self.clock()
+        if cached is not None and not refresh and now - cached[1] < self.params.jwks_cache_seconds:
+            return cached[2], cached[1]
+        try:
+            answer = self.http.get(url, headers={"Accept": "application/json"})
+        except httpx.HTTPError:
+            raise CdsAuthError("the issuer's JWK Set could not be fetched") from None
+        if answer.status_code != 200:
+            raise CdsAuthError(f"the issuer's JWK Set could not be fetched ({answer.status_code})")
+        keys = _key_set(answer.content)
+        self._cache[url] = (None, now, keys)
+        return keys, now
+
+
+def _key_set(raw: bytes) -> dict[str, dict[str, Any]]:
+    """A JWK Set's keys by kid (keys without a kid cannot be named by a token and are left out)."""
+    if len(raw) > MAX_JWKS_BYTES:
+        raise CdsAuthError("the issuer's JWK Set is larger than 1 MB")
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise CdsAuthError("the issuer's JWK Set is not JSON") from None
+    keys = data.get("keys") if isinstance(data, Mapping) else None
+    if not isinstance(keys, list):
+        raise CdsAuthError("the issuer's JWK Set has no keys list")
+    return {str(k["kid"]): dict(k) for k in keys if isinstance(k, Mapping) and isinstance(k.get("kid"), str)}
+
+
+class ClientVerifier:
+    """Checks a CDS client's bearer JWT against the trusted issuers (see the module doc)."""
+
+    def __init__(self, params: CdsParams, keys: KeySets | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.params, self.clock = params, clock
+        self.issuers = {found.iss: found for found in map(params.issuer, params.issuers)}
+        self.keys = keys or KeySets(params)
+        self.replays = ReplayCache()
+
+    def verify(self, authorization: str | None, audiences: Sequence[str]) -> CdsCaller:
+        """The caller of the endpoint at one of `audiences` (its URLs), or a CdsAuthError naming the failed
+        check."""
+        scheme, _, token = (authorization or "").strip().partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise CdsAuthError("the request needs Authorization: Bearer <JWT> signed by a trusted CDS client")
+        token = token.strip()
+        header, claims = _unverified(token)
+        algorithm = header.get("alg")
+        if algorithm not in ALGORITHMS:
+            raise CdsAuthError(f"the JWT's alg must be one of {', '.join(ALGORITHMS)}")
+        if str(header.get("typ", "")).upper() != "JWT":
+            raise CdsAuthError("the JWT's header must have typ JWT")
+        kid = header.get("kid")
+        if not isinstance(kid, str) or not kid:
+            raise CdsAuthError("the JWT's header has no kid")
+        iss = claims.get("iss")
+        issuer = self.issuers.get(iss) if isinstance(iss, str) else None
+        if issuer is None:
+            raise CdsAuthError("the JWT's iss is not a trusted CDS client ([cds.issuers])")
+        jku = header.get("jku")
+        if jku is not None and issuer.jwks_url and jku != issuer.jwks_url:
+            raise CdsAuthError("the JWT's jku is not the issuer's configured jwks_url")
+        jwk = self.keys.key(issuer, kid)
+        if jwk is None:
+            raise CdsAuthError("the JWT's kid names no key of the issuer's JWK Set")
+        payload = self._decode(token, _public_key(jwk, str(algorithm)), str(algorithm), issuer, audiences)
+        return CdsCaller(issuer, self._fresh(payload, issuer))
+
+    def _decode(self, token: str, key: Any, algorithm: str, issuer: TrustedIssuer,
+                audiences: Sequence[str]) -> dict[str, Any]:
+        try:
+            return jwt.decode(token, key, algorithms=[algorithm], audience=list(audiences), issuer=issuer.iss,
+                              leeway=self.params.clock_skew_seconds,
+                              options={"require": ["iss", "aud", "exp", "iat", "jti"]})
+        except jwt.ExpiredSignatureError:
+            raise CdsAuthError("the JWT has expired") from None
+        except jwt.InvalidAudienceError:
+            raise CdsAuthError("the JWT's aud is not the URL of the endpoint called") from None
+        except jwt.ImmatureSignatureError:
+            raise CdsAuthError("the JWT was issued in the future (iat or nbf)") from None
+        except jwt.InvalidSignatureError:
+            raise CdsAuthError("the JWT's signature does not verify with the issuer's key") from None
+        except jwt.MissingRequiredClaimError as exc:
+            raise CdsAuthError(f"the JWT has no {exc.claim} claim") from None
+        except jwt.PyJWTError as exc:
+            raise CdsAuthError(f"the JWT is not valid ({type(exc).__name__})") from None
+
+    def _fresh(self, payload: Mapping[str, Any], issuer: TrustedIssuer) -> str:
+        """The token's jti, once: its exp at most MAX_LIFETIME ahead, its id never seen before."""
+        now = self.clock()
+        expires = payload["exp"]
+        if not isinstance(expires, (int, float)) or expires > now + MAX_LIFETIME + self.params.clock_skew_seconds:
+            raise CdsAuthError("the JWT's exp is more than 5 minutes ahead")
+        jti = payload["jti"]
+        if not isinstance(jti, str) or not 1 <= len(jti) <= 256:
+            raise CdsAuthError("the JWT's jti must be a string of 1 to 256 characters")
+        if not self.replays.first_use(issuer.iss, jti, float(expires) + self.params.clock_skew_seconds, now):
+            raise CdsAuthError("the JWT's jti was used before (a replayed token)")
+        return jti
+
+
+def _unverified(token: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    try:
+        header = jwt.get_unverified_header(token)
+        claims = jwt.decode(token, options={"verify_signature": False})
+    except jwt.PyJWTError:
+        raise CdsAuthError("the bearer token is not a JWT") from None
+    return dict(header), dict(claims)
+
+
+def _public_key(jwk: Mapping[str, Any], algorithm: str) -> Any:
+    """The JWK as a key for `algorithm`, when it is one: its kty and curve fit, its own alg (if any) agrees."""
+    if jwk.get("kty") != _KEY_TYPES[algorithm[:2]] or ("alg" in jwk and jwk["alg"] != algorithm):
+        raise CdsAuthError("the issuer's key for this kid is not a key for the JWT's alg")
+    if algorithm in _CURVES and jwk.get("crv") != _CURVES[algorithm]:
+        raise CdsAuthError("the issuer's key for this kid is not on the curve of the JWT's alg")
+    if jwk.get("use", "sig") != "sig" or "d" in jwk:
+        raise CdsAuthError("the issuer's key for this kid is not a public signing key")
+    try:
+        return jwt.PyJWK(dict(jwk), algorithm=algorithm).key
+    except jwt.PyJWTError:
+        raise CdsAuthError("the issuer's key for this kid cannot be read") from None

@@ -1,0 +1,143 @@
+"""Charts pulled from an EHR over HTTP: `POST /v1/patients/{pid}/pull` and `POST /v1/ehr/{connection}/export`.
+
+A request names a connection of `[ehr.connections]`; the key, the client id and the FHIR base stay on the server,
+and a connection belongs to one tenant: another tenant's key is answered as if it did not exist (404). A pull runs
+on a worker thread under the request's deadline (the pull stops between two FHIR requests after it, leaving the
+store as it was), is audited with the fragment ids it stored, and is prepared in the background like any write.
+What the EHR refuses is a 502 `ehr-refused` naming its status; an EHR that cannot be reached a 502
+`ehr-unreachable`; a connection whose key cannot be read a 503 `ehr-misconfigured` (details in the log only).
+
+The group export needs the write role and a tenant-wide key: it writes every patient of the Group, and a key
+limited to listed patients must not write the others. It is not admin-only: the EHR feed (a `service` key) is
+exactly who runs it, and it cannot erase or reach another tenant.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Annotated, Any
+
+from fastapi import FastAPI, Request
+from fastapi import Path as PathParameter
+from pydantic import BaseModel, ConfigDict, Field
+
+from ebmrag.ehr.fhir import EhrError
+from ebmrag.ehr.params import EhrConnection
+from ebmrag.errors import ConfigError, MissingExtraError, require_extra
+from ebmrag.serve.problems import PROBLEM_SCHEMA, ProblemError
+from ebmrag.serve.service import Service, caller
+from ebmrag.store.access import NAME_PATTERN, WRITE, AccessError, require, valid_name
+from ebmrag.store.patients import ApiKey
+
+if TYPE_CHECKING:
+    from ebmrag.ehr.pull import PullReport
+
+log = logging.getLogger(__name__)
+PatientId = Annotated[str, PathParameter(pattern=NAME_PATTERN, description="the patient's id within the key's tenant")]
+ConnectionName = Annotated[str, PathParameter(pattern=NAME_PATTERN, description="a connection of [ehr.connections]")]
+_PROBLEM = {"application/problem+json": {"schema": PROBLEM_SCHEMA}}
+RESPONSES: dict[int | str, dict[str, Any]] = {
+    502: {"description": "the EHR refused (ehr-refused, naming its status) or could not be reached "
+                         "(ehr-unreachable)", "content": _PROBLEM},
+    503: {"description": "the connection is misconfigured on this server (ehr-misconfigured), or the ehr extra is "
+                         "not installed (ehr-not-installed)", "content": _PROBLEM}}
+
+
+class PullBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a key or a secret is never accepted here: only a name
+    connection: str = Field(pattern=NAME_PATTERN, description="a connection of [ehr.connections] of the key's tenant")
+    full: bool = Field(default=False, description="read everything again instead of only what changed")
+    fhir_patient: str | None = Field(default=None, pattern=r"^[A-Za-z0-9\-.]{1,64}$",
+                                     description="the patient's id on the FHIR server, when it is not the store's")
+
+
+class ExportBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    group: str = Field(pattern=r"^[A-Za-z0-9\-.]{1,64}$", description="the FHIR Group whose patients are exported")
+    types: list[str] = Field(default_factory=list, max_length=100,
+                             description="resource types to export (default: every type)")
+
+
+def install_ehr(app: FastAPI, service: Service) -> None:
+    @app.post("/v1/patients/{pid}/pull", tags=["ehr"], responses=RESPONSES)
+    async def pull(pid: PatientId, body: PullBody, request: Request) -> dict[str, Any]:
+        """Pull the patient's chart from the connection's FHIR server (only what changed since the last pull,
+        unless `full`) and store it; nothing is stored when the pull fails."""
+        key = await caller(request, service)
+        valid_name(pid, "patient id")
+        require(key, WRITE, pid)
+        connection = _connection(service, key, body.connection)
+        _installed()
+        from ebmrag.ehr.pull import pull_patient
+
+        def stored(report: PullReport) -> None:  # on the worker thread, right after the store's commit
+            service.audit(key, pid, "pull", request, report.fragment_ids)
+            service.prepare(key.tenant, pid)
+
+        settings = service.settings
+        with _as_problem(connection):
+            report = await service.run(lambda: pull_patient(
+                service.store, connection, pid, params=settings.ehr, full=body.full,
+                fhir_patient=body.fhir_patient or "", stale_after=settings.chart.stale_after, on_stored=stored),
+                tenant=key.tenant, patient=pid, engine=False)
+        return report.to_json()
+
+    @app.post("/v1/ehr/{connection}/export", tags=["ehr"], responses=RESPONSES)
+    async def export(connection: ConnectionName, body: ExportBody, request: Request) -> dict[str, Any]:
+        """Bulk Data `$export` of a Group: each patient's chart stored (atomically, one by one) under the
+        server's patient id. Needs a tenant-wide key with the write role (module doc)."""
+        key = await caller(request, service)
+        require(key, WRITE)
+        if key.patients:
+            raise AccessError(403, "a key limited to listed patients may not export a group (it would write "
+                                   "patients it may not see)")
+        chosen = _connection(service, key, connection)
+        _installed()
+        from ebmrag.ehr.bulk import export_group
+        for kind in body.types:
+            if not kind.isalpha():
+                raise ProblemError(422, "invalid-request", "types must be FHIR resource type names")
+
+        def stored(report: PullReport) -> None:
+            service.audit(key, report.patient, "pull", request, report.fragment_ids)
+            service.prepare(key.tenant, report.patient)
+
+        settings = service.settings
+        with _as_problem(chosen):
+            report = await service.run(lambda: export_group(
+                service.store, chosen, body.group, params=settings.ehr, types=body.types,
+                stale_after=settings.chart.stale_after, on_stored=stored), tenant=key.tenant, engine=False)
+        return report.to_json()
+
+
+def _installed() -> None:
+    """The signing parts (PyJWT, cryptography) come with the `ehr` extra; a service without it still serves."""
+    try:
+        require_extra("jwt", "ehr", "pulling charts")
+        require_extra("cryptography", "ehr", "pulling charts")
+    except MissingExtraError as exc:
+        raise ProblemError(503, "ehr-not-installed", str(exc)) from None
+
+
+def _connection(service: Service, key: ApiKey, name: str) -> EhrConnection:
+    found = service.settings.ehr.connection_for(name, key.tenant)
+    if found is None:
+        raise ProblemError(404, "no-such-connection", f"no EHR connection {name!r} for this key's tenant")
+    return found
+
+
+@contextmanager
+def _as_problem(connection: EhrConnection) -> Iterator[None]:
+    """An EhrError or a connection's ConfigError as the problem the module doc names."""
+    try:
+        yield
+    except EhrError as exc:
+        log.warning("EHR connection %s: %s failed (%s)", connection.name, exc.operation or "a request",
+                    exc.status or "no answer")
+        raise ProblemError(502, "ehr-unreachable" if exc.unreachable else "ehr-refused", str(exc)) from None
+    except ConfigError as exc:
+        log.error("EHR connection %s is misconfigured: %s", connection.name, exc)
+        raise ProblemError(503, "ehr-misconfigured", f"the EHR connection {connection.name!r} is not usable on "
+                                                     "this server; its operator can tell why from the log") from None
