@@ -132,7 +132,7 @@ def record_from_entries(entries: Sequence[Entry], origin: str, problems: Sequenc
     summary = _face_sheet(chart, fragments, medications, clinical)
     skipped = _skipped(chart, problems)
     for note in skipped:
-        log.info("%s: %s", origin, note)
+        log.debug("%s: %s", origin, note)  # a note may quote the chart: not at INFO, where logs are kept
     if not fragments and chart.patient is None:  # a Patient alone is a chart (a new patient); a Claim alone is not
         raise RecordError(origin, "the chart holds neither a Patient nor a clinical resource that could be read"
                                   + (f" ({'; '.join(skipped[:3])})" if skipped else ""))

@@ -7,14 +7,18 @@ numbers each context line and so changes its token cost), the order of the face 
 medication lists, which Observation of a cycle is the panel, which of two resources with one id keeps it. So the
 reader first puts the resources in a canonical order that none of those packagings can change:
 
-1. by clinical time (the renderer's date of the resource; undated ones first), oldest first: a chart reads as a
-   timeline, and the face sheet's lists run from the oldest entry to the newest;
+1. by clinical time (the renderer's date of the resource, else the start of its period: an Encounter, a
+   `performedPeriod`, an `effectivePeriod`; undated ones first), oldest first: a chart reads as a timeline, and
+   the face sheet's lists run from the oldest entry to the newest;
 2. then by resource type, and by what the resource is coded as (its `code`);
 3. then by the rest of its content, with what a packaging changes left out: the resource's `id` and `meta` (a
    server assigns both), and every reference replaced by the content of what it points at (a `urn:uuid:` in a
    file is a `Type/id` on a server, but it points at the same Medication).
 
 Resources equal in all three render the same text, so their remaining order (the delivered one) is invisible.
+Versions of one resource (a history Bundle holds several under one id) keep the places the three keys give them,
+newest version (`meta.lastUpdated`, then `meta.versionId`) first among them: the reader gives the plain id to the
+first, and the plain id must name the current version.
 """
 
 from __future__ import annotations
@@ -22,10 +26,12 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from itertools import groupby
 
+from ebmrag.records.dates import partial_timestamp
 from ebmrag.records.fhir.index import ChartIndex, Entry, Resource
 
 _PACKAGING = ("id", "meta")  # what a server assigns or rewrites at the top level of a resource
@@ -42,16 +48,52 @@ def canonical_order(entries: Sequence[Entry], time_of: Callable[[Resource], date
     for _, run in groupby(ranked, key=lambda item: item[0]):
         group = [entry for _, _, entry in run]
         ordered += sorted(group, key=tie.content) if len(group) > 1 else group
-    return ordered
+    return _newest_version_first(ordered)
 
 
 def _time_and_type(resource: Resource, time_of: Callable[[Resource], datetime | None]
                    ) -> tuple[bool, float, str, str]:
     """(dated, when, type, what it is coded as): the code goes first because it holds no reference, so it is cheap
     and already tells apart most resources of one time and type (a panel's results)."""
-    moment = time_of(resource)
+    moment = time_of(resource) or period_start(resource)
     return (moment is not None, moment.timestamp() if moment else 0.0, str(resource.get("resourceType")),
             json.dumps(resource.get("code"), sort_keys=True, ensure_ascii=False, default=str))
+
+
+def period_start(resource: Resource) -> datetime | None:
+    """The start (else the end) of the resource's `period` or `<x>Period` element: the time of an Encounter, a
+    CarePlan or a procedure written as a period, which its renderer may not read as a date."""
+    for name, value in resource.items():
+        if (name == "period" or name.endswith("Period")) and isinstance(value, Mapping):
+            moment = partial_timestamp(value.get("start") or value.get("end"))
+            if moment is not None:
+                return moment
+    return None
+
+
+def _newest_version_first(ordered: list[Entry]) -> list[Entry]:
+    """Entries sharing a (type, id) swapped among their own places so the newest version comes first."""
+    places: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for place, entry in enumerate(ordered):
+        rid = entry.resource.get("id")
+        if isinstance(rid, str) and rid:
+            places[(str(entry.resource.get("resourceType")), rid)].append(place)
+    result = list(ordered)
+    for group in places.values():
+        if len(group) > 1:
+            versions = sorted((ordered[p] for p in group), key=_version, reverse=True)
+            for place, entry in zip(group, versions, strict=True):
+                result[place] = entry
+    return result
+
+
+def _version(entry: Entry) -> tuple[float, int]:
+    """(meta.lastUpdated, meta.versionId as a number): what tells a resource's versions apart."""
+    meta = entry.resource.get("meta")
+    meta = meta if isinstance(meta, Mapping) else {}
+    updated = partial_timestamp(meta.get("lastUpdated"))
+    version = str(meta.get("versionId") or "")
+    return (updated.timestamp() if updated else 0.0, int(version) if version.isdigit() and len(version) < 12 else 0)
 
 
 class _TieBreak:
