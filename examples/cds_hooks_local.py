@@ -4,7 +4,8 @@ records a penicillin anaphylaxis, the cards it answers, and feedback on one of t
 Run it alone: python examples/cds_hooks_local.py
     starts a service on a temporary SQLite store, trusting a key pair it makes for a pretend EHR, and prints what
     an EHR would see, then the audit log's rows.
-Or against your own `ebmrag serve` ([cds] enabled, the EHR's issuer configured as docs/ehr.md shows):
+Or against your own `ebmrag serve` ([cds] enabled, base_url the URL given here, the EHR's issuer configured as
+docs/ehr.md shows):
     python examples/cds_hooks_local.py --make-keys ./ehr-keys      # the EHR's private key and public JWK Set
     python examples/cds_hooks_local.py --url http://127.0.0.1:8080 --keys ./ehr-keys
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
 import tempfile
 import threading
 import time
@@ -43,6 +45,12 @@ ALLERGY = {"resourceType": "AllergyIntolerance", "id": "pcn-1", "patient": {"ref
 ORDER = {"resourceType": "MedicationRequest", "id": "amox-1", "status": "draft", "intent": "order",
          "subject": {"reference": "Patient/demo-4471"},
          "medicationCodeableConcept": {"text": "amoxicillin 500 MG Oral Capsule"}}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def make_keys(folder: Path) -> None:
@@ -98,16 +106,17 @@ def alone() -> None:
         keys = Path(folder) / "ehr-keys"
         make_keys(keys)
         issuer = {"iss": ISS, "tenant": "demo", "jwks_file": str(keys / "jwks.json")}
+        base = f"http://127.0.0.1:{free_port()}"  # [cds] base_url: the URL the EHR calls, which its JWTs' aud names
         settings = Settings()
         settings = replace(settings, serve=replace(settings.serve, prepare_charts=False),
-                           cds=CdsParams(enabled=True, issuers={"example-ehr": issuer}))
+                           cds=CdsParams(enabled=True, base_url=base, issuers={"example-ehr": issuer}))
         store = SQLiteStore(Path(folder) / "store.sqlite")
-        server = uvicorn.Server(uvicorn.Config(create_app(store, settings), host="127.0.0.1", port=0,
-                                               log_level="warning"))
+        server = uvicorn.Server(uvicorn.Config(create_app(store, settings), host="127.0.0.1",
+                                               port=int(base.rsplit(":", 1)[1]), log_level="warning"))
         threading.Thread(target=server.run, daemon=True).start()
         while not server.started:
             time.sleep(0.05)
-        call(f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}", keys)
+        call(base, keys)
         print("\naudit log (key, tenant, patient, action, fragment ids):")
         for row in store.audit_rows():
             print("  ", row[2], row[3], row[4] or "-", row[5], row[7])

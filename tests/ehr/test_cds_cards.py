@@ -253,6 +253,11 @@ def test_order_select_reads_only_the_selected_orders() -> None:
     (lambda b: b["context"].update(draftOrders=[]), "context.draftOrders"),
     (lambda b: b.update(hook="order-sign"), "hook"),
     (lambda b: b.pop("fhirServer"), "fhirServer"),
+    (lambda b: b.update(fhirServer="https://ehr.example.org/fhir?x=1"), "fhirServer"),
+    (lambda b: b.update(fhirServer="https://ehr.example.org/fhir#here"), "fhirServer"),
+    (lambda b: b.update(fhirServer="https://ehr.example.org/fhir?"), "fhirServer"),
+    (lambda b: b.update(fhirServer="https://user@ehr.example.org/fhir"), "fhirServer"),
+    (lambda b: b.update(fhirServer="http://[::1"), "fhirServer"),
     (lambda b: b["fhirAuthorization"].update(token_type="MAC"), "fhirAuthorization.token_type"),
     (lambda b: b.update(prefetch=[]), "prefetch"),
 ])
@@ -271,8 +276,67 @@ def test_prefetch_keys_left_out_or_failed_are_missing_and_null_is_empty() -> Non
     body["prefetch"]["observations"] = {"resourceType": "OperationOutcome", "issue": [{"severity": "error"}]}
     request = parse_request(body, SERVICES["ebmrag-order-select"])
     resources, missing = prefetched(request, SERVICES["ebmrag-order-select"])
-    assert missing == ["allergies", "observations"]
+    assert list(missing) == ["allergies", "observations"]
+    assert missing["allergies"] == "not sent" and "OperationOutcome" in missing["observations"]
     assert [r["resourceType"] for r in resources] == ["Patient"]
+
+
+@pytest.mark.parametrize(("entries", "why"), [
+    ({"resource": {"resourceType": "AllergyIntolerance", "id": "x"}}, "prefetch.allergies.entry: not a list"),
+    ([{"fullUrl": "urn:uuid:1"}, {"resource": {"resourceType": "AllergyIntolerance", "id": "x"}}],
+     "entry[0]: no resource"),
+    (["AllergyIntolerance/x"], "entry[0]: not an object"),
+    ([{"resource": "AllergyIntolerance/x"}], "entry[0]: no resource"),
+    ([{"resource": {"resourceType": "OperationOutcome", "issue": [{"severity": "fatal"}]}}], "OperationOutcome"),
+])
+def test_an_unreadable_prefetch_bundle_is_missing_never_read_in_part(entries: Any, why: str) -> None:
+    """Finding 9: a Bundle that cannot all be read is a key not satisfied (fetched, else 412), never an allergy
+    list without the entry that could not be read."""
+    body = example("order-select")
+    body["prefetch"]["allergies"]["entry"] = entries
+    request = parse_request(body, SERVICES["ebmrag-order-select"])
+    resources, missing = prefetched(request, SERVICES["ebmrag-order-select"])
+    assert list(missing) == ["allergies"] and why in missing["allergies"]
+    assert not [r for r in resources if r["resourceType"] == "AllergyIntolerance"]
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    (lambda o: o.update(draftOrders={"resourceType": "Parameters", "entry": []}), "context.draftOrders"),
+    (lambda o: o.update(draftOrders={"resourceType": "Bundle", "entry": {"resource": {}}}), "context.draftOrders"),
+    (lambda o: o["draftOrders"]["entry"].append({"fullUrl": "urn:uuid:2"}), "context.draftOrders.entry[2]"),
+    (lambda o: o["draftOrders"]["entry"].append({"resource": ["MedicationRequest"]}), "context.draftOrders.entry[2]"),
+    (lambda o: o["draftOrders"]["entry"][1]["resource"].pop("medicationCodeableConcept"),
+     "context.draftOrders.entry[1].resource"),
+    (lambda o: o["draftOrders"]["entry"][1]["resource"].update(medicationCodeableConcept={"coding": [{}]}),
+     "context.draftOrders.entry[1].resource"),
+    (lambda o: o.update(selections=["MedicationRequest/not-drafted"]), "context.selections"),
+])
+def test_malformed_draft_orders_are_a_400_naming_the_field(change: Any, field: str) -> None:
+    """Finding 9: an order the service cannot read is refused, never answered with no cards."""
+    body = copy.deepcopy(example("order-select"))
+    change(body["context"])
+    with pytest.raises(HookRequestError) as raised:
+        parse_request(body, SERVICES["ebmrag-order-select"])
+    assert raised.value.where == field
+
+
+def test_an_unselected_order_without_a_medication_is_not_read_and_not_refused() -> None:
+    body = copy.deepcopy(example("order-select"))
+    body["context"]["draftOrders"]["entry"].append({"resource": {"resourceType": "MedicationRequest", "id": "m2",
+                                                                 "status": "draft"}})
+    assert parse_request(body, SERVICES["ebmrag-order-select"]).patient_id == "4471"
+
+
+def test_a_medication_reference_that_resolves_to_nothing_is_refused_naming_the_order() -> None:
+    drug = {**order("o", "x"), "medicationReference": {"reference": "Medication/nowhere"}}
+    del drug["medicationCodeableConcept"]
+    with pytest.raises(HookRequestError) as raised:
+        cards([], drug)
+    assert raised.value.where == "context.draftOrders.entry[0].resource"
+    medication = {"resourceType": "Medication", "id": "m", "code": {"text": "amoxicillin 500 mg"}}
+    found = cards([medication, allergy("pcn", "Penicillin")], {**drug, "medicationReference": {
+        "reference": "Medication/m"}})
+    assert of_kind(found, "allergy")  # the prefetch's Medication names the drug
 
 
 def test_prefetch_tokens_are_filled_and_encoded() -> None:
@@ -325,10 +389,22 @@ def test_a_broken_class_table_is_refused_with_its_file(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------------------------------------ real charts
 def real_chart(shared_data: Path, name: str) -> Chart:
+    """A real Bundle as a FHIR server's search would hand it to a hook: a transaction's `urn:uuid:` references
+    (which only a Bundle being sent uses) resolved to the `Type/id` of the entry they name."""
     bundle = json.loads((shared_data / "fhir_charts" / name).read_text("utf-8"))
-    resources = [e.resource for e in bundle_entries(bundle, name, [])]
+    entries = bundle_entries(bundle, name, [])
+    named = {e.full_url: f"{e.resource['resourceType']}/{e.resource['id']}" for e in entries
+             if e.full_url.startswith("urn:") and isinstance(e.resource.get("id"), str)}
+    resources = [_resolved(e.resource, named) for e in entries]
     patient = next(str(r["id"]) for r in resources if r.get("resourceType") == "Patient")
     return Chart(patient, resources)
+
+
+def _resolved(value: Any, named: dict[str, str]) -> Any:
+    if isinstance(value, dict):
+        return {k: named.get(v, v) if k == "reference" and isinstance(v, str) else _resolved(v, named)
+                for k, v in value.items()}
+    return [_resolved(v, named) for v in value] if isinstance(value, list) else value
 
 
 def chart_cards(chart: Chart, *orders: dict[str, Any], now: datetime = NOW) -> list[Card]:
@@ -371,8 +447,62 @@ def test_real_chart_without_allergies_gives_metformin_only_its_renal_card(shared
 def test_another_patients_resources_are_left_out() -> None:
     other = allergy("theirs", "Penicillin", patient={"reference": "Patient/someone-else"})
     chart = Chart("p1", [PATIENT, other])
-    assert chart.left_out == 1 and not chart.of_type("AllergyIntolerance")
-    assert not cards([other], order("o", "amoxicillin 500 mg"))[1:]  # only the renal card, no allergy card
+    assert chart.left_out == {"AllergyIntolerance": 1} and not chart.of_type("AllergyIntolerance")
+    assert [c.kind for c in cards([other], order("o", "amoxicillin 500 mg"))] == ["left-out", "renal"]
+
+
+BASE = "https://ehr.example.org/fhir"
+
+
+@pytest.mark.parametrize("whose", [
+    {"identifier": {"system": "urn:mrn", "value": "p1"}, "display": "Other Person"},  # identifier only
+    {"reference": "https://other-ehr.example/fhir/Patient/p1"},  # the same id on another server
+    [{"reference": "Patient/p1"}, {"reference": "Patient/p2"}],  # `patient` as a list naming two people
+    None,  # no patient at all
+])
+def test_an_allergy_not_naming_this_patient_by_reference_gives_no_allergy_card_and_is_counted(whose: Any) -> None:
+    """Finding 4: an allergy the prefetch holds for another, or for no one by reference, is left out and counted:
+    no allergy card from it, and a card saying what was not checked."""
+    theirs = allergy("theirs", "Penicillin", "Anaphylaxis")
+    if whose is None:
+        del theirs["patient"]
+    else:
+        theirs["patient"] = whose
+    chart = Chart("p1", [PATIENT, theirs], fhir_base=BASE)
+    assert chart.left_out == {"AllergyIntolerance": 1} and not chart.of_type("AllergyIntolerance")
+    found = hook_cards(parse_request(order_sign(order("o", "amoxicillin 500 mg")), SERVICES["ebmrag-order-sign"]),
+                       chart, now=NOW, vocabulary=vocabulary(), critical_hours=24)
+    assert not of_kind(found, "allergy") and not of_kind(found, "related-allergy")
+    note, = of_kind(found, "left-out")
+    assert note.indicator == "warning" and note.summary.startswith("Not checked: 1 allergy record")
+    assert "Penicillin" not in note.detail and "Other Person" not in note.detail  # counts only, no chart text
+
+
+def test_an_absolute_reference_on_the_hooks_own_server_is_this_patients() -> None:
+    ours = allergy("ours", "Penicillin", patient={"reference": f"{BASE}/Patient/p1"})
+    assert Chart("p1", [PATIENT, ours], fhir_base=BASE).of_type("AllergyIntolerance")
+    assert not Chart("p1", [PATIENT, ours]).of_type("AllergyIntolerance")  # no fhirServer: whose is unknown
+
+
+def test_left_out_observations_keep_the_renal_card_from_claiming_an_absence() -> None:
+    """Finding 4: with results left out, "no creatinine or eGFR in the chart" would be a claim about what was not
+    read; the card says what was read and what was not."""
+    theirs = lab("cr", "2160-0", 3.9, "mg/dL", NOW - timedelta(days=1), flag="H")
+    theirs["subject"] = {"identifier": {"value": "p1"}}
+    found = cards([theirs], order("m", "metformin 500 mg"))
+    renal, = of_kind(found, "renal")
+    assert "in the chart" not in renal.summary and "1 observation not read" in renal.summary
+    assert "3\\.9" not in renal.detail and "may be among them" in renal.detail
+    assert of_kind(found, "left-out")
+    ours = lab("cr2", "2160-0", 1.1, "mg/dL", NOW - timedelta(days=3))
+    renal, = of_kind(cards([theirs, ours], order("m", "metformin 500 mg")), "renal")
+    assert "creatinine 1.1 mg/dL" in renal.summary and "a newer one, may be among them" in renal.detail
+
+
+def order_sign(*orders: dict[str, Any]) -> dict[str, Any]:
+    return {"hook": "order-sign", "hookInstance": "test-instance", "context": {
+        "userId": "Practitioner/u1", "patientId": "p1",
+        "draftOrders": {"resourceType": "Bundle", "entry": [{"resource": o} for o in orders]}}}
 
 
 _JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
@@ -387,12 +517,17 @@ _FIELDS = st.sampled_from(["code", "reaction", "clinicalStatus", "verificationSt
 @given(st.lists(st.tuples(st.sampled_from(["AllergyIntolerance", "Observation", "Condition", "Medication"]),
                           st.dictionaries(_FIELDS, _JSON, max_size=5)), max_size=4),
        st.dictionaries(_FIELDS, _JSON, max_size=4))
-def test_any_shape_of_chart_or_order_gives_cards_or_none_never_an_error(
+def test_any_shape_of_chart_or_order_gives_cards_none_or_a_named_refusal(
         resources: list[tuple[str, dict[str, Any]]], ordered: dict[str, Any]) -> None:
     chart = [{**fields, "resourceType": kind, "id": f"r{n}", "subject": {"reference": "Patient/p1"}}
              for n, (kind, fields) in enumerate(resources)]
     drug = {**ordered, "resourceType": "MedicationRequest", "id": "o"}
-    for card in cards(chart, drug) + cards(chart, hook="patient-view"):
+    try:
+        found = cards(chart, drug)
+    except HookRequestError as exc:  # an order naming no medication it can be read by: a 400 naming it
+        assert exc.where.startswith("context.draftOrders.entry[0]")
+        found = []
+    for card in found + cards(chart, hook="patient-view"):
         assert card.indicator in ("info", "warning", "critical") and 0 < len(card.summary) <= MAX_SUMMARY
 
 
@@ -406,8 +541,22 @@ def test_the_cds_table_is_read_and_checked_with_the_settings(tmp_path: Path) -> 
     assert settings.cds.enabled and issuer.tenant == "clinic-a"
     assert issuer.may_fetch_from("HTTPS://ehr.example.org/fhir") and not issuer.may_fetch_from("https://ehr.example.org")
     assert settings_from_dict(settings_to_dict(settings)).cds == settings.cds
+    assert issuer.listed_base("https://EHR.example.org:443/fhir/") == "https://ehr.example.org/fhir"
+    assert issuer.listed_base("https://ehr.example.org:8443/fhir") is None
+    assert issuer.listed_base("https://ehr.example.org/fhir?x=1") is None  # finding 11: a query is no base
+    config.write_text('[cds]\nenabled = true\n')
+    with pytest.raises(ConfigError, match=r"\[cds\].*base_url is required"):  # finding 3
+        load_settings(config)
     for bad in ('jwks_file = "/k.json"\n', 'fhir_servers = "https://x/fhir"\n', 'secret = "x"\n'):
         config.write_text('[cds.issuers.ehr]\niss = "https://ehr.example.org/"\ntenant = "clinic-a"\n'
                           'jwks_url = "https://ehr.example.org/jwks"\n' + bad)
         with pytest.raises(ConfigError, match=r"cds\.issuers\.ehr"):
             load_settings(config)
+    for url, allowed in (("http://ehr.example.org/jwks", False), ("http://127.0.0.1:8080/jwks", True),
+                         ("http://localhost/jwks", True), ("http://[::1]/jwks", True), ("ftp://x/jwks", False)):
+        config.write_text(f'[cds.issuers.ehr]\niss = "x"\ntenant = "t"\njwks_url = "{url}"\n')
+        if allowed:
+            assert load_settings(config).cds.issuer("ehr").jwks_url == url
+        else:
+            with pytest.raises(ConfigError, match="jwks_url must be an https URL"):  # finding 10
+                load_settings(config)

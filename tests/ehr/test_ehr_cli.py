@@ -12,9 +12,11 @@ import pytest
 from typer.testing import CliRunner
 
 from ebmrag.cli import app
+from ebmrag.config import load_settings
+from ebmrag.ehr.pull import pull_patient
 from ebmrag.store.patients import open_store
 from tests.ehr.fhir_server import FhirServer
-from tests.ehr.helpers import TENANT, chart, load_one
+from tests.ehr.helpers import QUICK, TENANT, chart, load_one
 
 runner = CliRunner()
 NZ = "ips_nz_peter_jordan_labs_document.json"
@@ -31,7 +33,7 @@ def _config(tmp_path: Path, fhir: FhirServer, key: Path, alg: str = "ES384") -> 
     config = tmp_path / "ebmrag.toml"
     config.write_text(f'[ehr]\npage_size = 25\nsince_skew_seconds = 0.0\n\n'
                       f'[ehr.connections.hospital]\ntenant = "{TENANT}"\nfhir_base = "{fhir.base}"\n'
-                      f'client_id = "ebmrag"\nprivate_key_file = "{key}"\nalgorithm = "{alg}"\n')
+                      f'client_id = "ebmrag"\nprivate_key_file = "{key}"\nalgorithm = "{alg}"\nallow_http = true\n')
     return config
 
 
@@ -78,7 +80,7 @@ def test_pull_stores_into_the_service_store_audits_and_shows_counts_only(fhir: F
         assert fragment.text[:40] not in first.output
     pulls = [row for row in store.audit_rows() if row[5] == "pull"]
     assert [(row[2], row[3], row[4]) for row in pulls] == [("cli", TENANT, patient)] * 2
-    assert json.loads(pulls[0][7]) == [f.id for f in record.fragments]
+    assert json.loads(pulls[0][7]) == ["source:hospital", f"fhir:{patient}", *(f.id for f in record.fragments)]
 
 
 def test_an_open_server_needs_no_client_and_a_group_is_exported(fhir: FhirServer, tmp_path: Path) -> None:
@@ -89,7 +91,7 @@ def test_an_open_server_needs_no_client_and_a_group_is_exported(fhir: FhirServer
                 "member": [{"entity": {"reference": f"Patient/{p}"}} for p in patients]}])
     exported = runner.invoke(app, ["pull", "--data-dir", str(tmp_path / "data"), "--fhir-base", fhir.base,
                                    "--tenant", "other", "--client-id", "ebmrag", "--key-file", str(key),
-                                   "--group", "clinic", "--json"])
+                                   "--allow-http", "--group", "clinic", "--json"])
     assert exported.exit_code == 0, exported.output
     report = json.loads(exported.stdout)
     assert report["tenant"] == "other" and sorted(p["patient"] for p in report["pulls"]) == sorted(patients)
@@ -126,3 +128,24 @@ def test_without_the_ehr_extra_the_command_names_it(tmp_path: Path, monkeypatch:
     assert result.exit_code == 2
     assert "ebmrag pull needs the 'ehr' extra (jwt is missing): pip install 'ebmrag[ehr]'" in " ".join(
         result.output.split())
+
+
+def test_a_second_source_is_one_line_until_replace(fhir: FhirServer, tmp_path: Path) -> None:
+    key, jwks = _keygen(tmp_path)
+    fhir.register_client("ebmrag", jwks)
+    nz, epic = load_one(fhir, NZ), load_one(fhir, "ips_us_epic_document.json")
+    data, config = tmp_path / "data", _config(tmp_path, fhir, key)
+    store = open_store(data)  # the service filled the store id `nz` from another FHIR patient
+    pull_patient(store, load_settings(config).ehr.connection("hospital"), nz, params=QUICK, fhir_patient=epic)
+    held = store.record(TENANT, nz)
+    args = ["pull", "--data-dir", str(data), "--config", str(config), "--connection", "hospital", "--patient", nz]
+    refused = runner.invoke(app, args)
+    assert refused.exit_code == 2 and "Traceback" not in refused.output
+    assert " ".join(refused.output.split()) == (
+        "error: the patient already holds a chart pulled from another source (another FHIR server or patient id); "
+        "nothing fetched (replace erases that chart and stores this one)")
+    assert open_store(data).record(TENANT, nz) == held
+    replaced = runner.invoke(app, [*args, "--replace", "--json"])
+    assert replaced.exit_code == 0, replaced.output
+    assert held is not None and json.loads(replaced.stdout)["pulls"][0]["removed"] == len(held.fragments)
+    assert open_store(data).pulled_sources(TENANT, nz) == [f"{fhir.base}/Patient/{nz}"]

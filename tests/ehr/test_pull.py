@@ -34,13 +34,19 @@ NZ = "ips_nz_peter_jordan_labs_document.json"
 QUERY = "Is ibuprofen safe for this patient, given allergies, kidney function and current medications?"
 WINDOW = 300
 # The charts whose file holds clinical resources that name no patient and that nothing refers to: a file reader
-# takes them as the one patient's, a FHIR server cannot (they are in nobody's compartment). The comparison leaves
-# them out of the file (helpers.reachable_bundle) and checks here that only these are left out.
+# takes them as the one patient's, a FHIR server cannot (they are in nobody's compartment). And ips_nl, whose
+# clinical resources name the patient as `http://fhircore:4080/Patient/<id>` while its Patient is a urn:uuid: a
+# file reader takes that as the exporter's own URL for the patient, while on a FHIR server it names another
+# server's patient, never kept (ehr.compartment; security review finding 4): its pulled chart is the Patient and
+# the Composition. The comparison leaves them out of the file (helpers.reachable_bundle) and checks here that only
+# these are left out.
 UNREACHABLE = {"au_missing_composition_elements_document.json": ["Composition"],
                "ecr_eicr_not_pregnant_batch.json": ["Observation"],
                "fhirconv_discharge_summary_batch.json": ["DocumentReference"],
                "fhirconv_embedded_pdf_batch.json": ["DocumentReference"],
-               "fhirconv_onc_ambulatory_ccd_batch.json": ["DocumentReference"]}
+               "fhirconv_onc_ambulatory_ccd_batch.json": ["DocumentReference"],
+               "ips_nl_dutch_malformed_document.json": ["AllergyIntolerance"] * 5 + ["Condition"]
+               + ["MedicationRequest"] * 15 + ["Immunization"] + ["Observation"] * 45}
 
 
 def packed(packer: ContextPacker, record: PatientRecord) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import stat
+from dataclasses import replace
 from pathlib import Path
 
 import jwt
@@ -12,13 +13,13 @@ import pytest
 
 from ebmrag.ehr.fhir import EhrError, FhirClient
 from ebmrag.ehr.keys import generate, load_signing_key, public_jwk, thumbprint, write_private_key
-from ebmrag.ehr.params import EhrConnection
+from ebmrag.ehr.params import EhrConnection, EhrParams
 from ebmrag.ehr.pull import pull_patient
-from ebmrag.ehr.smart import TokenSource, client_assertion, connect, discover
+from ebmrag.ehr.smart import TokenSource, client_assertion, connect, discover, trusted_token_endpoint
 from ebmrag.errors import ConfigError
 from ebmrag.store.patients import SQLiteStore
 from tests.ehr.fhir_server import FhirServer
-from tests.ehr.helpers import QUICK, TENANT, load_one, quick, register
+from tests.ehr.helpers import QUICK, TENANT, Bystander, load_one, quick, register
 
 NZ = "ips_nz_peter_jordan_labs_document.json"
 
@@ -60,7 +61,7 @@ def test_the_key_file_is_owner_only_and_a_jwk_file_works_too(fhir: FhirServer, t
     loaded = load_signing_key(tmp_path / "k.jwk", "ES384")
     assert loaded.kid == "mine"
     fhir.register_client("c1", {"keys": [public_jwk(key, "ES384", "mine")]})
-    connection = EhrConnection("jwk", TENANT, fhir.base, "c1", str(tmp_path / "k.jwk"))
+    connection = EhrConnection("jwk", TENANT, fhir.base, "c1", str(tmp_path / "k.jwk"), allow_http=True)
     source = TokenSource(connection, loaded, fhir.token_url)
     assert source.token()
     with pytest.raises(ConfigError, match="RS384 needs an RSA key"):
@@ -136,3 +137,69 @@ def test_pulls_of_one_connection_share_a_token_until_the_server_refuses_it(fhir:
     fhir.faults(expire_tokens=True)
     pull_patient(store, connection, patient, params=QUICK)
     assert [r["status"] for r in fhir.requests() if r["path"] == "/auth/token"] == [200, 200]
+
+
+def test_a_token_endpoint_on_another_origin_never_gets_the_assertion(fhir: FhirServer, tmp_path: Path) -> None:
+    patient = load_one(fhir, NZ)
+    connection = register(fhir, tmp_path)
+    with Bystander(200, b'{"access_token": "from-elsewhere", "expires_in": 300}') as elsewhere:
+        fhir.faults(token_endpoint=f"{elsewhere.origin}/token")  # what an unauthenticated discovery may say
+        with pytest.raises(EhrError) as caught:
+            connect(connection, QUICK)
+        assert str(caught.value) == (f"SMART discovery: the token endpoint is on another origin than the FHIR base "
+                                     f"({elsewhere.origin}); not used: list it in [ehr.connections.ehr] "
+                                     "token_origins, or set token_endpoint there")
+        mark = len(fhir.requests())
+        configured = replace(connection, token_endpoint=fhir.token_url)  # the operator's word replaces discovery
+        client, _ = connect(configured, QUICK)
+        assert client.read(f"Patient/{patient}", operation="read Patient")["id"] == patient
+        assert not any(r["path"].endswith("smart-configuration") for r in fhir.requests()[mark:])
+        assert elsewhere.received == [], "the signed assertion never left for the other origin"
+
+
+def test_a_listed_token_origin_is_used_and_its_refusal_is_a_clean_excerpt(fhir: FhirServer, tmp_path: Path) -> None:
+    load_one(fhir, NZ)
+    connection = register(fhir, tmp_path)
+    said = {"error": "invalid_client\r\nX-Injected: 1",
+            "error_description": "line one\nline two \x1b[31mred\x1b[0m \u202eevil\x00 " + "x" * 2000}
+    with Bystander(400, json.dumps(said).encode()) as authorization:
+        fhir.faults(token_endpoint=f"{authorization.origin}/token")
+        client, _ = connect(replace(connection, token_origins=(authorization.origin,)), QUICK)
+        with pytest.raises(EhrError) as caught:
+            client.read("Patient", operation="search Patient")
+    message = str(caught.value)
+    assert message.startswith("token request: the authorization server refused (400): invalid_client X-Injected: 1: "
+                              "line one line two [31mred [0m evil xxx")
+    assert len(message) < 250 and message.endswith("…")
+    assert not any(ord(c) < 32 or c in "\x7f\u202e" for c in message), "no control or bidi characters"
+    assert [method for method, _, _ in authorization.received] == ["POST"]
+
+
+def test_only_https_unless_the_connection_is_for_local_testing() -> None:
+    with pytest.raises(ValueError, match="fhir_base must be an https URL"):
+        EhrParams(connections={"ehr": {"tenant": TENANT, "fhir_base": "http://ehr.example/fhir"}})
+    with pytest.raises(ValueError, match=r"token_origins: 'https://auth\.example/path' is not an origin"):
+        EhrConnection("ehr", TENANT, "https://ehr.example/fhir", token_origins=("https://auth.example/path",))
+    secure = EhrConnection("ehr", TENANT, "https://ehr.example/fhir", token_origins=("https://auth.example",))
+    assert trusted_token_endpoint(secure, "https://auth.example/oauth/token")
+    assert trusted_token_endpoint(secure, "https://EHR.example:443/auth/token")
+    for refused, reason in [("http://ehr.example/auth/token", "not https"),
+                            ("https://auth.example:8443/token", "another origin"),
+                            ("https://evil.example/token", "another origin"),
+                            ("https://user:secret@ehr.example/token", "not a plain http(s) URL"),
+                            ("https://ehr.example/token?x=1", "not a plain http(s) URL"),
+                            ("https://[::1/token", "not a valid URL")]:
+        with pytest.raises(EhrError) as caught:
+            trusted_token_endpoint(secure, refused)
+        assert str(caught.value).startswith("SMART discovery: the token endpoint is ") and reason in str(caught.value)
+
+
+def test_a_configured_token_endpoint_is_used_wherever_it_is(fhir: FhirServer, tmp_path: Path) -> None:
+    load_one(fhir, NZ)
+    connection = register(fhir, tmp_path)
+    with Bystander(200, b'{"access_token": "not-this-servers", "expires_in": 300}') as authorization:
+        client, _ = connect(replace(connection, token_endpoint=f"{authorization.origin}/token"), QUICK)
+        with pytest.raises(EhrError, match=r"refused \(401 Unauthorized\)"):
+            client.read("Patient", operation="search Patient")  # its token is not the FHIR server's: refused
+    assert [method for method, _, _ in authorization.received] == ["POST", "POST"], "the first, then one refresh"
+    assert not any(r["path"].endswith("smart-configuration") for r in fhir.requests())

@@ -43,7 +43,10 @@ let state = freshState();
 function freshState() {
   return {
     auth: new SmartAuth(tokenUrl),
-    faults: { rateLimit: null, failPage: null, everything: true, exportPolls: 1, exportRetryAfter: 1 },
+    faults: {
+      rateLimit: null, failPage: null, everything: true, exportPolls: 1, exportRetryAfter: 1,
+      tokenEndpoint: null, badGzip: false, nextLink: null, dripMs: 0, manifestFile: null,
+    },
     pagingRequests: 0, // requests that followed a `next` link, since the last fail_page fault
     requests: [],
     exports: new Map(), // job id -> {polls, manifest, files}
@@ -229,7 +232,7 @@ function page(url, items) {
     const next = new URLSearchParams(url.searchParams);
     next.set('_count', String(count));
     next.set('_offset', String(offset + count));
-    link.push({ relation: 'next', url: `${origin}${url.pathname}?${next}` });
+    link.push({ relation: 'next', url: state.faults.nextLink ?? `${origin}${url.pathname}?${next}` });
   }
   const entry = items.slice(offset, offset + count).map(({ resource, mode }) => ({
     fullUrl: `${base()}/${resource.resourceType}/${resource.id}`, resource, search: { mode },
@@ -302,7 +305,10 @@ async function exportKickOff(req, url, grant, patientIds) {
     type, url: `${base()}/$export-file/${job}/${type}.ndjson`, count: rows.length,
   }));
   const request = `${origin}${url.pathname}${url.search}`;
-  const manifest = { transactionTime, request, requiresAccessToken: true, output, error: [] };
+  const foreign = state.faults.manifestFile; // a fault: the first file on another server, token or not
+  if (foreign && output.length) output[0] = { ...output[0], url: foreign.url };
+  const requiresAccessToken = foreign ? foreign.requires_token !== false : true;
+  const manifest = { transactionTime, request, requiresAccessToken, output, error: [] };
   state.exports.set(job, { polls: 0, files, manifest });
   return {
     status: 202, body: outcome('informational', 'export accepted', 'information'),
@@ -348,7 +354,7 @@ function metadata() {
     }],
     extension: [{
       url: 'http://fhir-registry.smarthealthit.org/StructureDefinition/oauth-uris',
-      extension: [{ url: 'token', valueUri: tokenUrl() }],
+      extension: [{ url: 'token', valueUri: state.faults.tokenEndpoint ?? tokenUrl() }],
     }],
   };
   return {
@@ -359,7 +365,7 @@ function metadata() {
 }
 
 const smartConfiguration = () => ({
-  token_endpoint: tokenUrl(),
+  token_endpoint: state.faults.tokenEndpoint ?? tokenUrl(),
   grant_types_supported: ['client_credentials'],
   token_endpoint_auth_methods_supported: ['private_key_jwt'],
   token_endpoint_auth_signing_alg_values_supported: ['RS384', 'ES384'],
@@ -386,7 +392,17 @@ function injectFault(url) {
   }
 }
 
+/** The data answers (reads, searches, $everything, export files) carry the body faults: a Content-Encoding the
+ * body does not have, or a body dripped a byte at a time. Discovery, metadata and export status never do. */
 async function fhir(req, url, segments) {
+  const result = await fhirRoute(req, url, segments);
+  const data = !['metadata', '.well-known', '$export-status'].includes(segments[0]);
+  if (data && state.faults.badGzip) return { ...result, mode: 'bad-gzip' };
+  if (data && state.faults.dripMs > 0) return { ...result, mode: 'drip' };
+  return result;
+}
+
+async function fhirRoute(req, url, segments) {
   const [first, second, third] = segments;
   const depth = segments.length;
   if (req.method === 'GET' && first === 'metadata' && depth === 1) return { status: 200, body: metadata() };
@@ -468,6 +484,13 @@ function setFaults(body) {
     } else if (key === 'everything') f.everything = Boolean(value);
     else if (key === 'export_polls') f.exportPolls = int(value, key);
     else if (key === 'export_retry_after') f.exportRetryAfter = int(value, key);
+    else if (key === 'token_endpoint') f.tokenEndpoint = value ? String(value) : null;
+    else if (key === 'bad_gzip') f.badGzip = Boolean(value);
+    else if (key === 'next_link') f.nextLink = value ? String(value) : null;
+    else if (key === 'drip_ms') f.dripMs = int(value, key);
+    else if (key === 'manifest_file') {
+      f.manifestFile = value ? { url: String(value.url), requires_token: value.requires_token !== false } : null;
+    }
     else if (key === 'expire_tokens') {
       if (value) state.auth.expireAll();
     } else throw new HttpError(400, `unknown fault ${key}`);
@@ -516,13 +539,37 @@ async function handle(req, res) {
     const status = err.status ?? 500;
     result = { status, body: outcome(ISSUE_CODE[status] ?? 'exception', err.message), headers: err.headers ?? {} };
   }
-  const { status, body, headers } = result;
-  res.writeHead(status, { 'Content-Type': 'application/fhir+json', ...headers });
-  res.end(typeof body === 'string' ? body : JSON.stringify(body));
+  const { status, body, headers, mode } = result;
+  const text = typeof body === 'string' ? body : JSON.stringify(body);
+  if (mode === 'bad-gzip') {
+    res.writeHead(status, { 'Content-Type': 'application/fhir+json', ...headers, 'Content-Encoding': 'gzip' });
+    res.end(`not gzip at all: ${text.slice(0, 64)}`);
+  } else if (mode === 'drip') {
+    res.writeHead(status, { 'Content-Type': 'application/fhir+json', ...headers });
+    drip(res, Buffer.from(text), state.faults.dripMs);
+  } else {
+    res.writeHead(status, { 'Content-Type': 'application/fhir+json', ...headers });
+    res.end(text);
+  }
   if (segments[0] !== '_admin') {
     const query = Object.fromEntries(url.searchParams);
     state.requests.push({ method: req.method, path: url.pathname, query, status });
   }
+}
+
+/** One byte every `ms` until the body is sent or the client hangs up. */
+function drip(res, bytes, ms) {
+  let at = 0;
+  const timer = setInterval(() => {
+    if (res.destroyed || at >= bytes.length) {
+      clearInterval(timer);
+      if (!res.destroyed) res.end();
+      return;
+    }
+    res.write(bytes.subarray(at, at + 1));
+    at += 1;
+  }, ms);
+  res.on('close', () => clearInterval(timer));
 }
 
 const server = http.createServer((req, res) => {

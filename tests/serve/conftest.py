@@ -68,9 +68,10 @@ class Live:
 
 
 @contextmanager
-def serving(app: Any) -> Iterator[tuple[str, Any]]:
-    """`app` on a real uvicorn at a free port of 127.0.0.1: yields its base URL and the app, stops it after."""
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning"))
+def serving(app: Any, port: int | None = None) -> Iterator[tuple[str, Any]]:
+    """`app` on a real uvicorn at `port` (default: a free one) of 127.0.0.1: yields its base URL and the app, stops
+    it after."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port or free_port(), log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20

@@ -27,10 +27,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ebmrag.config import Settings
 from ebmrag.ehr.cds_params import CdsParams
 from ebmrag.serve.app import create_app
+from ebmrag.serve.cds_auth import RETRY_FAILED_AFTER, CdsAuthError, KeySets
+from ebmrag.serve.guard import FAILED_KEYS_BURST
 from ebmrag.store.patients import PatientStore, SQLiteStore
 from tests.ehr.conftest import fhir, fhir_server  # noqa: F401 (the test FHIR server's fixtures)
 from tests.ehr.fhir_server import FhirServer
-from tests.serve.conftest import serving
+from tests.serve.conftest import free_port, serving
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "ehr" / "data" / "cds"
 ISS = "https://ehr.example.org/"
@@ -153,11 +155,12 @@ def cds_service(tmp_path: Path, store: PatientStore | None = None, fhir_servers:
     jwks.write_text(json.dumps({"keys": [ES.jwk(), RS.jwk()]}))
     issuers = {"ehr-test": {"iss": ISS, "tenant": "clinic-a", "jwks_file": str(jwks),
                             "fhir_servers": list(fhir_servers)}}
+    port = free_port()
     settings = Settings()
-    settings = replace(settings, serve=replace(settings.serve, prepare_charts=False),
-                       cds=CdsParams(**{"enabled": True, "issuers": issuers, **cds}))
+    settings = replace(settings, serve=replace(settings.serve, prepare_charts=False), cds=CdsParams(**{
+        "enabled": True, "base_url": f"http://127.0.0.1:{port}", "issuers": issuers, **cds}))
     store = store or SQLiteStore(tmp_path / "store.sqlite")
-    with serving(create_app(store, settings)) as (url, _):
+    with serving(create_app(store, settings), port) as (url, _):
         yield Cds(url, store)
 
 
@@ -285,11 +288,13 @@ def test_a_jwks_url_is_fetched_and_a_foreign_jku_refused(tmp_path: Path) -> None
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Jwks)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     jwks_url = f"http://127.0.0.1:{server.server_address[1]}/jwks.json"
+    port = free_port()
     settings = Settings()
     settings = replace(settings, serve=replace(settings.serve, prepare_charts=False), cds=CdsParams(
-        enabled=True, issuers={"ehr-url": {"iss": ISS, "tenant": "clinic-b", "jwks_url": jwks_url}}))
+        enabled=True, base_url=f"http://127.0.0.1:{port}",
+        issuers={"ehr-url": {"iss": ISS, "tenant": "clinic-b", "jwks_url": jwks_url}}))
     try:
-        with serving(create_app(SQLiteStore(tmp_path / "s.sqlite"), settings)) as (url, _):
+        with serving(create_app(SQLiteStore(tmp_path / "s.sqlite"), settings), port) as (url, _):
             running = Cds(url, SQLiteStore(tmp_path / "s.sqlite"))
             endpoint = f"{url}/cds-services/ebmrag-order-sign"
             ok = ES.token(endpoint, header={"jku": jwks_url})
@@ -409,3 +414,203 @@ def test_cards_differ_per_hook_instance_and_repeat_for_the_same_one(cds: Cds) ->
     third = cds.hook("ebmrag-order-select", other).json()["cards"]
     assert [c["uuid"] for c in first] == [c["uuid"] for c in again]
     assert not {c["uuid"] for c in first} & {c["uuid"] for c in third}
+
+
+# ------------------------------------------------------------------------------------------------ review findings
+def test_aud_is_checked_against_base_url_never_the_host_or_forwarded_headers(cds: Cds) -> None:
+    """Finding 3: a token for another ebmrag's URL, sent with that host in Host (or https claimed through
+    X-Forwarded-Proto from loopback), is refused; base_url alone says what `aud` must be."""
+    body = example("order-select")
+    path = "/cds-services/ebmrag-order-select"
+    forged = ES.token(f"http://other-ebmrag.example{path}")
+    answer = httpx.post(f"{cds.url}{path}", json=body, headers={"Authorization": f"Bearer {forged}",
+                                                                "Host": "other-ebmrag.example"})
+    assert refused(answer, "aud"), answer.text
+    https = ES.token(f"https://{cds.url.removeprefix('http://')}{path}")
+    answer = httpx.post(f"{cds.url}{path}", json=body, headers={"Authorization": f"Bearer {https}",
+                                                                "X-Forwarded-Proto": "https"})
+    assert refused(answer, "aud"), answer.text
+    assert cds.hook("ebmrag-order-select", body).status_code == 200  # aud = base_url + the route
+
+
+def test_a_jku_on_a_token_of_an_issuer_with_a_jwks_file_is_refused(cds: Cds) -> None:
+    """Finding 12: an issuer configured with jwks_file takes no jku, not even one that looks harmless."""
+    url = f"{cds.url}/cds-services/ebmrag-order-sign"
+    token = ES.token(url, header={"jku": "https://ehr.example.org/jwks.json"})
+    assert refused(cds.hook("ebmrag-order-sign", example("order-sign"), token=token), "jku")
+
+
+def test_repeated_bad_tokens_from_one_address_are_answered_429(cds: Cds) -> None:
+    """Finding 10: bad JWTs feed the service's bad-key count per address (shared with /v1 and /ui)."""
+    statuses = [cds.hook("ebmrag-order-sign", example("order-sign"), token="not-a-jwt").status_code
+                for _ in range(FAILED_KEYS_BURST + 1)]
+    assert statuses[:FAILED_KEYS_BURST] == [401] * FAILED_KEYS_BURST and statuses[-1] == 429
+    answer = cds.hook("ebmrag-order-sign", example("order-sign"))  # even a good token waits its turn
+    assert answer.status_code == 429 and int(answer.headers["retry-after"]) >= 1
+    assert answer.headers["content-type"] == "application/problem+json"
+    assert httpx.get(f"{cds.url}/v1/patients", headers={"Authorization": "Bearer x"}).status_code == 429
+    assert audited(cds.store, "refused 429 /cds-services/{service_id}")
+
+
+class _SwitchedJwks(BaseHTTPRequestHandler):
+    """A JWK Set URL that can be taken down; counts the fetches."""
+
+    body = b""
+    status = 200
+    hits = 0
+
+    def do_GET(self) -> None:
+        type(self).hits += 1
+        self.send_response(self.status)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(self.body if self.status == 200 else b"{}")
+
+    def log_message(self, *args: Any) -> None:
+        return None
+
+
+@contextmanager
+def jwks_server() -> Iterator[str]:
+    _SwitchedJwks.body, _SwitchedJwks.status, _SwitchedJwks.hits = json.dumps({"keys": [ES.jwk()]}).encode(), 200, 0
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _SwitchedJwks)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/jwks.json"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@contextmanager
+def url_issuer_service(tmp_path: Path, jwks_url: str, **cds: Any) -> Iterator[Cds]:
+    port = free_port()
+    settings = Settings()
+    settings = replace(settings, serve=replace(settings.serve, prepare_charts=False), cds=CdsParams(
+        enabled=True, base_url=f"http://127.0.0.1:{port}",
+        issuers={"ehr-url": {"iss": ISS, "tenant": "clinic-b", "jwks_url": jwks_url}}, **cds))
+    store = SQLiteStore(tmp_path / "s.sqlite")
+    with serving(create_app(store, settings), port) as (url, _):
+        yield Cds(url, store)
+
+
+def test_a_jwks_url_that_goes_down_after_a_good_fetch_still_verifies(tmp_path: Path) -> None:
+    """Finding 10: a failed refetch keeps the last good key set (and is not retried at every call)."""
+    with jwks_server() as jwks_url, url_issuer_service(tmp_path, jwks_url, jwks_cache_seconds=0.0) as running:
+        assert running.hook("ebmrag-order-sign", example("order-sign")).status_code == 200
+        _SwitchedJwks.status = 503
+        for _ in range(3):
+            assert running.hook("ebmrag-order-sign", example("order-sign")).status_code == 200
+        assert _SwitchedJwks.hits == 2  # the first fetch, one failed refetch; then RETRY_FAILED_AFTER holds
+
+
+def test_an_unknown_kid_refetches_the_jwks_url_at_most_once_per_five_minutes(tmp_path: Path) -> None:
+    with jwks_server() as jwks_url, url_issuer_service(tmp_path, jwks_url) as running:
+        assert running.hook("ebmrag-order-sign", example("order-sign")).status_code == 200
+        url = f"{running.url}/cds-services/ebmrag-order-sign"
+        for _ in range(3):
+            token = ES.token(url, header={"kid": f"unknown-{uuid.uuid4()}"})
+            assert refused(running.hook("ebmrag-order-sign", example("order-sign"), token=token), "kid")
+        assert _SwitchedJwks.hits == 1
+
+
+def test_a_stale_key_set_is_used_up_to_its_bound_then_refused() -> None:
+    """KeySets over real HTTP and a test clock: a set 23 h past its last good fetch still serves, 25 h does not."""
+    now = [1000.0]
+    with jwks_server() as jwks_url:
+        params = CdsParams(issuers={"e": {"iss": ISS, "tenant": "t", "jwks_url": jwks_url}})
+        keys, issuer = KeySets(params, clock=lambda: now[0]), params.issuer("e")
+        assert keys.key(issuer, ES.kid) is not None
+        _SwitchedJwks.status = 500
+        now[0] += 23 * 3600
+        assert keys.key(issuer, ES.kid) is not None and _SwitchedJwks.hits == 2
+        now[0] += 2 * 3600
+        with pytest.raises(CdsAuthError, match="could not be fetched") as raised:
+            keys.key(issuer, ES.kid)
+        assert not raised.value.client_fault  # the service's problem: not counted against the caller
+        _SwitchedJwks.status = 200
+        now[0] += RETRY_FAILED_AFTER
+        assert keys.key(issuer, ES.kid) is not None  # back
+
+
+def many_observations(count: int) -> list[dict[str, Any]]:
+    return [{"resourceType": "Observation", "id": f"bp-{n}", "status": "final", "subject": {"reference":
+             "Patient/4471"}, "code": {"text": "Heart rate"}, "valueQuantity": {"value": 70, "unit": "/min"},
+             "effectiveDateTime": "2024-09-01T08:00:00Z"} for n in range(count)]
+
+
+@pytest.mark.parametrize("fault", [{"bad_gzip": True}, {"next_link": "http://[::1"}])
+def test_a_fetch_that_fails_in_any_way_is_412_naming_the_key(tmp_path: Path, fhir: FhirServer,  # noqa: F811
+                                                              fault: dict[str, Any]) -> None:
+    """Finding 7: a body with a bad gzip encoding, or a next link that is no URL, leaves the key missing: 412."""
+    bundle = chart_bundle()
+    bundle["entry"] += [{"resource": r} for r in many_observations(120)]  # a next page after the first 100
+    fhir.load(bundle)
+    fhir.faults(**fault)
+    body = example("order-select")
+    body["fhirServer"] = fhir.base
+    body["fhirAuthorization"]["access_token"] = fhir.mint_token("system/*.rs")
+    del body["prefetch"]["observations"]
+    with cds_service(tmp_path, fhir_servers=(fhir.base,)) as running:
+        answer = running.hook("ebmrag-order-select", body)
+    assert answer.status_code == 412, answer.text
+    detail = answer.json()["detail"]
+    assert "'observations'" in detail and "\n" not in detail and "4471" not in detail
+
+
+def malformed_allergies() -> dict[str, Any]:
+    body = example("order-select")
+    allergy = body["prefetch"]["allergies"]["entry"][0]
+    body["prefetch"]["allergies"]["entry"] = [{"fullUrl": "urn:uuid:lost"}, allergy]  # an entry without a resource
+    return body
+
+
+def test_an_unreadable_prefetch_is_412_without_a_fhir_authorization(cds: Cds) -> None:
+    """Finding 9: the penicillin anaphylaxis is never silently lost with the entry beside it."""
+    body = malformed_allergies()
+    del body["fhirAuthorization"]
+    answer = cds.hook("ebmrag-order-select", body)
+    assert answer.status_code == 412 and "allergies (prefetch.allergies: entry[0]" in answer.json()["detail"]
+    body["prefetch"]["allergies"]["entry"] = {"resource": body["prefetch"]["allergies"]["entry"][1]["resource"]}
+    answer = cds.hook("ebmrag-order-select", body)
+    assert answer.status_code == 412 and "prefetch.allergies.entry: not a list" in answer.json()["detail"]
+
+
+def test_an_unreadable_prefetch_is_fetched_from_a_listed_base(tmp_path: Path, fhir: FhirServer) -> None:  # noqa: F811
+    """Finding 9 and 11: the unreadable key is fetched instead; the fhirServer matches its listed base normalised
+    (a trailing slash), and one with a query string is refused."""
+    fhir.load(chart_bundle())
+    body = malformed_allergies()
+    body["fhirServer"] = fhir.base + "/"
+    body["fhirAuthorization"]["access_token"] = fhir.mint_token("system/*.rs")
+    with cds_service(tmp_path, fhir_servers=(fhir.base,)) as running:
+        answer = running.hook("ebmrag-order-select", body)
+        assert answer.status_code == 200, answer.text
+        cards = HookResponse.model_validate(answer.json()).cards
+        assert next(c.source.topic.code for c in cards if c.source.topic) == "allergy"
+        assert [(r["path"], r["status"]) for r in fhir.requests()] == [("/fhir/AllergyIntolerance", 200)]
+        body["fhirServer"] = fhir.base + "?_format=json"
+        answer = running.hook("ebmrag-order-select", body)
+        assert answer.status_code == 400 and answer.json()["detail"].startswith("fhirServer:")
+
+
+def test_malformed_draft_orders_are_400_never_an_empty_answer(cds: Cds) -> None:
+    body = example("order-sign")
+    del body["context"]["draftOrders"]["entry"][0]["resource"]["medicationCodeableConcept"]
+    answer = cds.hook("ebmrag-order-sign", body)
+    assert answer.status_code == 400
+    assert answer.json()["detail"].startswith("context.draftOrders.entry[0].resource:")
+    body["context"]["draftOrders"]["entry"][0]["resource"]["medicationReference"] = {"reference": "Medication/x"}
+    answer = cds.hook("ebmrag-order-sign", body)  # a reference nothing resolves: found only with the chart
+    assert answer.status_code == 400 and "medicationReference" in answer.json()["detail"]
+
+
+def test_an_allergy_of_another_or_no_patient_in_the_prefetch_gives_no_allergy_card(cds: Cds) -> None:
+    """Finding 4 over HTTP: an identifier-only patient is not this patient; the answer says what was not read."""
+    body = example("order-select")
+    body["prefetch"]["allergies"]["entry"][0]["resource"]["patient"] = {
+        "identifier": {"system": "urn:mrn", "value": "4471"}, "display": "Other Person"}
+    answer = cds.hook("ebmrag-order-select", body)
+    assert answer.status_code == 200, answer.text
+    topics = [c.source.topic.code for c in HookResponse.model_validate(answer.json()).cards if c.source.topic]
+    assert "allergy" not in topics and "left-out" in topics

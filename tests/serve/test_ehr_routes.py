@@ -5,7 +5,9 @@ and background preparation of only what a refresh changed."""
 from __future__ import annotations
 
 import json
+import logging
 import random
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -29,9 +31,10 @@ NZ = "ips_nz_peter_jordan_labs_document.json"
 EPIC = "ips_us_epic_document.json"
 
 
-def _table(connection: EhrConnection) -> dict[str, str]:
+def _table(connection: EhrConnection) -> dict[str, Any]:
     return {"tenant": connection.tenant, "fhir_base": connection.fhir_base, "client_id": connection.client_id,
-            "private_key_file": connection.private_key_file, "algorithm": connection.algorithm}
+            "private_key_file": connection.private_key_file, "algorithm": connection.algorithm,
+            "allow_http": connection.allow_http}
 
 
 def _settings(*connections: EhrConnection, prepare: bool = False, **ehr: Any) -> Settings:
@@ -77,7 +80,8 @@ def test_a_pull_is_stored_audited_and_refreshed(fhir: FhirServer, tmp_path: Path
     assert len(listed) == 45
     pulls = [row for row in store.audit_rows() if row[5] == "pull"]
     assert len(pulls) == 3 and {row[4] for row in pulls} == {patient}
-    assert json.loads(pulls[0][7]) == [f["id"] for f in listed], "the fragment ids it stored, no text"
+    assert json.loads(pulls[0][7]) == ["source:hospital", f"fhir:{patient}", *(f["id"] for f in listed)], \
+        "where it came from and the fragment ids it stored, no text"
 
 
 def test_a_connection_serves_its_own_tenant_only(fhir: FhirServer, tmp_path: Path) -> None:  # noqa: F811
@@ -178,3 +182,97 @@ def test_a_refresh_prepares_only_what_changed(fhir: FhirServer, tmp_path: Path, 
         assert service.prepared(record) == 45
         assert service.preparer.counts["fragments"] - done == 2, "the two fragments that show the new value"
         assert sum(f"{value:.4g} mmol/L" in f.text for f in record.fragments) == 2
+
+
+def test_a_key_limited_to_a_patient_pulls_that_patients_own_chart_only(fhir: FhirServer,  # noqa: F811
+                                                                       tmp_path: Path) -> None:
+    nz, epic = load_one(fhir, NZ), load_one(fhir, EPIC)
+    hospital = register(fhir, tmp_path, name="hospital")
+    store = SQLiteStore(tmp_path / "s.sqlite")
+    with _service(store, _settings(hospital)) as (url, _):
+        with _client(url, store, "acme", "service", nz) as limited:
+            mark = len(fhir.requests())
+            detail = _problem(limited.post(f"/v1/patients/{nz}/pull",
+                                           json={"connection": "hospital", "fhir_patient": epic}), 403, "forbidden")
+            assert detail == ("a key limited to listed patients pulls a patient's own chart only: fhir_patient must "
+                              "be absent or the patient id (another id could be anyone on the server)")
+            assert fhir.requests()[mark:] == [] and store.record("acme", nz) is None
+            own = limited.post(f"/v1/patients/{nz}/pull", json={"connection": "hospital", "fhir_patient": nz})
+            assert own.status_code == 200, own.text
+        with _client(url, store, "acme", "service") as feed:  # a tenant-wide key maps ids as the tenant does
+            mapped = feed.post("/v1/patients/alice/pull", json={"connection": "hospital", "fhir_patient": epic})
+            assert mapped.status_code == 200, mapped.text
+    audited = {row[4]: json.loads(row[7]) for row in store.audit_rows() if row[5] == "pull"}
+    assert audited["alice"][:2] == ["source:hospital", f"fhir:{epic}"]
+    assert audited[nz][:2] == ["source:hospital", f"fhir:{nz}"]
+
+
+def test_a_second_source_is_a_409_until_replace(fhir: FhirServer, tmp_path: Path) -> None:  # noqa: F811
+    nz, epic = load_one(fhir, NZ), load_one(fhir, EPIC)
+    hospital = register(fhir, tmp_path, name="hospital")
+    store = SQLiteStore(tmp_path / "s.sqlite")
+    with _service(store, _settings(hospital)) as (url, _), _client(url, store, "acme", "service") as feed:
+        first = feed.post("/v1/patients/alice/pull", json={"connection": "hospital", "fhir_patient": nz})
+        assert first.status_code == 200, first.text
+        held = store.record("acme", "alice")
+        detail = _problem(feed.post("/v1/patients/alice/pull", json={"connection": "hospital", "fhir_patient": epic}),
+                          409, "chart-source-conflict")
+        assert "already holds a chart pulled from another source" in detail and epic not in detail
+        assert store.record("acme", "alice") == held
+        replaced = feed.post("/v1/patients/alice/pull",
+                             json={"connection": "hospital", "fhir_patient": epic, "replace": True})
+        assert replaced.status_code == 200, replaced.text
+        assert replaced.json()["removed"] == first.json()["fragments"]
+    record = store.record("acme", "alice")
+    assert record is not None and len(record.fragments) == replaced.json()["fragments"] == replaced.json()["added"]
+    assert store.pulled_sources("acme", "alice") == [f"{hospital.base}/Patient/{epic}"]
+
+
+@pytest.mark.parametrize(("fault", "detail"), [
+    ({"bad_gzip": True}, "Patient $everything: the FHIR server's answer could not be read (DecodingError)"),
+    ({"next_link": "http://[::1"}, "Patient $everything: the FHIR server's next link is not a valid URL; it is not "
+                                   "followed"),
+])
+def test_an_answer_that_cannot_be_read_is_a_502(fhir: FhirServer, tmp_path: Path, fault: dict[str, Any],  # noqa: F811
+                                                detail: str) -> None:
+    patient = load_one(fhir, NZ)
+    hospital = register(fhir, tmp_path, name="hospital")
+    store = SQLiteStore(tmp_path / "s.sqlite")
+    fhir.faults(**fault)
+    with _service(store, _settings(hospital, page_size=20)) as (url, _), \
+            _client(url, store, "acme", "service") as feed:
+        assert _problem(feed.post(f"/v1/patients/{patient}/pull", json={"connection": "hospital"}), 502,
+                        "ehr-refused") == detail
+    assert store.record("acme", patient) is None
+
+
+def test_a_dripping_server_is_stopped_at_the_request_deadline(fhir: FhirServer, tmp_path: Path) -> None:  # noqa: F811
+    patient = load_one(fhir, NZ)
+    hospital = register(fhir, tmp_path, name="hospital")
+    store = SQLiteStore(tmp_path / "s.sqlite")
+    fhir.faults(drip_ms=20)
+    settings = _settings(hospital)  # [ehr] pull_seconds is 300 s: the service's deadline is what stops it
+    settings = replace(settings, serve=replace(settings.serve, request_seconds=1.0))
+    with _service(store, settings) as (url, _), _client(url, store, "acme", "service") as feed:
+        started = time.monotonic()
+        _problem(feed.post(f"/v1/patients/{patient}/pull", json={"connection": "hospital"}), 504, "timeout")
+        assert time.monotonic() - started < 5, "the worker stopped between two chunks, not at the answer's end"
+    assert store.record("acme", patient) is None
+
+
+class _FailingStore(SQLiteStore):
+    """A real store whose chart read fails in a way no handler expects (an internal error, a 500)."""
+
+    def record(self, tenant: str, patient: str) -> Any:
+        raise RuntimeError("an internal failure")
+
+
+def test_the_last_resort_500_logs_the_route_not_the_patient_id(tmp_path: Path,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    store = _FailingStore(tmp_path / "s.sqlite")
+    with _service(store, _settings()) as (url, _), _client(url, store, "acme", "clinician") as clinician, \
+            caplog.at_level(logging.ERROR, logger="ebmrag.serve.app"):
+        _problem(clinician.get("/v1/patients/patient-8f2c1d/fragments"), 500, "internal")
+    logged = [r.getMessage() for r in caplog.records if "unhandled error" in r.getMessage()]
+    assert logged == ["unhandled error on /v1/patients/{pid}/fragments (RuntimeError)"]
+    assert not any("patient-8f2c1d" in r.getMessage() for r in caplog.records)

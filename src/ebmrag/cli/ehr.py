@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -46,12 +47,17 @@ def pull(
     connection: Annotated[str, typer.Option("--connection", help="A named \\[ehr.connections.<name>].")] = "",
     full: Annotated[bool, typer.Option("--full", help="Read everything again instead of only what changed.")]
     = False,
+    replace: Annotated[bool, typer.Option("--replace", help="Erase a chart pulled into this patient from another "
+                                                            "source (server or FHIR patient) and store this one.")]
+    = False,
     client_id: Annotated[str, typer.Option("--client-id", help="Without a configured connection: the client id "
                                                                "the EHR registered (none: an open server).")] = "",
     key_file: Annotated[str, typer.Option("--key-file", help="... its private key (PEM or JWK).")] = "",
     key_id: Annotated[str, typer.Option("--key-id", help="... its kid (default: the key's thumbprint).")] = "",
     alg: Annotated[str, typer.Option("--alg", help="... RS384 or ES384.")] = "ES384",
     scope: Annotated[str, typer.Option("--scope", help="... the scopes to ask for.")] = "system/*.rs",
+    allow_http: Annotated[bool, typer.Option("--allow-http", help="... plain http (a local test server only).")]
+    = False,
     store_url: StoreOption = "",
     as_json: JsonOption = False,
     config: ConfigOption = None,
@@ -72,32 +78,37 @@ def pull(
         settings = load_settings(config)
         chosen = pick_connection(settings.ehr, connection, fhir_base, tenant) or EhrConnection(
             "cli", tenant or _missing("--tenant (no [ehr] connection has this base)"), fhir_base, client_id,
-            key_file, key_id, alg, scope)
+            key_file, key_id, alg, scope, allow_http=allow_http)
         store = open_store_for(data_dir, store_url, config)
         run = f"cli-{uuid.uuid4().hex[:12]}"
 
         def stored(report: PullReport) -> None:  # the store's access log holds every write, whoever wrote it
             audit.append(store, audit.AuditEntry("cli", chosen.tenant, report.patient, "pull", run,
-                                                 report.fragment_ids))
+                                                 report.audited))
 
         with StageDisplay() as progress:
             if patient:
                 reports = [pull_patient(store, chosen, patient, params=settings.ehr, full=full,
-                                        stale_after=settings.chart.stale_after, progress=progress,
-                                        on_stored=stored)]
+                                        replace_source=replace, stale_after=settings.chart.stale_after,
+                                        progress=progress, on_stored=stored)]
                 problems: list[str] = []
+                not_stored: list[tuple[str, str]] = []
             else:
                 exported = export_group(store, chosen, group, params=settings.ehr,
                                         stale_after=settings.chart.stale_after, progress=progress,
                                         on_stored=stored)
                 reports, problems = list(exported.patients), list(exported.problems)
+                not_stored = list(exported.not_stored)
     if as_json:
         typer.echo(json.dumps({"tenant": chosen.tenant, "pulls": [r.to_json() for r in reports],
-                               "problems": problems}, indent=2))
+                               "problems": problems,
+                               "not_stored": [{"patient": p, "reason": why} for p, why in not_stored]}, indent=2))
         return
     console.print(summary_table(reports, chosen.name, chosen.tenant))
     for problem in problems:
-        stderr.print(f"[yellow]not stored:[/] {problem}", highlight=False, soft_wrap=True)
+        stderr.print(f"[yellow]not stored:[/] {escape(problem)}", highlight=False, soft_wrap=True)
+    for patient_id, why in not_stored:
+        stderr.print(f"[yellow]not stored:[/] patient {escape(patient_id)} ({why})", highlight=False, soft_wrap=True)
 
 
 def pick_connection(params: EhrParams, name: str, fhir_base: str, tenant: str) -> EhrConnection | None:

@@ -6,39 +6,61 @@ downloaded with the access token when it says `requiresAccessToken`. The wait is
 export_wait_seconds`); an export given up (that bound, an error, the service's deadline) is cancelled with a
 DELETE on the status URL, so the server stops working for nobody.
 
-Each patient's chart is read by records.fhir.bulk (`records_from_ndjson_text`) and stored atomically with its
-raw resources, under the same source as `pull_patient`'s, so a later pull of one patient refreshes from there
-with `_since`. A patient that cannot be stored is reported and does not stop the others.
+The manifest's file URLs are the server's words: a file is fetched only from the FHIR base's origin or one the
+connection lists (`bulk_file_origins`), token or not; one elsewhere fails the export before anything is fetched.
+The files are streamed to a private temporary folder, not memory (`[ehr] max_export_mb` in all, `pull_seconds`
+for the downloads), indexed line by line, and each patient's chart is then read from its own lines only: the
+resources that belong to that patient (`ehr.compartment`) and the shared ones they refer to, and, as a pull does,
+the resources naming nobody that the patient's refer to. A resource that belongs to no patient of the export is
+counted, not stored.
+
+Each patient is stored atomically with its raw resources, under the same source as `pull_patient`'s, so a later
+pull of one patient refreshes from there with `_since`; a store id that is not free (an uploaded chart, another
+source's) is reported for that patient and left as it is. A patient that cannot be stored does not stop the
+others.
 """
 
 from __future__ import annotations
 
 import logging
+import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from pathlib import Path
+from typing import Any, BinaryIO
 
 import httpx
 
-from ebmrag.ehr.fhir import EhrError, FhirClient, retry_after
+from ebmrag.ehr.compartment import belongs_to, is_shared, named_patients, names_nobody
+from ebmrag.ehr.fhir import EhrError, FhirClient, Origin, origin, retry_after
 from ebmrag.ehr.params import EhrConnection, EhrParams
-from ebmrag.ehr.pull import OwnedClient, PullReport, key_of, next_since, source_of, store_chart
+from ebmrag.ehr.pull import (
+    Key,
+    OwnedClient,
+    PullReport,
+    Resource,
+    dropped_parts,
+    key_of,
+    local_key,
+    next_since,
+    references_in,
+    source_of,
+    store_chart,
+)
 from ebmrag.ehr.smart import connect
 from ebmrag.errors import RecordError
 from ebmrag.protocols import Progress, checkpoint, checkpoints, no_progress
-from ebmrag.records.fhir.bulk import records_from_ndjson_text
-from ebmrag.records.fhir.bundle import ADMINISTRATIVE, DEFAULT_STALE_AFTER, subject_link
-from ebmrag.records.fhir.index import reference_of, type_id
-from ebmrag.records.fragment import PatientRecord
+from ebmrag.records.fhir.bundle import DEFAULT_STALE_AFTER
 from ebmrag.records.limits import load_json
 from ebmrag.store.access import valid_name
-from ebmrag.store.patients import PatientStore
+from ebmrag.store.patients import ChartSourceConflictError, PatientStore
 
 log = logging.getLogger(__name__)
 NDJSON = "application/fhir+ndjson"
-Resource = Mapping[str, Any]
+Line = tuple[int, int]  # (file number, byte offset) of one resource's line in the spooled files
 
 
 @dataclass(frozen=True)
@@ -48,12 +70,14 @@ class ExportReport:
     files: int
     transaction_time: str
     patients: tuple[PullReport, ...]
-    problems: tuple[str, ...]  # patients not stored and why (no patient text), files the server reported as errors
+    problems: tuple[str, ...]  # patients not stored and why (no patient text), what was not read or kept
+    not_stored: tuple[tuple[str, str], ...] = ()  # (patient id on the server, why: a problem type)
 
     def to_json(self) -> dict[str, Any]:
         return {"connection": self.connection, "requests": self.requests, "files": self.files,
                 "transaction_time": self.transaction_time, "patients": [p.to_json() for p in self.patients],
-                "problems": list(self.problems)}
+                "problems": list(self.problems),
+                "not_stored": [{"patient": p, "reason": why} for p, why in self.not_stored]}
 
 
 def export_group(store: PatientStore, connection: EhrConnection, group: str, *, params: EhrParams,
@@ -61,27 +85,35 @@ def export_group(store: PatientStore, connection: EhrConnection, group: str, *, 
                  http: httpx.Client | None = None, progress: Progress = no_progress,
                  sleep: Callable[[float], None] = time.sleep,
                  on_stored: Callable[[PullReport], None] | None = None) -> ExportReport:
-    """Export the Group's patients and store each one's chart (the store's patient id is the server's);
-    `on_stored` hears each patient's report right after its commit."""
+    """Export the Group's patients and store each one's chart (the store's patient id is the server's, where it
+    is free or holds this source already); `on_stored` hears each patient's report right after its commit."""
     valid_name(group, "group id")
-    with OwnedClient(params, http) as client_http:
+    with OwnedClient(params, http) as client_http, tempfile.TemporaryDirectory(prefix="ebmrag-export-") as spool:
         client, _ = connect(connection, params, http=client_http)
         client.sleep = sleep
+        client.bound(params.max_export_mb, "max_export_mb", params.export_wait_seconds + params.pull_seconds)
         status_url = kick_off(client, group, types)
         try:
             manifest = await_manifest(client, status_url, params, progress)
-            text = download(client, manifest, progress)
+            client.bound(params.max_export_mb, "max_export_mb", params.pull_seconds)  # the downloads' own time
+            files = download(client, connection, manifest, Path(spool), progress)
         except BaseException:
             cancel(client, status_url)
             raise
-    since = next_since(str(manifest.get("transactionTime") or ""), params)
-    stored, problems = _store_each(store, connection, text, since, stale_after, progress, on_stored)
+        since = next_since(str(manifest.get("transactionTime") or ""), params)
+        spooled = SpooledExport.read(files, connection.base)
+        try:
+            result = _store_each(store, connection, spooled, since, stale_after, params.reference_depth, progress,
+                                 on_stored)
+        finally:
+            spooled.close()
     errors = manifest.get("error")
     if isinstance(errors, list) and errors:
-        problems.append(f"the server reported {len(errors)} error file(s) with the export (not downloaded)")
+        result.problems.append(f"the server reported {len(errors)} error file(s) with the export (not downloaded)")
     outputs = manifest.get("output")
     return ExportReport(connection.name, client.requests, len(outputs) if isinstance(outputs, list) else 0,
-                        str(manifest.get("transactionTime") or ""), tuple(stored), tuple(problems))
+                        str(manifest.get("transactionTime") or ""), tuple(result.stored), tuple(result.problems),
+                        tuple(result.not_stored))
 
 
 def kick_off(client: FhirClient, group: str, types: Sequence[str]) -> str:
@@ -93,7 +125,7 @@ def kick_off(client: FhirClient, group: str, types: Sequence[str]) -> str:
         raise EhrError(f"bulk export kick-off: the FHIR server answered {answer.status} without a status URL "
                        "(it must answer 202 with Content-Location)", status=answer.status,
                        operation="bulk export kick-off")
-    return client.url(location)  # on the FHIR server's origin: polled with the token
+    return client.url(location, operation="bulk export kick-off")  # on the FHIR server's origin: polled with the token
 
 
 def await_manifest(client: FhirClient, status_url: str, params: EhrParams, progress: Progress) -> Mapping[str, Any]:
@@ -118,31 +150,53 @@ def await_manifest(client: FhirClient, status_url: str, params: EhrParams, progr
         if max(time.monotonic() - started, waited) + wait > params.export_wait_seconds:
             raise EhrError(f"bulk export: not complete after {params.export_wait_seconds:g} s ([ehr] "
                            "export_wait_seconds); cancelled", operation="bulk export status")
-        log.info("bulk export: in progress (%s), polling again in %.1f s", answer.headers.get("x-progress", "-")[:60],
-                 wait)
+        log.info("bulk export: in progress, polling again in %.1f s", wait)
         client.wait(wait, "bulk export status", "202")
         waited += wait
 
 
-def download(client: FhirClient, manifest: Mapping[str, Any], progress: Progress) -> str:
-    """Every output file's NDJSON, one after another (each ends with a newline)."""
+def download(client: FhirClient, connection: EhrConnection, manifest: Mapping[str, Any], spool: Path,
+             progress: Progress) -> list[Path]:
+    """Every output file streamed to `spool` (one file each, in the manifest's order). Every URL is checked
+    before the first is fetched: one on another origin than the FHIR base's and the connection's
+    `bulk_file_origins` fails the export, nothing fetched."""
     token = manifest.get("requiresAccessToken") is not False
     outputs = [o for o in manifest["output"] if isinstance(o, Mapping) and isinstance(o.get("url"), str)]
-    texts: list[str] = []
+    allowed = frozenset(origin(o) for o in connection.bulk_file_origins)
+    refused = [f"#{n} ({_kind(o)})" for n, o in enumerate(outputs, 1) if not _fetchable(client, o["url"], allowed)]
+    if refused:
+        raise EhrError(f"bulk export download: output file {', '.join(refused[:5])}"
+                       f"{f' and {len(refused) - 5} more' if len(refused) > 5 else ''} is not on the FHIR base's "
+                       f"origin nor one of [ehr.connections.{connection.name}] bulk_file_origins; nothing fetched, "
+                       "nothing stored", operation="bulk export download")
+    files: list[Path] = []
     for done, output in enumerate(outputs, 1):
-        operation = f"bulk export download {output.get('type') or 'file'}"
-        answer = client.send("GET", str(output["url"]), operation=operation, authorized=token, accept=NDJSON)
-        try:
-            text = answer.body.decode("utf-8-sig")
-        except UnicodeDecodeError:
-            raise EhrError(f"{operation}: the file is not UTF-8 text", operation=operation) from None
-        texts.append(text if text.endswith("\n") or not text else text + "\n")
+        path = spool / f"{done:05d}.ndjson"
+        with path.open("wb") as sink:
+            client.send("GET", str(output["url"]), operation=f"bulk export download {_kind(output)}",
+                        authorized=token, accept=NDJSON, origins=allowed, sink=sink)
+        files.append(path)
         progress("files downloaded", done, len(outputs))
-    return "".join(texts)
+    return files
+
+
+def _fetchable(client: FhirClient, url: str, allowed: frozenset[Origin]) -> bool:
+    try:
+        there = origin(url)
+    except ValueError:
+        return False
+    return there == client.origin or there in allowed
+
+
+def _kind(output: Mapping[str, Any]) -> str:
+    """The file's resource type as the manifest says it, when it looks like one (it is the server's text)."""
+    kind = output.get("type")
+    return kind if isinstance(kind, str) and kind.isalpha() and len(kind) <= 64 else "file"
 
 
 def cancel(client: FhirClient, status_url: str) -> None:
     """DELETE the export (best effort: the reason it was given up is what the caller hears)."""
+    client.unbound()  # the budget spent or the time up may be why: the cancel goes out all the same
     try:
         with checkpoints(_never_stop):  # sent even when a stopped request is why the export is given up
             client.send("DELETE", status_url, operation="bulk export cancel", accept="application/json")
@@ -154,75 +208,148 @@ def _never_stop() -> None:
     """A checkpoint hook that lets the cancel go out."""
 
 
-def _store_each(store: PatientStore, connection: EhrConnection, text: str, since: str, stale_after: timedelta,
-                progress: Progress, on_stored: Callable[[PullReport], None] | None
-                ) -> tuple[list[PullReport], list[str]]:
-    problems: list[str] = []
-    try:
-        records = records_from_ndjson_text(text, f"bulk export ({connection.name})", stale_after=stale_after)
-    except RecordError as exc:
-        raise EhrError(f"bulk export: {exc.problem}") from None
-    by_patient = {r.patient_id: r for r in records}
-    groups = resources_per_patient(_resources(text))
-    stored: list[PullReport] = []
-    for done, (fhir_id, held) in enumerate(sorted(groups.items()), 1):
+@dataclass
+class SpooledExport:
+    """Where each resource of the downloaded files is, grouped by whose it is (no resource held in memory)."""
+
+    files: list[Path]
+    base: str
+    patients: dict[str, Line] = field(default_factory=dict)  # server patient id -> its Patient's line
+    owned: dict[str, list[Line]] = field(default_factory=dict)  # server patient id -> its resources' lines
+    shared: dict[Key, Line] = field(default_factory=dict)  # a Medication, an Organization, ...: by (type, id)
+    nobodys: dict[Key, Line] = field(default_factory=dict)  # naming nobody: taken where a chart refers to them
+    adopted: set[Key] = field(default_factory=set)  # the nobody's some patient's chart took in
+    dropped: Counter[str] = field(default_factory=Counter)  # resource type -> belonging to no patient here
+    unreadable: int = 0  # lines that are not a JSON resource with a type and an id
+    _open: dict[int, BinaryIO] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, files: list[Path], base: str) -> SpooledExport:
+        spooled = cls(files, base)
+        for number, path in enumerate(files):
+            with path.open("rb") as text:
+                offset = 0
+                for raw in text:
+                    checkpoint()
+                    spooled._place(raw, (number, offset))
+                    offset += len(raw)
+        for patient in [p for p in spooled.owned if p not in spooled.patients]:  # a patient the export lacks
+            for line in spooled.owned.pop(patient):
+                spooled.dropped[str(spooled.resource(line)["resourceType"])] += 1
+        spooled.close()
+        return spooled
+
+    def _place(self, raw: bytes, line: Line) -> None:
+        if not raw.strip():
+            return
+        resource = self._parse(raw)
+        if resource is None:
+            self.unreadable += 1
+            return
+        if resource["resourceType"] == "Patient":
+            self.patients.setdefault(resource["id"], line)
+        elif is_shared(resource):
+            self.shared.setdefault(key_of(resource), line)
+        elif names_nobody(resource):
+            self.nobodys.setdefault(key_of(resource), line)
+        else:
+            owners = [p for p in named_patients(resource, self.base) if belongs_to(resource, p, self.base)]
+            for owner in owners:
+                self.owned.setdefault(owner, []).append(line)
+            if not owners:
+                self.dropped[str(resource["resourceType"])] += 1
+
+    @staticmethod
+    def _parse(raw: bytes) -> Resource | None:
+        try:
+            resource = load_json(raw.decode("utf-8-sig"), "a line of a bulk export file")
+        except (UnicodeDecodeError, RecordError):
+            return None
+        if isinstance(resource, Mapping) and isinstance(resource.get("resourceType"), str) and \
+                isinstance(resource.get("id"), str):
+            return resource
+        return None
+
+    def resource(self, line: Line) -> Resource:
+        number, offset = line
+        text = self._open.get(number) or self._open.setdefault(number, self.files[number].open("rb"))
+        text.seek(offset)
+        found = self._parse(text.readline())
+        if found is None:  # it was read before; the spool is ours
+            raise EhrError("bulk export: a spooled file changed while it was read")
+        return found
+
+    def close(self) -> None:
+        for text in self._open.values():
+            text.close()
+        self._open.clear()
+
+    def chart_of(self, patient: str, depth: int) -> dict[Key, Resource]:
+        """The patient's resources and the shared (or nobody's) ones they refer to, `depth` rounds deep."""
+        held = {key_of(r): r for r in map(self.resource, [self.patients[patient], *self.owned.get(patient, [])])}
+        following = list(held.values())
+        pool = {**self.nobodys, **self.shared}
+        for _ in range(depth):
+            wanted = {k for r in following for ref in references_in(r) if (k := local_key(ref, self.base))
+                      and k in pool and k not in held}
+            self.adopted |= wanted & set(self.nobodys)
+            following = [self.resource(pool[k]) for k in sorted(wanted)]
+            held.update((key_of(r), r) for r in following)
+            if not following:
+                break
+        return held
+
+    def left_out(self) -> Counter[str]:
+        """What belongs to no patient of the export, by type: the refused, and the nobody's no chart took in."""
+        return self.dropped + Counter(kind for kind, _ in set(self.nobodys) - self.adopted)
+
+
+@dataclass
+class _Stored:
+    stored: list[PullReport] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    not_stored: list[tuple[str, str]] = field(default_factory=list)
+
+
+def _store_each(store: PatientStore, connection: EhrConnection, spooled: SpooledExport, since: str,
+                stale_after: timedelta, depth: int, progress: Progress,
+                on_stored: Callable[[PullReport], None] | None) -> _Stored:
+    result = _Stored()
+    if spooled.unreadable:
+        result.problems.append(f"{spooled.unreadable} line(s) of the export are not FHIR resources with a type and "
+                               "an id; not read")
+    patients = sorted(spooled.patients)
+    for done, fhir_id in enumerate(patients, 1):
         checkpoint()
         try:
             valid_name(fhir_id, "patient id")
         except ValueError:
-            problems.append(f"patient #{done}: its id is not a valid store id; not stored")
+            result.problems.append(f"patient #{done}: its id is not a valid store id; not stored")
             continue
-        record = by_patient.get(f"Patient/{fhir_id}")
-        if record is None:
-            problems.append(f"patient #{done}: no chart could be read; not stored")
+        held = spooled.chart_of(fhir_id, depth + 1)  # the server's include level, then the pull's rounds
+        try:
+            report = _store_one(store, connection, fhir_id, held, since, stale_after)
+        except RecordError:
+            result.problems.append(f"patient #{done}: no chart could be read; not stored")
             continue
-        stored.append(_store_one(store, connection, fhir_id, record, held, since))
+        except ChartSourceConflictError:
+            result.problems.append(f"patient #{done}: its store id already holds a chart from elsewhere (an upload "
+                                   "or another source); not stored")
+            result.not_stored.append((fhir_id, ChartSourceConflictError.code))
+            continue
+        result.stored.append(report)
         if on_stored is not None:
-            on_stored(stored[-1])
-        progress("patients stored", done, len(groups))
-    return stored, problems
+            on_stored(report)
+        progress("patients stored", done, len(patients))
+    result.problems += [f"{part} (in no exported patient's chart)" for part in dropped_parts(spooled.left_out())]
+    return result
 
 
-def _store_one(store: PatientStore, connection: EhrConnection, fhir_id: str, record: PatientRecord,
-               held: Mapping[tuple[str, str], Resource], since: str) -> PullReport:
+def _store_one(store: PatientStore, connection: EhrConnection, fhir_id: str, held: Mapping[Key, Resource],
+               since: str, stale_after: timedelta) -> PullReport:
     source = source_of(connection, fhir_id)
     stored, written = store_chart(store, connection.tenant, fhir_id, source, held, held, since, replace_all=True,
-                                  origin=record.origin, record=record)
+                                  origin=f"FHIR bulk export ({connection.name})", stale_after=stale_after,
+                                  require_free=True)
     return PullReport(fhir_id, connection.name, "bulk", False, 0, len(held), len(held), written, stored.skipped,
-                      since, tuple(f.id for f in stored.fragments))
-
-
-def _resources(text: str) -> list[Resource]:
-    found: list[Resource] = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            resource = load_json(line, f"line {number}")
-        except RecordError:
-            continue  # the reader reports it in the chart's skipped parts
-        if isinstance(resource, Mapping) and isinstance(resource.get("resourceType"), str) and \
-                isinstance(resource.get("id"), str):
-            found.append(resource)
-    return found
-
-
-def resources_per_patient(resources: Sequence[Resource]) -> dict[str, dict[tuple[str, str], Resource]]:
-    """The raw resources each patient's chart is read from, grouped as records.fhir.bulk groups them: a resource
-    joins the patient it names; shared ones (a Medication, an Organization) join every patient."""
-    groups: dict[str, dict[tuple[str, str], Resource]] = {
-        str(r["id"]): {key_of(r): r} for r in resources if r["resourceType"] == "Patient"}
-    shared: list[Resource] = []
-    for resource in resources:
-        if resource["resourceType"] == "Patient":
-            continue
-        named = type_id(reference_of(subject_link(resource)))
-        if named.startswith("Patient/") and named[len("Patient/"):] in groups:
-            groups[named[len("Patient/"):]][key_of(resource)] = resource
-        elif not named and resource["resourceType"] in ADMINISTRATIVE:
-            shared.append(resource)
-        elif not named and len(groups) == 1:
-            next(iter(groups.values()))[key_of(resource)] = resource
-    for held in groups.values():
-        held.update({key_of(r): r for r in shared})
-    return groups
+                      since, tuple(f.id for f in stored.fragments), fhir_id)

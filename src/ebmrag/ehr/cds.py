@@ -17,13 +17,22 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 from urllib.parse import quote as url_quote
-from urllib.parse import urlsplit
 
-from ebmrag.ehr.cds_cards import Card, Order, allergy_card, critical_card, pregnancy_card, renal_card
+from ebmrag.ehr.cds_cards import (
+    Card,
+    Order,
+    allergy_card,
+    critical_card,
+    left_out_card,
+    pregnancy_card,
+    renal_card,
+    uncompared_card,
+)
 from ebmrag.ehr.cds_facts import Chart, LabFact, allergy_facts, critical_facts, pregnancy_fact, renal_facts
+from ebmrag.ehr.cds_params import normal_base
 from ebmrag.ehr.drugs import DrugVocabulary
 from ebmrag.errors import EbmragError, RecordError
-from ebmrag.records.fhir.coding import obj, objects, text_of
+from ebmrag.records.fhir.coding import codings, obj, objects, text_of
 from ebmrag.records.fhir.index import ChartIndex, Entry, Resource, bundle_entries, type_id
 
 ORDER_HOOKS = ("order-select", "order-sign")
@@ -44,6 +53,11 @@ class HookRequestError(EbmragError, ValueError):
     def __init__(self, where: str, problem: str) -> None:
         self.where, self.problem = where, problem
         super().__init__(f"{where}: {problem}")
+
+
+class UnreadableError(EbmragError):
+    """Prefetched or fetched data that cannot all be read (the message says where, without its contents): cards
+    from the readable part could claim an absence, so the key counts as not satisfied."""
 
 
 @dataclass(frozen=True)
@@ -124,9 +138,9 @@ def parse_request(body: Any, service: ServiceDefinition) -> HookRequest:
     if hook in ORDER_HOOKS:
         _draft_orders(context, hook)
     server = body.get("fhirServer", "")
-    if server and (not isinstance(server, str) or urlsplit(server).scheme not in ("http", "https")
-                   or not urlsplit(server).netloc):
-        raise HookRequestError("fhirServer", "must be the absolute http(s) URL of the client's FHIR server")
+    if server and (not isinstance(server, str) or normal_base(server) is None):
+        raise HookRequestError("fhirServer", "must be the base URL of the client's FHIR server: absolute http(s), "
+                                             "without a user part, query or fragment")
     prefetch = body.get("prefetch", {})
     if not isinstance(prefetch, Mapping):
         raise HookRequestError("prefetch", "must be an object of prefetch keys")
@@ -142,14 +156,62 @@ def _text(where: Mapping[str, Any], key: str, name: str) -> str:
 
 
 def _draft_orders(context: Mapping[str, Any], hook: str) -> None:
+    """draftOrders must be readable whole: a Bundle whose every entry holds a resource, every selection one of
+    them, and every order the cards read naming its medication. An order the service cannot read is refused (400),
+    never answered with no cards as if it had been checked."""
     bundle = context.get("draftOrders")
     if not isinstance(bundle, Mapping) or bundle.get("resourceType") != "Bundle" or not isinstance(
             bundle.get("entry", []), list):
-        raise HookRequestError("context.draftOrders", "must be a FHIR Bundle of the draft orders")
+        raise HookRequestError("context.draftOrders", "must be a FHIR Bundle of the draft orders (entry a list)")
+    entries: list[Any] = bundle.get("entry", [])
+    for number, entry in enumerate(entries):
+        resource = entry.get("resource") if isinstance(entry, Mapping) else None
+        if not isinstance(resource, Mapping) or not isinstance(resource.get("resourceType"), str):
+            raise HookRequestError(f"context.draftOrders.entry[{number}]", "must hold a resource with a resourceType")
+    chosen = _chosen(context, entries) if hook == "order-select" else None
+    for number, entry in enumerate(entries):
+        order = entry["resource"]
+        if order["resourceType"] != "MedicationRequest" or order.get("status") in _ENDED_ORDERS:
+            continue
+        if (chosen is None or chosen & set(_names_of(entry))) and not _names_a_medication(order):
+            raise HookRequestError(f"context.draftOrders.entry[{number}].resource",
+                                   "a MedicationRequest must name its medication (medicationCodeableConcept with a "
+                                   "coding or text, or medicationReference)")
+
+
+def _chosen(context: Mapping[str, Any], entries: list[Any]) -> set[str]:
+    """order-select's selections, each naming an order of draftOrders (the specification's rule)."""
     selections = context.get("selections")
-    if hook == "order-select" and (not isinstance(selections, list) or not all(isinstance(s, str) for s in
-                                                                                 selections)):
+    if not isinstance(selections, list) or not all(isinstance(s, str) for s in selections):
         raise HookRequestError("context.selections", "must be a list of the selected orders' ids")
+    chosen = {type_id(s) or s for s in selections}
+    if chosen - {name for entry in entries for name in _names_of(entry)}:
+        raise HookRequestError("context.selections", "names an order that is not in draftOrders")
+    return chosen
+
+
+def _readable(concept: Any) -> bool:
+    """A concept that says something: a text, or a coding with a code or a display."""
+    return isinstance(concept, Mapping) and bool(text_of(concept) or any(
+        code or display for _, code, display in codings(concept)))
+
+
+def _names_of(entry: Mapping[str, Any]) -> list[str]:
+    """What a selection may call a draft order (`type_id` of the selection, or the selection itself): `Type/id`,
+    its fullUrl, and the `Type/id` its fullUrl names."""
+    resource = entry["resource"]
+    names = [f"{resource['resourceType']}/{resource['id']}"] if isinstance(resource.get("id"), str) else []
+    full = entry.get("fullUrl")
+    return names + ([full, type_id(full)] if isinstance(full, str) and full else [])
+
+
+def _names_a_medication(order: Mapping[str, Any]) -> bool:
+    medication = obj(order.get("medication"))
+    concepts = [order.get("medicationCodeableConcept"), medication.get("concept")]
+    links = [order.get("medicationReference"), medication.get("reference")]
+    return any(_readable(c) for c in concepts) or any(
+        isinstance(link, Mapping) and isinstance(link.get("reference"), str) and link["reference"].strip()
+        for link in links)
 
 
 def _authorization(body: Mapping[str, Any], has_server: bool) -> FhirAuthorization | None:
@@ -169,44 +231,52 @@ def _authorization(body: Mapping[str, Any], has_server: bool) -> FhirAuthorizati
 
 
 # ------------------------------------------------------------------------------------------------ prefetch
-def prefetched(request: HookRequest, service: ServiceDefinition) -> tuple[list[Resource], list[str]]:
-    """The resources the client prefetched, and the keys it did not satisfy: a key left out, or answered with an
-    OperationOutcome (the client's way of saying its query failed). A key sent as null means the client has no
-    such data: satisfied, and empty."""
+def prefetched(request: HookRequest, service: ServiceDefinition) -> tuple[list[Resource], dict[str, str]]:
+    """The resources the client prefetched, and the keys it did not satisfy with why: a key left out, answered
+    with an OperationOutcome (the client's way of saying its query failed), or unreadable (a Bundle whose entries
+    cannot all be read). A key sent as null means the client has no such data: satisfied, and empty."""
     resources: list[Resource] = []
-    missing = []
+    missing: dict[str, str] = {}
     for key in service.prefetch:
         if key not in request.prefetch:
-            missing.append(key)
+            missing[key] = "not sent"
             continue
         value = request.prefetch[key]
         if value is None:
             continue
-        found = resources_of(value, f"prefetch.{key}")
-        if found is None:
-            missing.append(key)
-        else:
-            resources += found
+        try:
+            resources += resources_of(value, f"prefetch.{key}")
+        except UnreadableError as exc:
+            missing[key] = str(exc)
     return resources, missing
 
 
-def resources_of(value: Any, where: str) -> list[Resource] | None:
-    """A prefetch value's resources: a Bundle's entries (OperationOutcome entries left out), or the one resource;
-    None when the value is no resource or reports a failed query."""
+def resources_of(value: Any, where: str) -> list[Resource]:
+    """A prefetch value's resources: a Bundle's entries (OperationOutcome entries of a search left out), or the
+    one resource. An UnreadableError when the value is no resource, reports a failed query, or is a Bundle with
+    an entry that cannot be read (`entry` not a list, an entry without a resource): the rest alone could hide
+    what that entry says."""
     if not isinstance(value, Mapping) or not isinstance(value.get("resourceType"), str):
-        return None
+        raise UnreadableError(f"{where}: not a FHIR resource")
     if value["resourceType"] == "OperationOutcome":
-        return None
+        raise UnreadableError(f"{where}: an OperationOutcome (the query failed)")
     if value["resourceType"] != "Bundle":
         return [value]
+    if not isinstance(value.get("entry", []), list):
+        raise UnreadableError(f"{where}.entry: not a list")
+    problems: list[str] = []
     try:
-        entries = bundle_entries(value, where, [])
-    except RecordError:
-        return None
-    found = [e.resource for e in entries if e.resource.get("resourceType") != "OperationOutcome"]
+        entries = bundle_entries(value, where, problems)
+    except RecordError as exc:
+        raise UnreadableError(f"{where}: {exc.args[0] if exc.args else 'unreadable'}") from None
+    if problems or len(entries) < len(value.get("entry", [])):
+        problem = problems[0].removesuffix("; skipped") if problems else "an entry holds no resource"
+        raise UnreadableError(f"{where}: {problem}")
     failed = [e.resource for e in entries if e.resource.get("resourceType") == "OperationOutcome"
               and any(i.get("severity") in ("error", "fatal") for i in objects(e.resource.get("issue")))]
-    return None if failed and not found else found
+    if failed:
+        raise UnreadableError(f"{where}: holds an OperationOutcome with an error (the search failed in part)")
+    return [e.resource for e in entries if e.resource.get("resourceType") != "OperationOutcome"]
 
 
 def query_for(template: str, request: HookRequest) -> str | None:
@@ -238,20 +308,25 @@ def orders_of(request: HookRequest, chart: Chart, vocabulary: DrugVocabulary) ->
     selected ones for order-select; the drug read from the order's concept, or the Medication it references
     (contained, in the draft orders, or in the chart) with its ingredients."""
     bundle = request.context.get("draftOrders")
-    entries = bundle_entries(bundle, "context.draftOrders", []) if isinstance(bundle, Mapping) else []
+    raw = bundle.get("entry", []) if isinstance(bundle, Mapping) else []
+    entries = [Entry(e["resource"], str(e.get("fullUrl") or ""), f"context.draftOrders.entry[{n}]")
+               for n, e in enumerate(raw)]  # parse_request checked every entry holds a resource
     index = ChartIndex()
     for entry in [*entries, *(Entry(r, "", "chart") for r in chart.resources)]:
         index.add(entry)
     chosen = _selected(request)
     orders = []
-    for entry in entries:
+    for entry, raw_entry in zip(entries, raw, strict=True):
         order = entry.resource
         reference = f"MedicationRequest/{order.get('id')}" if isinstance(order.get("id"), str) else entry.full_url
         if order.get("resourceType") != "MedicationRequest" or order.get("status") in _ENDED_ORDERS:
             continue
-        if chosen is not None and reference not in chosen and entry.full_url not in chosen:
+        if chosen is not None and not chosen & set(_names_of(raw_entry)):
             continue
         concepts = _medication_concepts(order, index)
+        if not any(_readable(c) for c in concepts):
+            raise HookRequestError(f"{entry.where}.resource", "its medicationReference names no Medication the "
+                                   "order contains, draftOrders holds or the prefetch holds")
         name = next((t for c in concepts if (t := text_of(c))), "") or "an unnamed medication"
         orders.append(Order(reference or "MedicationRequest (without id)", name, vocabulary.identify(concepts)))
     return orders
@@ -284,29 +359,48 @@ def _medication_concepts(order: Resource, index: ChartIndex) -> list[Any]:
 def hook_cards(request: HookRequest, chart: Chart, *, now: datetime, vocabulary: DrugVocabulary,
                critical_hours: float) -> list[Card]:
     """The cards of one hook call, the most urgent first: critical results, then per order its allergy card and
-    renal card, then a current pregnancy."""
+    renal card, then a current pregnancy; and a card naming what was left out of a type those cards read."""
     cards: list[Card] = []
     critical = critical_facts(chart, now, critical_hours)
     if critical:
         cards.append(critical_card(request.instance, critical, critical_hours))
-    if request.hook not in ORDER_HOOKS:
-        return cards
-    orders = orders_of(request, chart, vocabulary)
-    allergies = allergy_facts(chart, vocabulary) if orders else []
+    orders = orders_of(request, chart, vocabulary) if request.hook in ORDER_HOOKS else []
+    cards += _order_cards(request, chart, orders, now, vocabulary)
+    left_out = left_out_card(request.instance, chart.left_out, _ORDER_READS if orders else ("Observation",))
+    cards += [left_out] if left_out is not None else []
+    return sorted(cards, key=lambda c: _URGENCY[c.indicator])
+
+
+_ORDER_READS = ("AllergyIntolerance", "Observation", "Condition")  # what the order cards read of the chart
+
+
+def _order_cards(request: HookRequest, chart: Chart, orders: list[Order], now: datetime,
+                 vocabulary: DrugVocabulary) -> list[Card]:
+    if not orders:
+        return []
+    cards: list[Card] = []
+    allergies = allergy_facts(chart, vocabulary)
     renal: list[LabFact] | None = None
-    pregnancy = pregnancy_fact(chart, now) if orders else None
     for order in orders:
-        found = [(a, relation) for a in allergies if (relation := vocabulary.relation(order.identity, a.identity))]
-        card = allergy_card(request.instance, order, found, vocabulary)
+        found, unread = [], []
+        for allergy in allergies:
+            relation = vocabulary.relation(order.identity, allergy.identity)
+            if relation is not None:
+                found.append((allergy, relation))
+            elif allergy.current and (why := vocabulary.uncomparable(order.identity, allergy.identity)):
+                unread.append((allergy, why))  # codes only, none known: never silence
+        card = allergy_card(request.instance, order, found, vocabulary, chart.left_out.get("AllergyIntolerance", 0))
         cards += [card] if card is not None else []
+        cards += [uncompared_card(request.instance, order, unread)] if unread else []
     for order in orders:
         group = vocabulary.renal_group(order.identity)
         if group is not None:
             renal = renal if renal is not None else renal_facts(chart)
-            cards.append(renal_card(request.instance, order, group, renal))
+            cards.append(renal_card(request.instance, order, group, renal, chart.left_out.get("Observation", 0)))
+    pregnancy = pregnancy_fact(chart, now)
     if pregnancy is not None:
         cards.append(pregnancy_card(request.instance, orders, pregnancy))
-    return sorted(cards, key=lambda c: _URGENCY[c.indicator])
+    return cards
 
 
 _URGENCY = {"critical": 0, "warning": 1, "info": 2}

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ebmrag.ehr.cds_facts import AllergyFact, Cited, LabFact, PregnancyFact
-from ebmrag.ehr.drugs import DrugVocabulary, Identity, Relation, RenalGroup
+from ebmrag.ehr.drugs import DrugVocabulary, Identity, Relation, RenalGroup, Uncompared
 
 SOURCE_LABEL = "ebmrag chart review"
 TOPICS = "https://ebmrag.dev/cds-hooks/topics"
@@ -61,7 +61,10 @@ class Card:
 _TOPIC_NAMES = {"allergy": "Allergy to the ordered drug or its class",
                 "related-allergy": "Allergy to a related drug class",
                 "renal": "Renal function for a renally cleared drug", "pregnancy": "Pregnancy recorded",
-                "critical-result": "Critical result"}
+                "critical-result": "Critical result", "left-out": "Chart data not read: not this patient's",
+                "uncompared-allergy": "Allergy check not possible (codes not recognised)"}
+_KIND_WORDS = {"AllergyIntolerance": ("allergy record", "allergy records"), "Observation": ("observation",
+               "observations"), "Condition": ("condition", "conditions")}
 
 
 def quote(text: str, limit: int = MAX_QUOTE) -> str:
@@ -98,9 +101,11 @@ def source_line(cited: Cited) -> str:
 
 # ------------------------------------------------------------------------------------------------ allergy
 def allergy_card(instance: str, order: Order, found: Sequence[tuple[AllergyFact, Relation]],
-                 vocabulary: DrugVocabulary) -> Card | None:
+                 vocabulary: DrugVocabulary, left_out: int = 0) -> Card | None:
     """One card per order: a warning when a current allergy names the ordered drug, its class or a family that
-    holds it; else an info card for an allergy to a related class, or one marked resolved or inactive."""
+    holds it; else an info card for an allergy to a related class, or one marked resolved or inactive.
+    `left_out`: allergy records of the hook's data that were not read (not this patient's by reference); the
+    card says so beside what it claims the chart does not record."""
     if not found:
         return None
     same = [(a, r) for a, r in found if r.same and a.current]
@@ -122,10 +127,38 @@ def allergy_card(instance: str, order: Order, found: Sequence[tuple[AllergyFact,
     for fact, why in shown:
         lines += [f"**The chart records:** {_allergy_words(fact)}", "", f"**Why this card:** "
                   f"{_why(why, order, vocabulary)}", "", source_line(fact.cited), ""]
+    if left_out:
+        lines += [f"**Not read:** {_counted(left_out, 'AllergyIntolerance')} of the hook's data that do not name "
+                  "this patient by reference; the chart may record more than this card shows.", ""]
     lines.append(FOOTER)
     cited = tuple(a.cited for a, _ in shown)
     return Card(kind, "warning" if warning else "info", plain(summary), "\n".join(lines), cited,
                 card_id(instance, kind, order.reference, *(c.label for c in cited)))
+
+
+def uncompared_card(instance: str, order: Order, unread: Sequence[tuple[AllergyFact, Uncompared]]) -> Card:
+    """An info card when an order and a current allergy could not be compared: one of them is written only in codes
+    ebmrag's drug tables do not hold. Silence would read as "no allergy to this drug"; the card says the check
+    was not done and cites what could not be read."""
+    side, codes = unread[0][1].side, [c for _, why in unread for c in why.codes]
+    shown = ", ".join(f"{system} {value}" for system, value in dict.fromkeys(codes))
+    count = f"{len(unread)} recorded allerg{'y' if len(unread) == 1 else 'ies'}"
+    if side == "order":
+        summary = f"Allergy check not done: {order.name} is coded only ({shown}); compare with {count}"
+    else:
+        summary = f"Allergy check not done: {count} coded only ({shown}) for {order.name}"
+    what = {"order": "the order names", "allergy": "the recorded allergy names", "both": "the order and the allergy "
+            "name"}
+    lines = [f"**Ordered:** {quote(order.name)} ({code(order.reference)})", ""]
+    for fact, why in unread:
+        written = ", ".join(f"{system} {value}" for system, value in why.codes)
+        lines += [f"**The chart records:** {_allergy_words(fact)}", "",
+                  f"**Why this card:** {what.get(why.side, 'the entries name')} no drug, only {code(written)}, which "
+                  "ebmrag's drug tables do not hold; compare them by hand.", "", source_line(fact.cited), ""]
+    lines.append(FOOTER)
+    cited = tuple(fact.cited for fact, _ in unread)
+    return Card("uncompared-allergy", "info", plain(summary), "\n".join(lines), cited,
+                card_id(instance, "uncompared-allergy", order.reference, *(c.label for c in cited)))
 
 
 def _allergy_words(fact: AllergyFact) -> str:
@@ -159,11 +192,19 @@ def _atc_of(identity: Identity, vocabulary: DrugVocabulary) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------------ renal
-def renal_card(instance: str, order: Order, group: RenalGroup, results: Sequence[LabFact]) -> Card:
+def renal_card(instance: str, order: Order, group: RenalGroup, results: Sequence[LabFact],
+               left_out: int = 0) -> Card:
     """The chart's newest renal results for a drug of the renal list: `warning` when the laboratory flags one
-    outside its range, `info` otherwise, and `info` saying so when the chart holds none."""
+    outside its range, `info` otherwise, and `info` saying so when the chart holds none. `left_out`: observations
+    of the hook's data that were not read (not this patient's by reference): then the card claims no absence and
+    no "newest", it says what was read and what was left out."""
     drug = group.ingredient
-    if not results:
+    not_read = _counted(left_out, "Observation")
+    if not results and left_out:
+        summary = f"Renal function for {drug}: no creatinine or eGFR read; {not_read} not read (not this patient's)"
+        detail = [f"**Ordered:** {quote(order.name)} ({code(order.reference)})", "",
+                  "**Of what was read,** no result is a creatinine, eGFR or creatinine clearance.", ""]
+    elif not results:
         summary = f"Renal function for {drug}: no creatinine or eGFR in the chart"
         detail = [f"**Ordered:** {quote(order.name)} ({code(order.reference)})", "",
                   "**The chart holds** no creatinine, eGFR or creatinine clearance result.", ""]
@@ -173,6 +214,9 @@ def renal_card(instance: str, order: Order, group: RenalGroup, results: Sequence
         detail = [f"**Ordered:** {quote(order.name)} ({code(order.reference)})", "", "**The chart's newest "
                   "renal results:**", ""]
         detail += [_result_line(r) for r in results] + [""]
+    if left_out:
+        detail += [f"**Not read:** {not_read} of the hook's data that do not name this patient by reference; a "
+                   "renal result, or a newer one, may be among them.", ""]
     detail += [f"**Why this card:** {quote(drug)} is on ebmrag's list of drugs whose labelling ties use or dose to "
                f"renal function ({quote(group.name)}).", "", FOOTER]
     flagged = any(r.abnormal for r in results)
@@ -222,3 +266,27 @@ def critical_card(instance: str, results: Sequence[LabFact], hours: float) -> Ca
     cited = tuple(r.cited for r in results)
     return Card("critical-result", "critical", plain(summary), "\n".join(detail), cited,
                 card_id(instance, "critical-result", *(c.label for c in cited)))
+
+
+# ------------------------------------------------------------------------------------------------ left out
+def left_out_card(instance: str, left_out: Mapping[str, int], read: Sequence[str]) -> Card | None:
+    """A warning that the review is incomplete, when resources of a type this hook's cards read (`read`) were
+    left out for not naming the patient by reference: the other cards are silent about what those hold, and an
+    allergy or result given with an identifier alone may well be this patient's. Counts only, no chart text."""
+    shown = {kind: n for kind, n in sorted(left_out.items()) if kind in read}
+    if not shown:
+        return None
+    counted = ", ".join(_counted(n, kind) for kind, n in shown.items())
+    everything = ", ".join(f"{n} {code(kind)}" for kind, n in sorted(left_out.items()))
+    detail = [f"**Not read:** {everything}.", "",
+              "**Why:** ebmrag reads a resource of the hook's data only when its patient (or subject) is a "
+              "reference to this patient on the hook's FHIR server. These name another patient, only an identifier "
+              "or a name, another server, or no one. The other cards say nothing of what they hold: no allergy, "
+              "result or condition among them was checked.", "", FOOTER]
+    return Card("left-out", "warning", plain(f"Not checked: {counted} that do not name this patient by reference"),
+                "\n".join(detail), (), card_id(instance, "left-out", *(f"{k}:{n}" for k, n in shown.items())))
+
+
+def _counted(number: int, kind: str) -> str:
+    one, many = _KIND_WORDS.get(kind, (kind, kind))
+    return f"{number} {one if number == 1 else many}"

@@ -22,12 +22,14 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from ebmrag.ehr.compartment import belongs_to
 from ebmrag.ehr.drugs import DrugVocabulary, Identity
 from ebmrag.errors import ConfigError, RecordError
+from ebmrag.evidence import adr
 from ebmrag.evidence.results import Analyte, load_vocabulary, unit_key
 from ebmrag.records.dates import as_written, partial_timestamp
 from ebmrag.records.fhir import facts
-from ebmrag.records.fhir.bundle import record_from_fhir_bundle, subject_link
+from ebmrag.records.fhir.bundle import record_from_fhir_bundle
 from ebmrag.records.fhir.coding import codings, concepts, has_code, obj, objects, states_absence, text_of
 from ebmrag.records.fhir.index import Resource, reference_of, type_id
 from ebmrag.records.fhir.rendered import status_code
@@ -37,6 +39,7 @@ from ebmrag.records.fragment import PatientRecord
 log = logging.getLogger(__name__)
 
 DRUG_FACTS = Path(facts.__file__).resolve().parent.parent / "vocab" / "drug_facts.toml"
+ALLERGY_STATEMENTS = Path(__file__).parent / "data" / "allergy_statements.toml"  # an entry taking itself back
 RENAL_FACTS = ("creatinine", "eGFR", "creatinine clearance")  # names of drug_facts.toml's renal [[fact]]s
 PREGNANCY_WEEKS = 42  # a pregnancy recorded longer ago than this, with no due date, is not taken as current
 POST_TERM = timedelta(weeks=2)  # a due date further in the past than this ends the pregnancy
@@ -46,7 +49,7 @@ _CRITICAL_CODES = {"HH", "LL", "AA"}
 _ABNORMAL_CODES = {"H", "L", "A", "HU", "LU", "H>", "L<", ">", "<"} | _CRITICAL_CODES
 _CODE_WORDS = {"H": "high", "L": "low", "A": "abnormal", "HH": "critically high", "LL": "critically low",
                "AA": "critically abnormal", "HU": "significantly high", "LU": "significantly low", "N": "normal"}
-_CRITICAL_WORDS = re.compile(r"(?<!non-)(?<!non )(?<!not )\b(critical|panic)", re.IGNORECASE)
+_CRITICAL_WORDS = re.compile(r"(?<!non-)(?<!non )(?<!not )(?<!no )\b(critical|panic)", re.IGNORECASE)
 _ABNORMAL_WORDS = re.compile(r"\b(high|low|abnormal|elevated|decreased|raised|critical|panic)\b", re.IGNORECASE)
 _PREGNANT_WORDS = re.compile(r"^\s*(currently )?pregnant\s*$", re.IGNORECASE)
 
@@ -106,14 +109,24 @@ class PregnancyFact:
 
 
 class Chart:
-    """One patient's resources as a hook call sees them: only this patient's (another patient's resource in a
-    prefetch is left out), read once into a record for the fragment ids a card cites."""
+    """One patient's resources as a hook call sees them: only this patient's, by the pull's own compartment rule
+    (ehr.compartment), read once into a record for the fragment ids a card cites. A resource that does not name
+    the context's patient by reference on the hook's FHIR server (another patient, an identifier or a display
+    only, another server, no one) is left out and counted by type in `left_out`: the cards say what was left out
+    rather than claim the chart lacks what it may hold."""
 
-    def __init__(self, patient_id: str, resources: Iterable[Resource]) -> None:
+    def __init__(self, patient_id: str, resources: Iterable[Resource], fhir_base: str = "") -> None:
         self.patient_id = patient_id
-        found = list(resources)
-        self.resources = tuple(r for r in found if _belongs(r, patient_id))
-        self.left_out = len(found) - len(self.resources)
+        kept: list[Resource] = []
+        self.left_out: dict[str, int] = {}  # resource type -> how many were left out
+        for r in resources:
+            if _belongs(r, patient_id, fhir_base):
+                kept.append(r)
+            else:
+                kind = r.get("resourceType")
+                kind = kind if isinstance(kind, str) and len(kind) <= 64 else "Resource"
+                self.left_out[kind] = self.left_out.get(kind, 0) + 1
+        self.resources = tuple(kept)
         self.record = _record(self.resources)
         self._fragments: dict[str, str] = {}
         for fragment in self.record.fragments if self.record is not None else ():
@@ -135,14 +148,9 @@ class Chart:
         return [r for r in self.resources if r.get("resourceType") in kinds]
 
 
-def _belongs(resource: Resource, patient_id: str) -> bool:
-    """The context's patient's resource, or one that names no patient (a Medication, an Organization)."""
-    if resource.get("resourceType") == "Patient":
-        return resource.get("id") == patient_id
-    reference = reference_of(subject_link(resource))
-    if not reference or type_id(reference) == f"Patient/{patient_id}":
-        return True
-    return not type_id(reference) and reference.rsplit(":", 1)[-1] == patient_id  # "urn:uuid:<the patient's id>"
+def _belongs(resource: Resource, patient_id: str, fhir_base: str) -> bool:
+    """The context's patient's resource, or a shared one that names no patient (a Medication, an Organization)."""
+    return belongs_to(resource, patient_id, fhir_base) is not False
 
 
 def _record(resources: Sequence[Resource]) -> PatientRecord | None:
@@ -160,8 +168,8 @@ def allergy_facts(chart: Chart, vocabulary: DrugVocabulary) -> list[AllergyFact]
     error, and not a statement of absence ("no known allergy")."""
     found = []
     for r in chart.of_type("AllergyIntolerance"):
-        verification = status_code(r.get("verificationStatus"))
-        if verification in _RETRACTED or states_absence(r.get("code"), "allergy"):
+        verification = _status(r.get("verificationStatus"))
+        if verification in _RETRACTED or states_absence(r.get("code"), "allergy") or _taken_back(r):
             continue
         reactions = objects(r.get("reaction"))
         substances = [r.get("code"), r.get("substance"), *(x.get("substance") for x in reactions)]
@@ -175,8 +183,36 @@ def allergy_facts(chart: Chart, vocabulary: DrugVocabulary) -> list[AllergyFact]
             chart.cite(r, date), vocabulary.identify(s for s in substances if s), substance, manifestations,
             max(severities, key=_SEVERITY.index, default=""),
             str(r.get("criticality")) if isinstance(r.get("criticality"), str) else "",
-            status_code(r.get("clinicalStatus")), verification))
+            _status(r.get("clinicalStatus")), verification))
     return found
+
+
+@cache
+def _statements() -> tuple[re.Pattern[str], list[tuple[str, re.Pattern[str]]]]:
+    """(an entry's words taking the allergy back, [(status code, its words)]): ehr/data/allergy_statements.toml,
+    with the ADR rules' negation and tolerance cues."""
+    with open(ALLERGY_STATEMENTS, "rb") as handle:
+        raw = tomllib.load(handle)
+    cues = adr.vocabulary()
+    taken_back = "|".join([cues.negation.pattern, cues.tolerated.pattern, *raw["retracted"]])
+    words = [(code, re.compile(pattern, re.IGNORECASE)) for code, pattern in raw["status_words"].items()]
+    return re.compile(taken_back, re.IGNORECASE), words
+
+
+def _status(concept: Any) -> str:
+    """A status's code, or the code its text spells out ("Entered in Error") when it has none."""
+    code = status_code(concept)
+    if code:
+        return code
+    text = text_of(concept)
+    return next((name for name, words in _statements()[1] if words.search(text)), "") if text else ""
+
+
+def _taken_back(r: Resource) -> bool:
+    """The entry's substance or code text says the allergy is not there ("not allergic to penicillin", "penicillin
+    allergy delabelled after oral challenge"): its own words, not its notes or reactions."""
+    texts = [text_of(r.get("code")), text_of(r.get("substance"))]
+    return any(_statements()[0].search(t) for t in texts if t)
 
 
 _SEVERITY = ["mild", "moderate", "severe"]

@@ -5,10 +5,14 @@ Each trusted issuer is a table `[cds.issuers.<name>]`: its `iss`, where its JWK 
 fetched and cached; the only URL a token's `jku` may name), the tenant its calls are audited under, and the FHIR
 servers whose `fhirAuthorization` tokens the service may use (a hook's `fhirServer` names a URL; the service
 fetches only from a listed one, so a trusted client cannot point it anywhere else).
+
+`base_url` is required when the service is on: a token's `aud` must name the endpoint under it, never under the
+Host or X-Forwarded-* headers a caller chooses.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,20 +45,68 @@ class TrustedIssuer:
             raise ValueError(f"{where} tenant must be a tenant id (letters, digits, . _ : -), got {self.tenant!r}")
         if bool(self.jwks_file) == bool(self.jwks_url):
             raise ValueError(f"{where} needs exactly one of jwks_file and jwks_url")
-        if self.jwks_url and urlsplit(self.jwks_url).scheme not in ("https", "http"):
-            raise ValueError(f"{where} jwks_url must be an http(s) URL, got {self.jwks_url!r}")
+        if self.jwks_url and not _trusted_key_url(self.jwks_url):
+            raise ValueError(f"{where} jwks_url must be an https URL (http only on a loopback host, for local tests), "
+                             f"got {self.jwks_url!r}")
         for server in self.fhir_servers:
             check_base(server, f"{where} fhir_servers")
+            if normal_base(server) is None:
+                raise ValueError(f"{where} fhir_servers: {server!r} must be a FHIR base URL (no user part, a valid "
+                                 "port)")
+
+    def listed_base(self, fhir_server: str) -> str | None:
+        """The listed FHIR base the hook's `fhirServer` is, or None: compared normalised (scheme and host in lower
+        case, a default port dropped, no trailing slash). The listed spelling is returned, so what is fetched is
+        exactly what the configuration lists."""
+        wanted = normal_base(fhir_server)
+        return next((s.rstrip("/") for s in self.fhir_servers if wanted is not None and normal_base(s) == wanted),
+                    None)
 
     def may_fetch_from(self, fhir_server: str) -> bool:
-        """Whether the hook's `fhirServer` is one of this client's listed FHIR bases (compared without a trailing
-        slash, scheme and host case-insensitively)."""
-        return _base(fhir_server) in {_base(s) for s in self.fhir_servers}
+        """Whether the hook's `fhirServer` is one of this client's listed FHIR bases (see `listed_base`)."""
+        return self.listed_base(fhir_server) is not None
 
 
-def _base(url: str) -> str:
-    parts = urlsplit(url.strip())
-    return f"{parts.scheme.lower()}://{parts.netloc.lower()}{parts.path.rstrip('/')}"
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def normal_base(url: str) -> str | None:
+    """A FHIR base as compared with the allow-list: `scheme://host[:port]/path` with scheme and host in lower case,
+    the scheme's default port dropped and no trailing slash; None for what is no such base (another scheme, no
+    host, a user part, a query or a fragment, a bad port)."""
+    if "?" in url or "#" in url:
+        return None
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port
+    except ValueError:
+        return None
+    if parts.scheme.lower() not in _DEFAULT_PORTS or not parts.hostname or "@" in parts.netloc:
+        return None
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    shown = f":{port}" if port is not None and port != _DEFAULT_PORTS[parts.scheme.lower()] else ""
+    return f"{parts.scheme.lower()}://{host.lower()}{shown}{parts.path.rstrip('/')}"
+
+
+def _trusted_key_url(url: str) -> bool:
+    """https, or http to this machine (a JWK Set fetched over plain HTTP elsewhere could be swapped in transit)."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+    except ValueError:
+        return False
+    if not host:
+        return False
+    return parts.scheme == "https" or (parts.scheme == "http" and _loopback(host))
+
+
+def _loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -63,7 +115,7 @@ class CdsParams:
     `issuer(name)` gives the checked `TrustedIssuer`, `trusted(iss)` the one a token names."""
 
     enabled: bool = False  # GET /cds-services and the hook endpoints exist only when true
-    base_url: str = ""  # the service's public URL behind a proxy (a JWT's `aud` is checked against it); "" = as called
+    base_url: str = ""  # the URL clients call (https://cds.example.org); a JWT's `aud` is checked against it only
     clock_skew_seconds: float = 30.0  # allowed between the client's clock and ours (exp, iat)
     jwks_cache_seconds: float = 300.0  # a JWK Set fetched from jwks_url is reused this long (a new kid refetches)
     fetch_timeout_seconds: float = 10.0  # one request to the EHR's FHIR server (missing prefetch)
@@ -73,7 +125,10 @@ class CdsParams:
 
     def __post_init__(self) -> None:
         if self.base_url:
-            check_base(self.base_url, "[cds] base_url")
+            check_base(self.base_url, "base_url")
+        elif self.enabled:
+            raise ValueError("base_url is required when enabled = true: the URL clients call "
+                             "(https://cds.example.org), which a JWT's aud must name")
         if self.clock_skew_seconds < 0 or self.jwks_cache_seconds < 0:
             raise ValueError("clock_skew_seconds and jwks_cache_seconds must be >= 0")
         if self.fetch_timeout_seconds <= 0 or self.critical_hours <= 0:

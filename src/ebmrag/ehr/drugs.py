@@ -2,25 +2,27 @@
 
 A CDS card may only say "amoxicillin is a penicillin" when a clinician-readable file says so: the classes are
 WHO ATC level-4 groups with their members' INN names (data/drug_classes.toml), the renally cleared drugs a list
-of their own (data/renal_drugs.toml). A coded value is read by its code (an RxNorm ingredient id, an ATC code) and
-by every display and text it carries, because real orders code the clinical drug ("amoxicillin 500 MG Oral
-Capsule", an RxNorm code no table lists) and real allergies often carry only words ("Penicillin",
-"Medikamentenunverträglichkeit: Penicillin"). Names are matched as whole words, the longest phrase first, on
-NFKC lower-cased text with punctuation read as spaces; beside the classes, the drug lexicon (evidence.lexicon)
-finds the same drug named on both sides when no class table lists it ("perazine" allergy, "perazine" order).
+of their own (data/renal_drugs.toml), brand names and other names of their ingredients a generated list
+(data/drug_names.toml), and the SNOMED CT and RxNorm codes whose names name one of them another
+(data/drug_codes.toml). A coded value is read by its code and by every display and text it carries, because
+real orders code the clinical drug ("amoxicillin 500 MG Oral Capsule", an RxNorm code no table lists) and real
+allergies often carry only words ("Penicillin", "Medikamentenunverträglichkeit: Penicillin", "Pénicillines").
+Words are compared by ehr.drug_words (folded, then by spelling key); beside the classes, the drug lexicon
+(evidence.lexicon) finds the same drug named on both sides when no class table lists it ("perazine" allergy,
+"perazine" order). A value that carries only codes no table knows is "opaque": `uncomparable` says so, so that
+a card can say the chart entry could not be compared rather than stay silent.
 """
 
 from __future__ import annotations
 
-import re
 import tomllib
-import unicodedata
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
 
+from ebmrag.ehr.drug_words import MAX_PHRASE, PhraseIndex, acid_forms, fold, words
 from ebmrag.errors import ConfigError
 from ebmrag.evidence.lexicon import DRUG_CLASSES, drug_mentions
 from ebmrag.records.fhir.coding import codings, obj
@@ -28,9 +30,11 @@ from ebmrag.records.fhir.coding import codings, obj
 DATA = Path(__file__).parent / "data"
 CLASSES_PATH = DATA / "drug_classes.toml"
 RENAL_PATH = DATA / "renal_drugs.toml"
-_WORD = re.compile(r"[^\W_]+")
-_ATC = re.compile(r"^[A-Z](\d\d([A-Z]([A-Z](\d\d)?)?)?)?$")
-_MAX_PHRASE = 6  # words in the longest name or class word
+NAMES_PATH = DATA / "drug_names.toml"
+CODES_PATH = DATA / "drug_codes.toml"
+CODE_SYSTEMS = {"snomed": "SNOMED CT", "rxnorm": "RxNorm"}  # the code tables of drug_codes.toml
+_SYSTEM_LABELS = {**CODE_SYSTEMS, "atc": "ATC", "ndc": "NDC"}
+_ATC_LETTERS = frozenset("ABCDGHJLMNPRSV")
 
 
 @dataclass(frozen=True)
@@ -45,16 +49,24 @@ class DrugClass:
 @dataclass(frozen=True)
 class Identity:
     """What a coded value names: INN ingredients, class ids, families named as such ("beta-lactam allergy"),
-    ATC codes given, and the drug names of the lexicon (for a drug no class table lists)."""
+    ATC codes given, and the drug names of the lexicon (for a drug no class table lists); `unread` holds the
+    codes no table knows ((system, code)), `worded` whether the value carried any text or display."""
 
     ingredients: frozenset[str] = frozenset()
     classes: frozenset[str] = frozenset()
     families: frozenset[str] = frozenset()
     atc: frozenset[str] = frozenset()
     names: frozenset[str] = frozenset()
+    unread: tuple[tuple[str, str], ...] = ()
+    worded: bool = False
 
     def __bool__(self) -> bool:
         return bool(self.ingredients or self.classes or self.families or self.atc or self.names)
+
+    @property
+    def opaque(self) -> bool:
+        """Named only by codes no table knows, with no word to read: nothing can be said of what it is."""
+        return not self and bool(self.unread) and not self.worded
 
 
 @dataclass(frozen=True)
@@ -75,44 +87,85 @@ class Relation:
 
 
 @dataclass(frozen=True)
+class Uncompared:
+    """An order and an allergy that could not be compared: `side` ("order", "allergy" or "both") carries only
+    codes no table knows and no words; `codes` are those codes as (system label, code), for the card to cite."""
+
+    side: str
+    codes: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
 class RenalGroup:
     name: str  # "biguanide"
     ingredient: str  # the ordered ingredient that put the drug on the list ("metformin"), or an ATC code
 
 
+@dataclass(frozen=True)
+class _Named:
+    """What a name of the tables names (a code's name resolved once)."""
+
+    ingredients: frozenset[str] = frozenset()
+    classes: frozenset[str] = frozenset()
+    families: frozenset[str] = frozenset()
+
+
+@dataclass
+class _Pending:
+    phrase: tuple[str, ...]
+    value: tuple[str, str]  # (kind, value): ingredient, spelling ("a|b"), brand ("a|b"), class, family, none
+    keyed: bool
+    where: str
+
+
 @dataclass
 class _Tables:
-    phrases: dict[tuple[str, ...], tuple[str, str]] = field(default_factory=dict)  # words -> (kind, value)
-    rxnorm: dict[str, str] = field(default_factory=dict)  # RXCUI -> INN
+    pending: list[_Pending] = field(default_factory=list)
+    names: PhraseIndex = field(default_factory=PhraseIndex)
+    rxnorm: dict[str, str] = field(default_factory=dict)  # ingredient RXCUI -> INN
+    coded: dict[tuple[str, str], _Named] = field(default_factory=dict)  # (system key, code) -> what it names
 
 
 class DrugVocabulary:
-    """The class and renal tables, read and checked once; `identify` reads a coded value, `relation` compares an
-    order with an allergy, `renal_group` says whether an ordered drug is on the renal list."""
+    """The class, renal, name and code tables, read and checked once; `identify` reads a coded value,
+    `relation` compares an order with an allergy, `uncomparable` says when they could not be compared, and
+    `renal_group` says whether an ordered drug is on the renal list."""
 
-    def __init__(self, classes_path: Path = CLASSES_PATH, renal_path: Path = RENAL_PATH) -> None:
+    def __init__(self, classes_path: Path = CLASSES_PATH, renal_path: Path = RENAL_PATH,
+                 names_path: Path | None = NAMES_PATH, codes_path: Path | None = CODES_PATH) -> None:
         raw = _read(classes_path)
         self.families: dict[str, tuple[str, frozenset[str]]] = {}  # id -> (label, class ids)
         self.classes: dict[str, DrugClass] = {}
-        self.salts = frozenset(_norm(s) for s in _strings(raw, "salts", classes_path))
+        self.salts = frozenset(fold(s) for s in _strings(raw, "salts", classes_path))
         self._tables = _Tables()
         self._read_families(raw, classes_path)
         self._read_classes(raw, classes_path)
+        for inn in _strings(raw, "other_ingredients", classes_path):
+            self._ingredient(_inn(inn), f"{classes_path.name} other_ingredients")
+        for name in _strings(raw, "not_drugs", classes_path):
+            self._phrase(name, "none", "", f"{classes_path.name} not_drugs")
         renal = _read(renal_path)
         self.renal: list[tuple[str, tuple[str, ...], frozenset[str]]] = []
         self._read_renal(renal, renal_path)
         for path, table in ((classes_path, raw), (renal_path, renal)):
-            self._read_spellings(table, path)
+            self._read_spellings(table, "spellings", path, keyed=True)
+            self._read_spellings(table, "brands", path, keyed=False)
+        if names_path is not None:
+            self._read_spellings(_read(names_path), "names", names_path, keyed=False)
+        self._index()
+        if codes_path is not None:
+            self._read_codes(_read(codes_path), codes_path)
 
     # ---------------------------------------------------------------------------------------------- reading
-    def _phrase(self, text: str, kind: str, value: str, where: str) -> None:
-        words = tuple(_WORD.findall(_norm(text)))
-        if not words or len(words) > _MAX_PHRASE:
-            raise ConfigError(f"{where}: {text!r} must be 1 to {_MAX_PHRASE} words")
-        known = self._tables.phrases.get(words)
-        if known is not None and known != (kind, value) and kind != "spelling":
+    def _phrase(self, text: str, kind: str, value: str, where: str, keyed: bool = True) -> None:
+        phrase = tuple(words(text))
+        if not phrase or len(phrase) > MAX_PHRASE:
+            raise ConfigError(f"{where}: {text!r} must be 1 to {MAX_PHRASE} words")
+        known = self._tables.names.exact.get(phrase)
+        if known is not None and known != (kind, value) and kind not in ("spelling", "brand"):
             raise ConfigError(f"{where}: {text!r} already names {known[0]} {known[1]!r}")
-        self._tables.phrases.setdefault(words, (kind, value))
+        self._tables.names.exact.setdefault(phrase, (kind, value))
+        self._tables.pending.append(_Pending(phrase, (kind, value), keyed, where))
 
     def _read_families(self, raw: Mapping[str, Any], path: Path) -> None:
         for entry in _tables(raw, "family", path):
@@ -134,8 +187,9 @@ class DrugVocabulary:
                 raise ConfigError(f"{where}: needs [class.atc.<ATC code>] tables")
             members: set[str] = set()
             for code, names in groups.items():
-                if not _ATC.match(code) or code in owner:
-                    raise ConfigError(f"{where}: {code!r} is not an ATC code, or belongs to {owner.get(code)}")
+                if not _is_atc(code) or len(code) < 5 or code in owner:
+                    raise ConfigError(f"{where}: {code!r} is not an ATC code of level 4 or 5, or belongs to "
+                                      f"{owner.get(code)}")
                 owner[code] = class_id
                 members |= self._ingredients(names, f"{where} atc.{code}")
             self.classes[class_id] = DrugClass(class_id, _string(entry, "label", path), family, tuple(groups),
@@ -144,45 +198,94 @@ class DrugVocabulary:
                 self._phrase(word, "class", class_id, where)
 
     def _ingredients(self, names: Any, where: str) -> set[str]:
-        """INN -> RXCUI table: each name becomes a phrase, each RXCUI a code."""
+        """INN -> RXCUI table: each name (and its other forms, for an acid) becomes a phrase, each RXCUI a code."""
         if not isinstance(names, dict):
             raise ConfigError(f"{where}: must be a table of INN = \"RXCUI\"")
         found = set()
         for name, cui in names.items():
             if not isinstance(cui, str) or (cui and not cui.isdigit()):
                 raise ConfigError(f"{where}: {name!r} = {cui!r}: an RXCUI is digits, or \"\"")
-            inn = _norm(name)
-            self._phrase(name, "ingredient", inn, where)
+            inn = _inn(name)
+            self._ingredient(inn, where)
             if cui and self._tables.rxnorm.setdefault(cui, inn) != inn:
                 raise ConfigError(f"{where}: RXCUI {cui} is already {self._tables.rxnorm[cui]!r}")
             found.add(inn)
         return found
 
+    def _ingredient(self, inn: str, where: str) -> None:
+        self._phrase(inn, "ingredient", inn, where)
+        for form in acid_forms(inn):
+            self._phrase(form, "spelling", inn, where)
+
     def _read_renal(self, raw: Mapping[str, Any], path: Path) -> None:
         for entry in _tables(raw, "group", path):
             name, where = _string(entry, "name", path), f"{path.name} [[group]] {entry.get('name')}"
             codes = tuple(_strings(entry, "atc", path))
-            if not all(_ATC.match(code) for code in codes):
-                raise ConfigError(f"{where}: atc holds a value that is not an ATC code")
+            if not all(_is_atc(code) and len(code) >= 5 for code in codes):
+                raise ConfigError(f"{where}: atc holds a value that is not an ATC code of level 4 or 5")
             self.renal.append((name, codes, frozenset(self._ingredients(entry.get("ingredients"), where))))
 
-    def _read_spellings(self, raw: Mapping[str, Any], path: Path) -> None:
-        spellings = raw.get("spellings", {})
+    def _read_spellings(self, raw: Mapping[str, Any], key: str, path: Path, *, keyed: bool) -> None:
+        """Other names of ingredients: each maps to one INN or a list (a combination product); an INN named
+        here and in no class table ("tazobactam") becomes an ingredient of its own."""
+        spellings = raw.get(key, {})
         if not isinstance(spellings, dict):
-            raise ConfigError(f"{path}: [spellings] must be a table")
+            raise ConfigError(f"{path}: [{key}] must be a table")
+        kind = "spelling" if keyed else "brand"
         for spelling, means in spellings.items():
             targets = [means] if isinstance(means, str) else means
-            if not isinstance(targets, list) or not all(isinstance(t, str) and t for t in targets):
-                raise ConfigError(f"{path}: spelling {spelling!r} must map to a name or a list of names")
-            self._phrase(spelling, "spelling", "|".join(_norm(t) for t in targets), f"{path.name} [spellings]")
+            if not isinstance(targets, list) or not all(isinstance(t, str) and t.strip() for t in targets):
+                raise ConfigError(f"{path}: {spelling!r} must map to a name or a list of names")
+            inns = [_inn(t) for t in targets]
+            for inn in inns:
+                if tuple(words(inn)) not in self._tables.names.exact:
+                    self._ingredient(inn, f"{path.name} [{key}]")
+            self._phrase(spelling, kind, "|".join(inns), f"{path.name} [{key}]", keyed=keyed)
+
+    def _index(self) -> None:
+        """Spelling keys for the tables' names, after every class is read (a key shared by a class and one of
+        its own members stays the class's; any other shared key is an error in the tables)."""
+        names = self._tables.names
+        where = {(p.phrase, p.value): p.where for p in self._tables.pending}
+        for pending in self._tables.pending:
+            names.add(pending.phrase, pending.value, keyed=pending.keyed, prefer=self._prefer)
+        if names.clashes:
+            phrase, old, new = names.clashes[0]
+            raise ConfigError(f"{where.get((tuple(words(phrase)), new), 'drug tables')}: {phrase!r} ({new[0]} "
+                              f"{new[1]!r}) is spelled like {old[0]} {old[1]!r}; write one of them otherwise")
+        self._tables.pending.clear()
+
+    def _prefer(self, old: tuple[str, str], new: tuple[str, str]) -> tuple[str, str] | None:
+        a, b = self._named(old), self._named(new)
+        if a == b:
+            return old
+        for broad, narrow, value in ((a, b, old), (b, a, new)):
+            if broad.classes and not broad.ingredients and not narrow.families and narrow.classes <= broad.classes \
+                    and all(self._classes_of(i) & broad.classes for i in narrow.ingredients):
+                return value
+        return None
+
+    def _read_codes(self, raw: Mapping[str, Any], path: Path) -> None:
+        """SNOMED CT and RxNorm codes with the name that says what they are; each name must name a drug of
+        the tables, and is resolved once here."""
+        for system in CODE_SYSTEMS:
+            table = raw.get(system, {})
+            if not isinstance(table, dict):
+                raise ConfigError(f"{path}: [{system}] must be a table of code = \"name\"")
+            for code, name in table.items():
+                if not code.isdigit() or not isinstance(name, str):
+                    raise ConfigError(f"{path}: [{system}] {code!r} = {name!r}: a code is digits, a name text")
+                named = self._read_words(name)
+                if named == _Named():
+                    raise ConfigError(f"{path}: [{system}] {code} = {name!r} names no drug of the tables")
+                self._tables.coded[(system, code)] = named
 
     # ---------------------------------------------------------------------------------------------- reading charts
     def identify(self, concepts: Iterable[Any]) -> Identity:
         """What these CodeableConcepts (or plain strings) name, by code and by every word they carry."""
-        ingredients: set[str] = set()
-        classes: set[str] = set()
-        families: set[str] = set()
+        found: list[_Named] = []
         atc: set[str] = set()
+        unread: list[tuple[str, str]] = []
         texts: list[str] = []
         for concept in concepts:
             if isinstance(concept, str):
@@ -192,39 +295,62 @@ class DrugVocabulary:
             texts += [text] if isinstance(text, str) else []
             for system, code, display in codings(concept):
                 texts.append(display)
-                if "rxnorm" in system.lower() and code in self._tables.rxnorm:
-                    ingredients.add(self._tables.rxnorm[code])
-                elif "atc" in system.lower() and _ATC.match(code.strip().upper()):
-                    atc.add(code.strip().upper())
-        for text in texts:
-            self._words(text, ingredients, classes, families)
-        classes |= {c.id for c in self.classes.values() if c.members & ingredients
-                    or any(code.startswith(group) for code in atc for group in c.atc)}
+                code = code.strip()
+                if not code:
+                    continue
+                if (known := self._code(system, code)) is not None:
+                    found.append(known)
+                elif "atc" in system.lower() and _is_atc(code.upper()):
+                    atc.add(code.upper())
+                else:
+                    unread.append((system, code))
+        found += [self._read_words(text) for text in texts]
+        ingredients = frozenset(i for n in found for i in n.ingredients)
+        families = frozenset(f for n in found for f in n.families)
+        classes = {c for n in found for c in n.classes} | {c for i in ingredients for c in self._classes_of(i)}
+        classes |= {c.id for c in self.classes.values() if any(code.startswith(g) for code in atc for g in c.atc)}
         for family in families:
             classes |= self.families[family][1]
         names = {n for text in texts for n in drug_mentions(text) if n not in _GENERIC and n not in self.salts}
-        return Identity(frozenset(ingredients), frozenset(classes), frozenset(families), frozenset(atc),
-                        frozenset(names))
+        return Identity(ingredients, frozenset(classes), families, frozenset(atc), frozenset(names),
+                        tuple(dict.fromkeys(unread)), any(t.strip() for t in texts))
 
-    def _words(self, text: str, ingredients: set[str], classes: set[str], families: set[str]) -> None:
-        """The longest known phrase at each word, left to right, without overlaps."""
-        words = _WORD.findall(_norm(text))
-        at = 0
-        while at < len(words):
-            for size in range(min(_MAX_PHRASE, len(words) - at), 0, -1):
-                found = self._tables.phrases.get(tuple(words[at:at + size]))
-                if found is not None:
-                    kind, value = found
-                    if kind in ("ingredient", "spelling"):
-                        ingredients.update(value.split("|"))
-                    elif kind == "class":
-                        classes.add(value)
-                    else:
-                        families.add(value)
-                    at += size
-                    break
+    def _code(self, system: str, code: str) -> _Named | None:
+        lowered = system.lower()
+        if "rxnorm" in lowered and code in self._tables.rxnorm:
+            return _Named(ingredients=frozenset({self._tables.rxnorm[code]}))
+        return next((self._tables.coded.get((name, code)) for name in CODE_SYSTEMS if name in lowered), None)
+
+    def _read_words(self, text: str) -> _Named:
+        """The ingredients, classes and families a text names (the longest known name at each word)."""
+        ingredients: set[str] = set()
+        classes: set[str] = set()
+        families: set[str] = set()
+        for hit in self._tables.names.find(text):
+            kind, value = hit.value
+            if kind == "none":
+                continue
+            if kind == "class":
+                classes.add(value)
+            elif kind == "family":
+                families.add(value)
             else:
-                at += 1
+                ingredients.update(value.split("|"))
+        return _Named(frozenset(ingredients), frozenset(classes), frozenset(families))
+
+    def _named(self, value: tuple[str, str]) -> _Named:
+        kind, name = value
+        if kind == "none":
+            return _Named()
+        if kind == "class":
+            return _Named(classes=frozenset({name}))
+        if kind == "family":
+            return _Named(families=frozenset({name}), classes=self.families[name][1])
+        inns = frozenset(name.split("|"))
+        return _Named(inns, frozenset(c for i in inns for c in self._classes_of(i)))
+
+    def _classes_of(self, ingredient: str) -> frozenset[str]:
+        return frozenset(c.id for c in self.classes.values() if ingredient in c.members)
 
     def relation(self, order: Identity, allergy: Identity) -> Relation | None:
         """How the ordered drug relates to the allergy's substance, the closest relation first; None when the
@@ -245,6 +371,17 @@ class DrugVocabulary:
                                 self.classes[ordered].label)
         return None
 
+    def uncomparable(self, order: Identity, allergy: Identity) -> Uncompared | None:
+        """Why an order and a recorded allergy could not be compared: one of them (or both) is opaque, named
+        only by codes no table knows. None when both were read, whether or not they relate; a card then says
+        the chart entry could not be compared instead of staying silent."""
+        opaque = [(side, identity) for side, identity in (("order", order), ("allergy", allergy)) if identity.opaque]
+        if not opaque:
+            return None
+        side = opaque[0][0] if len(opaque) == 1 else "both"
+        codes = tuple((system_label(system), code) for _, identity in opaque for system, code in identity.unread)
+        return Uncompared(side, codes)
+
     def renal_group(self, order: Identity) -> RenalGroup | None:
         """The renal list's group of the ordered drug (by ingredient, else by ATC code), or None."""
         for name, codes, members in self.renal:
@@ -261,8 +398,22 @@ class DrugVocabulary:
 _GENERIC = frozenset(DRUG_CLASSES)  # "medication", "antibiotic", class words: no drug of their own
 
 
-def _norm(text: str) -> str:
-    return unicodedata.normalize("NFKC", text).lower().replace("β", "beta")
+def system_label(system: str) -> str:
+    """A code system as a card names it: "RxNorm", "SNOMED CT", "ATC", else the system's URI as written."""
+    lowered = system.lower()
+    return next((label for part, label in _SYSTEM_LABELS.items() if part in lowered), system or "no system")
+
+
+def _inn(name: str) -> str:
+    return " ".join(words(name))
+
+
+def _is_atc(code: str) -> bool:
+    """An ATC code of any level: A, A01, A01A, A01AA, A01AA01."""
+    shapes = {1: "L", 3: "LDD", 4: "LDDL", 5: "LDDLL", 7: "LDDLLDD"}
+    shape = shapes.get(len(code))
+    return shape is not None and code[0] in _ATC_LETTERS and all(
+        (c.isdigit() if s == "D" else c.isascii() and c.isupper()) for c, s in zip(code, shape, strict=True))
 
 
 def _read(path: Path) -> dict[str, Any]:

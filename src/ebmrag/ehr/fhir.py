@@ -11,7 +11,14 @@ operator can act without a traceback. Retries follow what the server says:
 - a 401 gets one fresh token (the cached one may have expired early, or been revoked) and one more try.
 
 The token is sent only to the FHIR base's origin: a `next` link, a Bulk Data status or file URL elsewhere is
-refused rather than followed, since following it would hand the bearer token to whoever wrote the link.
+refused rather than followed, since following it would hand the bearer token to whoever wrote the link (a Bulk
+Data file may be on an origin the connection lists, `bulk_file_origins`, and nowhere else, token or not).
+
+A pull is bounded as a whole, not only per answer: `[ehr] max_pull_mb` over every answer together and
+`pull_seconds` of wall clock (waits included), both checked between the chunks of an answer, where the service's
+request deadline can stop it too (`protocols.checkpoint`): a server that drips one byte per read cannot keep a
+worker past either. Whatever goes wrong in an exchange (a body that does not decode, a URL that does not parse)
+is an `EhrError` line, never a traceback.
 """
 
 from __future__ import annotations
@@ -20,10 +27,11 @@ import email.utils
 import logging
 import re
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import unicodedata
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import IO, Any, Protocol
 from urllib.parse import urljoin, urlsplit
 
 import httpx
@@ -37,6 +45,8 @@ log = logging.getLogger(__name__)
 FHIR_JSON = "application/fhir+json"
 FIRST_BACKOFF = 0.5  # seconds; doubled per retry up to [ehr] max_backoff_seconds
 _DIAGNOSTICS = 240  # characters of the server's diagnostics kept in an error line
+MB = 2**20
+Origin = tuple[str, str]
 
 
 class EhrError(EbmragError):
@@ -66,6 +76,7 @@ class Answer:
     headers: httpx.Headers
     body: bytes
     url: str
+    size: int = 0  # bytes received (the body's, or what went to a sink)
 
     def json(self, operation: str) -> Any:
         try:
@@ -75,11 +86,20 @@ class Answer:
                            f"JSON ({exc.problem})", status=self.status, operation=operation) from None
 
 
-def origin(url: str) -> tuple[str, str]:
-    """(scheme, host:port) with the default port written out: the unit a token may be sent to."""
+def origin(url: str) -> Origin:
+    """(scheme, host:port) with the default port written out: the unit a token may be sent to. A ValueError for a
+    URL that does not parse ("http://[::1", a port that is not a number)."""
     parts = urlsplit(url)
     port = parts.port or {"http": 80, "https": 443}.get(parts.scheme, 0)
     return parts.scheme.lower(), f"{(parts.hostname or '').lower()}:{port}"
+
+
+def excerpt(text: str, limit: int = _DIAGNOSTICS) -> str:
+    """A server's words as an error line may repeat them: no control or format characters (no terminal escapes,
+    no bidi overrides), one line, at most `limit` characters."""
+    kept = "".join(c if unicodedata.category(c)[0] != "C" else " " for c in text)
+    kept = " ".join(kept.split())
+    return kept[:limit] + ("…" if len(kept) > limit else "")
 
 
 def retry_after(value: str | None, now: datetime | None = None) -> float | None:
@@ -111,12 +131,13 @@ def diagnostics(body: Any, hide: Sequence[str] = ()) -> str:
             text = issue.get("diagnostics") or (details.get("text") if isinstance(details, Mapping) else None)
             said.append(str(text or issue.get("code") or ""))
     elif isinstance(body, Mapping) and isinstance(body.get("error"), str):
-        said.append(body["error"] + (f": {body['error_description']}" if body.get("error_description") else ""))
-    text = " ".join("; ".join(s for s in said if s).split())
+        described = body.get("error_description")
+        said.append(excerpt(body["error"], 40) + (f": {excerpt(str(described), 120)}" if described else ""))
+    text = excerpt("; ".join(s for s in said if s), 10 * _DIAGNOSTICS)
     for word in hide:
         if word:  # as a whole id only: hiding "7" must not garble "HTTP 407"
             text = re.sub(rf"(?<![\w.-]){re.escape(word)}(?![\w-])", "<patient>", text)
-    return text[:_DIAGNOSTICS] + ("…" if len(text) > _DIAGNOSTICS else "")
+    return excerpt(text)
 
 
 def refusal(answer: Answer, operation: str, hide: Sequence[str] = ()) -> EhrError:
@@ -130,31 +151,54 @@ def refusal(answer: Answer, operation: str, hide: Sequence[str] = ()) -> EhrErro
 
 
 class FhirClient:
-    """Requests to one FHIR base on one `httpx.Client`; `requests` counts what was sent (retries included)."""
+    """Requests to one FHIR base on one `httpx.Client`; `requests` counts what was sent (retries included),
+    `received` the bytes of every answer (the `[ehr] max_pull_mb` budget, `bound` sets another)."""
 
     def __init__(self, base: str, params: EhrParams, *, auth: Authorizer | None = None,
                  http: httpx.Client | None = None, sleep: Callable[[float], None] = time.sleep,
                  hide: Sequence[str] = ()) -> None:
         """`auth`: None for an open server; `hide`: words never repeated from the server's diagnostics (the
-        patient id); `sleep`: how a wait is spent (tests count them)."""
+        patient id); `sleep`: how a wait is spent (tests count them). The pull's budget starts now."""
         self.base, self.params, self.auth, self.sleep = base.rstrip("/"), params, auth, sleep
         self.origin = origin(self.base)
         self.http = http or httpx.Client(timeout=params.timeout_seconds, follow_redirects=False)
         self.hide = tuple(hide)
         self.requests = 0
+        self.received = 0
+        self._limit, self._limit_mb, self._limit_key, self._deadline, self._seconds = 0, 0.0, "", 0.0, 0.0
+        self.bound(params.max_pull_mb, "max_pull_mb", params.pull_seconds)
 
     def close(self) -> None:
         self.http.close()
 
-    def url(self, path: str, authorized: bool = True) -> str:
-        """`path` under the base ("Patient/7/$everything"), or an absolute URL the server gave: on the base's
-        origin when the request carries the token (a Bulk Data file that needs no token may be elsewhere)."""
-        if "://" not in path:  # "Patient/7" is under the base; "/fhir/$export-status/9" under the origin
-            return urljoin(self.base, path) if path.startswith("/") else f"{self.base}/{path}"
-        if authorized and self.auth is not None and origin(path) != self.origin:
-            raise EhrError("the FHIR server sent a link to another server; it is not followed (the access token "
-                           "goes to the FHIR server only)")
-        return path
+    def bound(self, total_mb: float, key: str, seconds: float) -> None:
+        """From now on at most `total_mb` received in all (counting what was received already; `key` names the
+        setting in the error) and `seconds` of wall clock, waits included."""
+        self._limit, self._limit_mb, self._limit_key = int(total_mb * MB), total_mb, key
+        self._deadline, self._seconds = time.monotonic() + seconds, seconds
+
+    def unbound(self) -> None:
+        """No budget any more: a cancel must go out although the budget is why the work is given up."""
+        self._limit, self._deadline = 2**62, float("inf")
+
+    def url(self, path: str, origins: Collection[Origin] = (), operation: str = "") -> str:
+        """`path` under the base ("Patient/7/$everything", "/fhir/$export-status/9"), or an absolute URL the
+        server gave: on the base's origin or one of `origins` (a Bulk Data file's, as the connection lists them),
+        token or not; anything else is refused, never requested."""
+        said = f"{operation}: " if operation else ""
+        try:
+            if "://" in path:
+                full = path
+            else:  # "Patient/7" is under the base; "/fhir/$export-status/9" under the origin
+                full = urljoin(self.base, path) if path.startswith("/") else f"{self.base}/{path}"
+            there = origin(full)
+        except ValueError:
+            raise EhrError(f"{said}the FHIR server sent a link that is not a valid URL; it is not followed",
+                           operation=operation) from None
+        if there != self.origin and there not in origins:
+            raise EhrError(f"{said}the FHIR server sent a link to another server; it is not followed (the access "
+                           "token goes to the FHIR server only)", operation=operation)
+        return full
 
     def read(self, path: str, query: Mapping[str, str] | None = None, *, operation: str,
              authorized: bool = True) -> Any:
@@ -179,8 +223,13 @@ class FhirClient:
             yield bundle
             url, params = next_link(bundle), None
             if url is not None:
-                url = urljoin(self.base + "/", url)
-                if origin(url) != self.origin:
+                try:
+                    url = urljoin(self.base + "/", url)
+                    there = origin(url)
+                except ValueError:
+                    raise EhrError(f"{operation}: the FHIR server's next link is not a valid URL; it is not "
+                                   "followed", operation=operation) from None
+                if there != self.origin:
                     raise EhrError(f"{operation}: the FHIR server's next link points to another server; it is not "
                                    "followed (the access token goes to the FHIR server only)", operation=operation)
                 if url in seen:
@@ -189,16 +238,20 @@ class FhirClient:
                 seen.add(url)
 
     def send(self, method: str, path: str, *, operation: str, query: Mapping[str, str] | None = None,
-             headers: Mapping[str, str] | None = None, authorized: bool = True, accept: str = FHIR_JSON) -> Answer:
+             headers: Mapping[str, str] | None = None, authorized: bool = True, accept: str = FHIR_JSON,
+             origins: Collection[Origin] = (), sink: IO[bytes] | None = None) -> Answer:
         """One request with the retries of the module doc; a status of 400 or more that is not retried, or that
-        stays after its retries, is an EhrError. 1xx-3xx answers (202 Accepted too) are returned."""
-        url = self.url(path, authorized)
+        stays after its retries, is an EhrError. 1xx-3xx answers (202 Accepted too) are returned. `origins`: where
+        besides the base's origin an absolute `path` may be (a Bulk Data file); `sink`: a successful answer's body
+        is written there instead of into memory (the Answer's body is then empty, its `size` says how much)."""
+        url = self.url(path, origins, operation)
         busy = failed = 0
         refreshed = False
         while True:
             checkpoint()  # a pull the service no longer waits for stops between two requests
+            self._check_time(operation)
             try:
-                answer = self._exchange(method, url, query, headers, authorized, accept, operation)
+                answer = self._exchange(method, url, query, headers, authorized, accept, operation, origins, sink)
             except httpx.TransportError as exc:
                 if failed < self.params.error_retries:
                     failed += 1
@@ -206,6 +259,12 @@ class FhirClient:
                     continue
                 raise EhrError(f"{operation}: the FHIR server could not be reached ({type(exc).__name__})",
                                operation=operation, unreachable=True) from None
+            except httpx.HTTPError as exc:  # a body that does not decode (a bad gzip), too many redirects, ...
+                raise EhrError(f"{operation}: the FHIR server's answer could not be read ({type(exc).__name__})",
+                               operation=operation) from None
+            except (httpx.InvalidURL, ValueError) as exc:  # a URL httpx cannot send to
+                raise EhrError(f"{operation}: the request's URL is not valid ({type(exc).__name__})",
+                               operation=operation) from None
             if answer.status < 400:
                 return answer
             if answer.status == 401 and authorized and self.auth is not None and not refreshed:
@@ -223,22 +282,47 @@ class FhirClient:
             raise refusal(answer, operation, self.hide)
 
     def _exchange(self, method: str, url: str, query: Mapping[str, str] | None, headers: Mapping[str, str] | None,
-                  authorized: bool, accept: str, operation: str) -> Answer:
+                  authorized: bool, accept: str, operation: str, origins: Collection[Origin],
+                  sink: IO[bytes] | None) -> Answer:
         sent = {"Accept": accept, **(headers or {})}
         if authorized and self.auth is not None:
-            if origin(url) != self.origin:  # never: url() checked it; kept here too, where the token is attached
+            if origin(url) != self.origin and origin(url) not in origins:  # url() checked it; here too, at the token
                 raise EhrError(f"{operation}: refused to send the access token to another server")
             sent["Authorization"] = f"Bearer {self.auth.token()}"
-        limit = int(self.params.max_response_mb * 2**20)
         self.requests += 1
         with self.http.stream(method, url, params=dict(query) if query else None, headers=sent) as reply:
-            body = bytearray()
+            into = sink if sink is not None and reply.status_code < 300 else None
+            if into is not None:  # a retry starts the file again
+                into.seek(0)
+                into.truncate()
+            body, size = bytearray(), 0
             for chunk in reply.iter_bytes():
-                body += chunk
-                if len(body) > limit:
-                    raise EhrError(f"{operation}: the FHIR server's answer is larger than "
-                                   f"{self.params.max_response_mb:g} MB ([ehr] max_response_mb)", operation=operation)
-            return Answer(reply.status_code, reply.headers, bytes(body), str(reply.url))
+                size += len(chunk)
+                self._take(len(chunk), size, operation)
+                if into is not None:
+                    into.write(chunk)
+                else:
+                    body += chunk
+            return Answer(reply.status_code, reply.headers, bytes(body), str(reply.url), size)
+
+    def _take(self, count: int, answer_size: int, operation: str) -> None:
+        """Count `count` more bytes against the answer's and the pull's budgets; stop here when either is spent,
+        the pull's time is up, or the service no longer waits (a server dripping a byte per read cannot hold a
+        worker past any of them)."""
+        self.received += count
+        if answer_size > self.params.max_response_mb * MB:
+            raise EhrError(f"{operation}: the FHIR server's answer is larger than {self.params.max_response_mb:g} MB "
+                           "([ehr] max_response_mb)", operation=operation)
+        if self.received > self._limit:
+            raise EhrError(f"{operation}: more than {self._limit_mb:g} MB received in all ([ehr] "
+                           f"{self._limit_key}); stopped, nothing stored", operation=operation)
+        checkpoint()
+        self._check_time(operation)
+
+    def _check_time(self, operation: str) -> None:
+        if time.monotonic() > self._deadline:
+            raise EhrError(f"{operation}: not done after {self._seconds:g} s ([ehr] pull_seconds); stopped, nothing "
+                           "stored", operation=operation)
 
     def _server_wait(self, answer: Answer, attempt: int, operation: str) -> float:
         asked = retry_after(answer.headers.get("retry-after"))
@@ -258,6 +342,7 @@ class FhirClient:
         left = seconds
         while left > 0:
             checkpoint()  # a long Retry-After must not outlive the request that waits for it
+            self._check_time(operation)
             self.sleep(min(left, 1.0))
             left -= 1.0
 

@@ -14,12 +14,21 @@ everything and replaces what was kept.
 
 A pull is atomic: everything is fetched first, and only then one store transaction writes the resources, the sync
 point and the chart; a refusal, a timeout or a stop before that leaves the store as it was.
+
+What a server hands over is kept only when it is this patient's by the strict compartment rule of
+`ehr.compartment` (a reference that resolves to this patient on this server), or shared (a Medication), or names
+nobody at all and this patient's own kept resources refer to it (an eCR Composition's subject-less reportability
+Observation: a file's reader takes it in the same way); the rest (another patient's, one named by identifier or
+display only, another server's, a nobody's that nothing of the patient's refers to) is dropped and counted in the
+chart's skipped parts, never silently. A store patient holds one pulled source: a pull from another is a
+`ChartSourceConflictError` unless `replace_source`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
@@ -27,15 +36,16 @@ from typing import Any
 
 import httpx
 
+from ebmrag.ehr.compartment import belongs_to, names_nobody
 from ebmrag.ehr.fhir import EhrError, FhirClient
 from ebmrag.ehr.params import EhrConnection, EhrParams
 from ebmrag.ehr.smart import connect
 from ebmrag.protocols import Progress, checkpoint, no_progress
-from ebmrag.records.fhir.bundle import DEFAULT_STALE_AFTER, record_from_entries, subject_link
-from ebmrag.records.fhir.index import Entry, reference_of, type_id
+from ebmrag.records.fhir.bundle import DEFAULT_STALE_AFTER, record_from_entries
+from ebmrag.records.fhir.index import Entry, type_id
 from ebmrag.records.fragment import PatientRecord
 from ebmrag.store.access import valid_name
-from ebmrag.store.patients import PatientStore, PulledResource, PulledWrite
+from ebmrag.store.patients import ChartSourceConflictError, PatientStore, PulledResource, PulledWrite
 
 log = logging.getLogger(__name__)
 Resource = Mapping[str, Any]
@@ -59,6 +69,13 @@ class PullReport:
     skipped: tuple[str, ...]  # what the reader did not turn into fragments, and why
     since: str  # the next refresh asks for changes from here
     fragment_ids: tuple[str, ...]
+    fhir_patient: str = ""  # the patient's id on the server (default: the store's)
+
+    @property
+    def audited(self) -> tuple[str, ...]:
+        """What the access log keeps of the pull: where it came from (`source:<connection>`, `fhir:<id on the
+        server>`, pseudo-ids as CDS keeps `card:<uuid>`), then the fragment ids it stored."""
+        return (f"source:{self.connection}", f"fhir:{self.fhir_patient or self.patient}", *self.fragment_ids)
 
     def to_json(self) -> dict[str, Any]:
         w = self.written
@@ -75,17 +92,23 @@ def source_of(connection: EhrConnection, fhir_patient: str) -> str:
 
 
 def pull_patient(store: PatientStore, connection: EhrConnection, patient: str, *, params: EhrParams,
-                 full: bool = False, fhir_patient: str = "", stale_after: timedelta = DEFAULT_STALE_AFTER,
-                 http: httpx.Client | None = None, progress: Progress = no_progress,
+                 full: bool = False, fhir_patient: str = "", replace_source: bool = False,
+                 stale_after: timedelta = DEFAULT_STALE_AFTER, http: httpx.Client | None = None,
+                 progress: Progress = no_progress,
                  on_stored: Callable[[PullReport], None] | None = None) -> PullReport:
     """Pull `patient` (the store's id, in the connection's tenant; on the server `fhir_patient`, by default the
-    same) and store the chart; a refresh unless `full` or there is no earlier pull. `on_stored` hears the report
-    right after the store's commit (the service audits there, whether or not its request is still waited for).
-    Raises EhrError (the server refused or could not be reached), ConfigError (the connection's key) or
-    RecordError (no chart)."""
+    same) and store the chart; a refresh unless `full` or there is no earlier pull. `replace_source`: a chart
+    pulled into this store id from another source is erased in the same transaction (otherwise that is a
+    ChartSourceConflictError, raised before anything is fetched). `on_stored` hears the report right after the
+    store's commit (the service audits there, whether or not its request is still waited for). Raises EhrError
+    (the server refused or could not be reached), ConfigError (the connection's key) or RecordError (no chart)."""
     valid_name(patient, "patient id")
     fhir_id = valid_name(fhir_patient or patient, "FHIR patient id")
     source = source_of(connection, fhir_id)
+    if not replace_source and any(s != source for s in store.pulled_sources(connection.tenant, patient)):
+        raise ChartSourceConflictError("the patient already holds a chart pulled from another source (another FHIR "
+                                       "server or patient id); nothing fetched (replace erases that chart and "
+                                       "stores this one)")
     state = None if full else store.pulled_state(connection.tenant, patient, source)
     started = datetime.now(UTC)
     with OwnedClient(params, http) as client_http:
@@ -94,18 +117,24 @@ def pull_patient(store: PatientStore, connection: EhrConnection, patient: str, *
         fetched, server_time = fetcher.compartment(state.since if state else None)
         kept = _kept(store, connection.tenant, patient, source) if state else {}
         merged, changed = merge(kept, fetched)
+        adopted = fetcher.adopt(merged)  # what names nobody and the patient's resources refer to
+        merged.update(adopted)
+        changed.update(adopted)
         extra = fetcher.referenced(merged, changed)
+        extra.update(fetcher.adopt({**merged, **extra}))  # fetched by reference: a chart's subject-less Encounter
+        extra.update(adopted)
         merged.update(extra)
         changed.update(extra)
     checkpoint()  # the last moment a stopped pull leaves the store untouched
     since = next_since(server_time or started, params)
     record, written = store_chart(store, connection.tenant, patient, source, merged, changed, since,
                                   replace_all=state is None, origin=f"FHIR pull ({connection.name})",
-                                  stale_after=stale_after)
+                                  stale_after=stale_after, dropped=fetcher.dropped_in_all(),
+                                  replace_source=replace_source)
     mode = "$everything" if fetcher.everything else "search"
     report = PullReport(patient, connection.name, mode, state is not None, client.requests,
                         len(fetched) + len(extra), len(merged), written, record.skipped, since,
-                        tuple(f.id for f in record.fragments))
+                        tuple(f.id for f in record.fragments), fhir_id)
     if on_stored is not None:
         on_stored(report)
     log.info("pull from %s (%s): %d requests, %d resources fetched, %d fragments (+%d ~%d -%d)", connection.name,
@@ -139,6 +168,9 @@ class ChartFetcher:
         self.searchable = searchable_types(capability)
         self.known_types = set(self.searchable) | _listed_types(capability)
         self.received = 0
+        self.dropped: Counter[str] = Counter()  # resource type -> how many were not this patient's
+        self.refused: set[Key] = set()  # dropped ones: never asked for again by reference
+        self.orphans: dict[Key, Resource] = {}  # naming nobody: kept only where the patient's resources refer to them
 
     def compartment(self, since: str | None) -> tuple[dict[Key, Resource], str]:
         """The patient's resources (changed after `since`, when given), and the server's time of the first page
@@ -177,7 +209,7 @@ class ChartFetcher:
         fetched: dict[Key, Resource] = {}
         following: Mapping[Key, Resource] = new
         for _ in range(self.params.reference_depth):
-            wanted = sorted(self._missing(following.values(), {*held, *fetched}))
+            wanted = sorted(self._missing(following.values(), {*held, *fetched, *self.refused, *self.orphans}))
             if not wanted:
                 break
             before = set(fetched)
@@ -201,29 +233,57 @@ class ChartFetcher:
         return wanted
 
     def _local_key(self, reference: str) -> Key | None:
-        """(type, id) of a reference to this server ("Medication/7", "<base>/Medication/7/_history/2"); None for
-        a contained one ("#x"), a urn:uuid, another server's, or a type never followed or not served here."""
-        if reference.startswith(("#", "urn:")):
+        """`local_key`, for a type this server serves."""
+        found = local_key(reference, self.client.base)
+        if found is None or (self.known_types and found[0] not in self.known_types):
             return None
-        if "://" in reference and not reference.startswith(self.client.base + "/"):
-            return None
-        found = type_id(reference)
-        if not found:
-            return None
-        kind, _, rid = found.partition("/")
-        if kind in NOT_FETCHED or (self.known_types and kind not in self.known_types):
-            return None
-        return kind, rid
+        return found
 
     def _is_ours(self, resource: Resource) -> bool:
-        """A resource of this patient or of nobody (a Medication); another patient's is not kept, even where a
-        server's $everything or a reference hands it over."""
+        """A resource of this patient (`ehr.compartment.belongs_to`) or of nobody (a Medication); anything else
+        is not kept, even where a server's $everything or a reference hands it over, and is counted."""
         if not isinstance(resource.get("id"), str) or not isinstance(resource.get("resourceType"), str):
+            self.dropped["(a resource without id or type)"] += 1
             return False
-        if resource["resourceType"] == "Patient":
-            return bool(resource["id"] == self.fhir_id)
-        named = type_id(reference_of(subject_link(resource)))
-        return not named.startswith("Patient/") or named == f"Patient/{self.fhir_id}"
+        if belongs_to(resource, self.fhir_id, self.client.base) is not False:
+            return True
+        if names_nobody(resource):
+            self.orphans[key_of(resource)] = resource  # adopt() decides
+        else:
+            self.dropped[str(resource["resourceType"])] += 1
+            self.refused.add(key_of(resource))
+        return False
+
+    def adopt(self, held: Mapping[Key, Resource]) -> dict[Key, Resource]:
+        """The resources naming nobody that `held` (this patient's) refers to, and what those refer to of them in
+        turn; they leave `orphans`."""
+        adopted: dict[Key, Resource] = {}
+        following: Iterable[Resource] = held.values()
+        while self.orphans:
+            found = {k for k in self._missing(following, set()) if k in self.orphans}
+            if not found:
+                break
+            adopted.update((k, self.orphans.pop(k)) for k in found)
+            following = [adopted[k] for k in found]
+        return adopted
+
+    def dropped_in_all(self) -> Counter[str]:
+        """What was not kept, by type: the refused, and the resources naming nobody that nothing adopted."""
+        return self.dropped + Counter(kind for kind, _ in self.orphans)
+
+
+def local_key(reference: str, base: str) -> Key | None:
+    """(type, id) of a reference to the server at `base` ("Medication/7", "<base>/Medication/7/_history/2"); None
+    for a contained one ("#x"), a urn:uuid, another server's, or a type never followed (a Patient, a Group)."""
+    if reference.startswith(("#", "urn:")):
+        return None
+    if "://" in reference and not reference.startswith(base.rstrip("/") + "/"):
+        return None
+    found = type_id(reference)
+    if not found:
+        return None
+    kind, _, rid = found.partition("/")
+    return None if kind in NOT_FETCHED else (kind, rid)
 
 
 def offers_everything(capability: Mapping[str, Any]) -> bool:
@@ -324,25 +384,33 @@ def chart_record(resources: Iterable[Resource], patient: str, origin: str,
     return as_patient(record_from_entries(entries, origin, stale_after=stale_after), patient)
 
 
-def as_patient(record: PatientRecord, patient: str) -> PatientRecord:
-    """The record under the store's patient id (the server's `Patient/<id>` is not the store's key)."""
+def as_patient(record: PatientRecord, patient: str, dropped: Mapping[str, int] | None = None) -> PatientRecord:
+    """The record under the store's patient id (the server's `Patient/<id>` is not the store's key), with what
+    the pull dropped as not this patient's among its skipped parts."""
+    skipped = (*record.skipped, *dropped_parts(dropped or {}))
     return PatientRecord(patient, tuple(replace(f, patient_id=patient) for f in record.fragments), record.origin,
-                         record.skipped, record.identifiers)
+                         skipped, record.identifiers)
+
+
+def dropped_parts(dropped: Mapping[str, int]) -> tuple[str, ...]:
+    """The skipped-part lines of resources a server handed over that are not this patient's."""
+    return tuple(f"{kind} x{count}: not this patient's (another patient's, named by identifier or display only, "
+                 f"on another server, or naming no patient); not kept" for kind, count in sorted(dropped.items()))
 
 
 def store_chart(store: PatientStore, tenant: str, patient: str, source: str, resources: Mapping[Key, Resource],
                 changed: Mapping[Key, Resource], since: str, *, replace_all: bool, origin: str,
-                stale_after: timedelta = DEFAULT_STALE_AFTER,
-                record: PatientRecord | None = None) -> tuple[PatientRecord, PulledWrite]:
-    """The chart (`record`, read already, or rebuilt from every held resource), then one store transaction
-    (`PatientStore.put_pulled`)."""
+                stale_after: timedelta = DEFAULT_STALE_AFTER, dropped: Mapping[str, int] | None = None,
+                replace_source: bool = False, require_free: bool = False) -> tuple[PatientRecord, PulledWrite]:
+    """The chart, rebuilt from every held resource (`dropped`: what was not kept, by type, for its skipped
+    parts), then one store transaction (`PatientStore.put_pulled`, which checks the store id's source)."""
     if not any(k[0] == "Patient" for k in resources):
         raise EhrError("the FHIR server returned no Patient resource for this patient (unknown id, or not in the "
                        "access token's scopes)", status=404)
-    record = as_patient(record, patient) if record else chart_record(resources.values(), patient, origin,
-                                                                     stale_after)
+    record = as_patient(chart_record(resources.values(), patient, origin, stale_after), patient, dropped)
     rows = [_row(r) for r in (resources if replace_all else changed).values()]
-    return record, store.put_pulled(tenant, patient, source, record, rows, since, replace_all)
+    return record, store.put_pulled(tenant, patient, source, record, rows, since, replace_all,
+                                    replace_source=replace_source, require_free=require_free)
 
 
 def _row(resource: Resource) -> PulledResource:

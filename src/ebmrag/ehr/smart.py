@@ -5,6 +5,11 @@ The flow (hl7.org/fhir/smart-app-launch/backend-services.html): find the token e
 assertion (`iss` = `sub` = client id, `aud` = the token endpoint, `exp` five minutes ahead, a fresh `jti`) with
 the client's RS384 or ES384 key, and trade it for an access token. The token is kept until shortly before it
 expires; a 401 from the FHIR server gets one fresh token (`FhirClient` asks `refresh()`), never a loop.
+
+Discovery is unauthenticated, so what it names is checked before the signed assertion goes there: the token
+endpoint must be on the FHIR base's origin or one the connection lists (`token_origins`), and https unless the
+connection allows http (`allow_http`, local testing). A connection's own `token_endpoint` replaces discovery. What
+an authorization server says when it refuses is repeated only as a short, one-line, control-free excerpt.
 """
 
 from __future__ import annotations
@@ -17,11 +22,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import jwt
 
-from ebmrag.ehr.fhir import EhrError, FhirClient, diagnostics
+from ebmrag.ehr.fhir import EhrError, FhirClient, diagnostics, excerpt, origin
 from ebmrag.ehr.keys import SigningKey, load_signing_key
 from ebmrag.ehr.params import EhrConnection, EhrParams
 from ebmrag.errors import RecordError
@@ -33,6 +39,7 @@ ASSERTION_TYPE = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"
 ASSERTION_SECONDS = 300  # the longest an assertion may live (SMART Backend Services)
 EXPIRY_MARGIN = 30.0  # seconds (at most a tenth of its life): a token this close to its end is replaced before use
 DEFAULT_TOKEN_SECONDS = 300  # a token answer without expires_in
+TOKEN_ANSWER_BYTES = 1 << 20  # a token answer larger than this is refused
 
 
 @dataclass(frozen=True)
@@ -42,7 +49,8 @@ class SmartConfiguration:
 
 
 def discover(client: FhirClient, capability: Mapping[str, Any] | None) -> SmartConfiguration:
-    """The token endpoint from `.well-known/smart-configuration`, else from the CapabilityStatement."""
+    """The token endpoint from `.well-known/smart-configuration`, else from the CapabilityStatement (as the server
+    says: `trusted_token_endpoint` checks it)."""
     try:
         found = client.read(".well-known/smart-configuration", operation="SMART discovery", authorized=False)
     except EhrError as exc:
@@ -60,6 +68,31 @@ def discover(client: FhirClient, capability: Mapping[str, Any] | None) -> SmartC
         raise EhrError("SMART discovery: the token endpoint is not an absolute URL")
     return SmartConfiguration(token, tuple(a for a in algorithms if isinstance(a, str))
                               if isinstance(algorithms, list) else ())
+
+
+def trusted_token_endpoint(connection: EhrConnection, url: str) -> str:
+    """`url` when the signed assertion may go there: https (or http where the connection allows it), on the FHIR
+    base's origin or one of the connection's `token_origins`, without credentials, query or fragment. Anyone who
+    can answer the unauthenticated discovery could otherwise collect a valid client assertion and hand back a
+    token of its own."""
+    where = f"[ehr.connections.{connection.name}]"
+    try:
+        parts = urlsplit(url)
+        there = origin(url)
+    except ValueError:
+        raise EhrError("SMART discovery: the token endpoint is not a valid URL") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.username is not None or parts.query \
+            or parts.fragment:
+        raise EhrError("SMART discovery: the token endpoint is not a plain http(s) URL")
+    if parts.scheme != "https" and not connection.allow_http:
+        raise EhrError(f"SMART discovery: the token endpoint is not https; not used (allow_http in {where} is for "
+                       "local testing)")
+    allowed = {origin(connection.base), *(origin(o) for o in connection.token_origins)}
+    if there not in allowed:
+        raise EhrError(f"SMART discovery: the token endpoint is on another origin than the FHIR base "
+                       f"({excerpt(f'{there[0]}://{there[1]}', 80)}); not used: list it in {where} token_origins, "
+                       "or set token_endpoint there")
+    return url
 
 
 def _capability_token_url(capability: Mapping[str, Any] | None) -> str:
@@ -115,12 +148,16 @@ class TokenSource:
                 "client_assertion": client_assertion(self.key, self.connection.client_id, self.endpoint)}
         started = self.clock()
         try:
-            with httpx.Client(timeout=self.timeout, follow_redirects=False) as http:
-                reply = http.post(self.endpoint, data=form, headers={"Accept": "application/json"})
+            with httpx.Client(timeout=self.timeout, follow_redirects=False) as http, \
+                    http.stream("POST", self.endpoint, data=form, headers={"Accept": "application/json"}) as reply:
+                raw = _bounded_body(reply)
         except httpx.TransportError as exc:
             raise EhrError(f"token request: the authorization server could not be reached ({type(exc).__name__})",
                            operation="token request", unreachable=True) from None
-        body = _json_or_empty(reply.content)
+        except (httpx.HTTPError, httpx.InvalidURL, ValueError) as exc:  # a body that does not decode, a bad URL
+            raise EhrError(f"token request: the authorization server's answer could not be read "
+                           f"({type(exc).__name__})", operation="token request") from None
+        body = _json_or_empty(raw)
         token = body.get("access_token") if isinstance(body, Mapping) else None
         if reply.status_code != 200 or not isinstance(token, str) or not token:
             said = diagnostics(body) or ("no access_token in the answer" if reply.status_code == 200 else "")
@@ -133,6 +170,17 @@ class TokenSource:
         self.issued += 1
         log.info("connection %s: access token for %s, %.0f s", self.connection.name, self.scope or "-", seconds)
         return token
+
+
+def _bounded_body(reply: httpx.Response) -> bytes:
+    """The token answer, at most TOKEN_ANSWER_BYTES of it (a token answer is small; a bigger one is not read on)."""
+    body = bytearray()
+    for chunk in reply.iter_bytes():
+        body += chunk
+        if len(body) > TOKEN_ANSWER_BYTES:
+            raise EhrError("token request: the authorization server's answer is too large",
+                           operation="token request")
+    return bytes(body)
 
 
 def _json_or_empty(raw: bytes) -> Any:
@@ -152,7 +200,11 @@ def connect(connection: EhrConnection, params: EhrParams, *, http: httpx.Client 
     if not isinstance(capability, Mapping) or capability.get("resourceType") != "CapabilityStatement":
         raise EhrError("read CapabilityStatement: the FHIR server's /metadata is not a CapabilityStatement")
     if connection.client_id:
-        config = discover(client, capability)
+        if connection.token_endpoint:  # the operator's word (checked when the settings were read): no discovery
+            config = SmartConfiguration(connection.token_endpoint)
+        else:
+            config = discover(client, capability)
+            trusted_token_endpoint(connection, config.token_endpoint)
         if config.algorithms and connection.algorithm not in config.algorithms:
             raise EhrError(f"SMART discovery: the server accepts assertions signed with "
                            f"{', '.join(config.algorithms)}, not {connection.algorithm} "

@@ -138,8 +138,11 @@ def _install_middleware(app: FastAPI, service: Service) -> None:
         else:
             try:
                 response = await call_next(request)
-            except Exception:  # the handlers above answer almost everything; this is the last net
-                log.error("unhandled error on %s", request.url.path)
+            except Exception as exc:  # the handlers above answer almost everything; this is the last net
+                # the route's template, never the path: /v1/patients/<id>/... names a patient; the exception's type,
+                # never its message, which may quote a chart
+                log.error("unhandled error on %s (%s)", getattr(request.scope.get("route"), "path",
+                                                               "an unmatched route"), type(exc).__qualname__)
                 response = problem_response(500, "internal", "an internal error", request)
         response.headers["X-Request-ID"] = request.state.request_id
         route = request.scope.get("route")

@@ -4,19 +4,26 @@ Every hook and feedback call carries `Authorization: Bearer <JWT>`. The token is
 - its header names an asymmetric algorithm (ES384 and RS384 are the specification's; ES/RS/PS 256-512 are
   accepted; `none` and HMAC never), `typ` JWT and a `kid`;
 - its `iss` is a trusted issuer ([cds.issuers.<name>]) and `kid` names a key of that issuer's JWK Set: a file on
-  this server, or the configured `jwks_url` (fetched, cached, refetched once for a new kid); a `jku` header must
-  be that URL, never another: the set of keys is never taken from the token;
+  this server, or the configured `jwks_url` (fetched, cached, refetched for a new kid at most every 5 minutes);
+  a `jku` header must be that URL, never another, and an issuer with a `jwks_file` takes none: the set of keys
+  is never taken from the token;
 - the key matches the algorithm (RSA for RS/PS, EC on the algorithm's curve for ES) and the signature verifies;
 - `aud` is the URL of the endpoint called (string or list), `exp` is in the future but at most five minutes
   ahead, `iat` is not in the future, all within [cds] clock_skew_seconds;
 - its `jti` has not been seen from that issuer before (a replay cache that keeps each id until its token
   expires; per worker process).
 A refusal names the check that failed, never the token's contents.
+
+A JWK Set URL that stops answering does not stop the service: the last set fetched is used for up to MAX_STALE
+after its fetch (the failure logged once), and retried every RETRY_FAILED_AFTER. Each issuer's fetch holds its own
+lock, so one slow EHR delays no other; while one call refetches, the others use the set they have.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
 import threading
 import time
@@ -34,13 +41,23 @@ ALGORITHMS = ("ES384", "RS384", "ES256", "ES512", "RS256", "RS512", "PS256", "PS
 _KEY_TYPES = {"ES": "EC", "RS": "RSA", "PS": "RSA"}
 _CURVES = {"ES256": "P-256", "ES384": "P-384", "ES512": "P-521"}
 MAX_LIFETIME = 300.0  # seconds a token may still have to live: CDS Hooks and SMART keep them short
-REFETCH_AFTER = 30.0  # an unknown kid refetches a jwks_url at most this often
+REFETCH_AFTER = 300.0  # an unknown kid refetches an issuer's jwks_url at most this often
+RETRY_FAILED_AFTER = 30.0  # after a failed fetch, the last good set is used this long before another try
+MAX_STALE = 24 * 3600.0  # a JWK Set whose refetches fail is still used this long after its last good fetch
 MAX_JWKS_BYTES = 1 << 20
 MAX_REPLAY_ENTRIES = 200_000
 
+log = logging.getLogger(__name__)
+
 
 class CdsAuthError(Exception):
-    """A refused token; the message says which check failed (answered 401)."""
+    """A refused token; the message says which check failed (answered 401). `client_fault`: False when the
+    service could not check it (the issuer's JWK Set unavailable), so the caller's address is not counted as
+    guessing."""
+
+    def __init__(self, message: str, client_fault: bool = True) -> None:
+        super().__init__(message)
+        self.client_fault = client_fault
 
 
 @dataclass(frozen=True)
@@ -79,66 +96,124 @@ class ReplayCache:
             return True
 
 
+@dataclass(frozen=True)
+class _Fetched:
+    """One jwks_url's keys: when they were last fetched well (-inf: never) and when a fetch was last tried."""
+
+    keys: dict[str, dict[str, Any]]
+    good_at: float
+    tried_at: float
+    failing: bool = False
+
+
 class KeySets:
     """The trusted issuers' JWK Sets by `kid`: a file is reread when it changes, a URL is fetched at most every
-    `jwks_cache_seconds` (and once more for a kid it did not hold, at most every REFETCH_AFTER seconds)."""
+    `jwks_cache_seconds` (and once more for a kid it did not hold, at most every REFETCH_AFTER seconds); a failed
+    refetch keeps the last good set for up to MAX_STALE (see the module doc)."""
 
     def __init__(self, params: CdsParams, http: httpx.Client | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.params, self.clock = params, clock
         self.http = http or httpx.Client(timeout=params.fetch_timeout_seconds, follow_redirects=False)
-        self._cache: dict[str, tuple[Any, float, dict[str, dict[str, Any]]]] = {}  # source -> (stamp, at, keys)
-        self._lock = threading.Lock()
+        self._files: dict[str, tuple[Any, dict[str, dict[str, Any]]]] = {}  # path -> (stamp, keys)
+        self._urls: dict[str, _Fetched] = {}
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()  # held only to find or make a source's lock
 
     def key(self, issuer: TrustedIssuer, kid: str) -> dict[str, Any] | None:
-        with self._lock:
-            if issuer.jwks_file:
+        if issuer.jwks_file:
+            with self._lock(issuer.jwks_file):
                 return self._from_file(Path(issuer.jwks_file)).get(kid)
-            keys, fetched_at = self._from_url(issuer.jwks_url, refresh=False)
-            if kid not in keys and self.clock() - fetched_at >= REFETCH_AFTER:
-                keys, _ = self._from_url(issuer.jwks_url, refresh=True)
-            return keys.get(kid)
+        return self._from_url(issuer, kid).get(kid)
+
+    def _lock(self, source: str) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(source, threading.Lock())
 
     def _from_file(self, path: Path) -> dict[str, dict[str, Any]]:
         try:
             info = os.stat(path)
             stamp = (info.st_mtime_ns, info.st_size)
-            cached = self._cache.get(str(path))
+            cached = self._files.get(str(path))
             if cached is not None and cached[0] == stamp:
-                return cached[2]
+                return cached[1]
             keys = _key_set(path.read_bytes()[:MAX_JWKS_BYTES + 1])
         except OSError:
-            raise CdsAuthError("the issuer's JWK Set file cannot be read") from None
-        self._cache[str(path)] = (stamp, self.clock(), keys)
+            raise CdsAuthError("the issuer's JWK Set file cannot be read", client_fault=False) from None
+        self._files[str(path)] = (stamp, keys)
         return keys
 
-    def _from_url(self, url: str, refresh: bool) -> tuple[dict[str, dict[str, Any]], float]:
-        cached = self._cache.get(url)
-        now = self.clock()
-        if cached is not None and not refresh and now - cached[1] < self.params.jwks_cache_seconds:
-            return cached[2], cached[1]
+    def _from_url(self, issuer: TrustedIssuer, kid: str) -> dict[str, dict[str, Any]]:
+        """The issuer's keys, refetched when due. While another call refetches them, a usable set is used as it
+        is rather than waited for."""
+        url, lock = issuer.jwks_url, self._lock(issuer.jwks_url)
+        if not lock.acquire(blocking=False):
+            held = self._urls.get(url)
+            if held is not None and self.clock() - held.good_at < MAX_STALE:
+                return held.keys
+            lock.acquire()
         try:
-            answer = self.http.get(url, headers={"Accept": "application/json"})
-        except httpx.HTTPError:
-            raise CdsAuthError("the issuer's JWK Set could not be fetched") from None
-        if answer.status_code != 200:
-            raise CdsAuthError(f"the issuer's JWK Set could not be fetched ({answer.status_code})")
-        keys = _key_set(answer.content)
-        self._cache[url] = (None, now, keys)
-        return keys, now
+            held = self._urls.get(url)
+            if held is None or self._due(held, kid):
+                held = self._refetch(issuer, held)
+            if self.clock() - held.good_at >= MAX_STALE:
+                raise CdsAuthError("the issuer's JWK Set could not be fetched", client_fault=False)
+            return held.keys
+        finally:
+            lock.release()
+
+    def _due(self, held: _Fetched, kid: str) -> bool:
+        now = self.clock()
+        if now - held.tried_at < RETRY_FAILED_AFTER and held.failing:
+            return False
+        if now - held.good_at >= self.params.jwks_cache_seconds:
+            return True
+        return kid not in held.keys and now - held.tried_at >= REFETCH_AFTER
+
+    def _refetch(self, issuer: TrustedIssuer, held: _Fetched | None) -> _Fetched:
+        """A fetch; when it fails, the last good keys are kept (the failure logged once, not at every call)."""
+        now = self.clock()
+        try:
+            fetched = _Fetched(self._fetch(issuer.jwks_url), now, now)
+        except CdsAuthError as exc:
+            if held is None or not held.failing:
+                log.warning("CDS issuer %s: its JWK Set could not be fetched (%s); the last good set is used for up "
+                            "to %g h after its fetch", issuer.name, exc, MAX_STALE / 3600)
+            fetched = _Fetched(held.keys if held else {}, held.good_at if held else -math.inf, now, failing=True)
+        else:
+            if held is not None and held.failing:
+                log.info("CDS issuer %s: its JWK Set is fetched again", issuer.name)
+        self._urls[issuer.jwks_url] = fetched
+        return fetched
+
+    def _fetch(self, url: str) -> dict[str, dict[str, Any]]:
+        """GET the JWK Set, read up to MAX_JWKS_BYTES + 1 bytes (a larger set is refused, not buffered)."""
+        try:
+            with self.http.stream("GET", url, headers={"Accept": "application/json"}) as answer:
+                if answer.status_code != 200:
+                    raise CdsAuthError(f"the issuer's JWK Set could not be fetched ({answer.status_code})",
+                                       client_fault=False)
+                body = bytearray()
+                for chunk in answer.iter_bytes():
+                    body += chunk
+                    if len(body) > MAX_JWKS_BYTES:
+                        break
+        except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError):
+            raise CdsAuthError("the issuer's JWK Set could not be fetched", client_fault=False) from None
+        return _key_set(bytes(body))
 
 
 def _key_set(raw: bytes) -> dict[str, dict[str, Any]]:
     """A JWK Set's keys by kid (keys without a kid cannot be named by a token and are left out)."""
     if len(raw) > MAX_JWKS_BYTES:
-        raise CdsAuthError("the issuer's JWK Set is larger than 1 MB")
+        raise CdsAuthError("the issuer's JWK Set is larger than 1 MB", client_fault=False)
     try:
         data = json.loads(raw)
     except (ValueError, RecursionError):
-        raise CdsAuthError("the issuer's JWK Set is not JSON") from None
+        raise CdsAuthError("the issuer's JWK Set is not JSON", client_fault=False) from None
     keys = data.get("keys") if isinstance(data, Mapping) else None
     if not isinstance(keys, list):
-        raise CdsAuthError("the issuer's JWK Set has no keys list")
+        raise CdsAuthError("the issuer's JWK Set has no keys list", client_fault=False)
     return {str(k["kid"]): dict(k) for k in keys if isinstance(k, Mapping) and isinstance(k.get("kid"), str)}
 
 
@@ -173,8 +248,9 @@ class ClientVerifier:
         if issuer is None:
             raise CdsAuthError("the JWT's iss is not a trusted CDS client ([cds.issuers])")
         jku = header.get("jku")
-        if jku is not None and issuer.jwks_url and jku != issuer.jwks_url:
-            raise CdsAuthError("the JWT's jku is not the issuer's configured jwks_url")
+        if jku is not None and (not issuer.jwks_url or jku != issuer.jwks_url):
+            raise CdsAuthError("the JWT's jku is not the issuer's configured jwks_url (an issuer with a jwks_file "
+                               "takes none)")
         jwk = self.keys.key(issuer, kid)
         if jwk is None:
             raise CdsAuthError("the JWT's kid names no key of the issuer's JWK Set")

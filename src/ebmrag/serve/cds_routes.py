@@ -1,10 +1,12 @@
 """CDS Hooks 2.0 on `ebmrag serve`: discovery, the three hook services, and their feedback endpoints.
 
 - `GET /cds-services`: the services, their hooks and prefetch templates (no token needed: it holds no data);
-- `POST /cds-services/{id}`: a hook call. The client's JWT is checked first (serve.cds_auth; 401), then the body
-  (400 naming the field), then the prefetch: a key the client did not satisfy is fetched from its `fhirServer`
-  with the hook's `fhirAuthorization`, if that server is one the issuer lists; otherwise 412. The chart is read and
-  the cards made off the event loop; the call is audited under the issuer's tenant with the context's patient id,
+- `POST /cds-services/{id}`: a hook call. The client's JWT is checked first (serve.cds_auth; 401, its `aud`
+  against [cds] base_url and the route alone, never the Host or X-Forwarded-* headers; an address sending bad
+  tokens is throttled with the service's bad-key count, 429), then the body (400 naming the field), then the
+  prefetch: a key the client did not satisfy (left out, failed, unreadable) is fetched from its `fhirServer` with
+  the hook's `fhirAuthorization`, if that server is one the issuer lists; otherwise 412. The chart is read and the
+  cards made off the event loop; the call is audited under the issuer's tenant with the context's patient id,
   the fragment ids the cards cite and the cards' uuids;
 - `POST /cds-services/{id}/feedback`: each card's outcome audited (card uuid and outcome, never text).
 Everything is off unless [cds] enabled is true; errors are problem+json like every other route.
@@ -13,6 +15,7 @@ Everything is off unless [cds] enabled is true; errors are problem+json like eve
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -54,9 +57,18 @@ def install_cds(app: FastAPI, service: Service) -> None:
     verifier = ClientVerifier(params)
 
     async def verified(request: Request, *audiences: str) -> CdsCaller:
+        """The caller, or 401; an address that keeps sending bad tokens is answered 429 without a check (the
+        count /v1 keys and the /ui sign-in share)."""
+        client = request.client.host if request.client else "unknown"
+        wait = service.failed_keys.wait(client)
+        if wait > 0:
+            raise ProblemError(429, "rate-limited", "too many bad tokens from this address",
+                               {"Retry-After": str(max(1, round(wait)))})
         try:
             return await run_in_threadpool(verifier.verify, request.headers.get("authorization"), list(audiences))
         except CdsAuthError as exc:
+            if exc.client_fault:
+                service.failed_keys.failed(client)
             route = getattr(request.scope.get("route"), "path", "unmatched")
             await run_in_threadpool(service.audit_refused, None, 401, route, request.state.request_id)
             raise ProblemError(401, "unauthorized", str(exc), {"WWW-Authenticate": "Bearer"}) from None
@@ -68,32 +80,32 @@ def install_cds(app: FastAPI, service: Service) -> None:
     @app.post("/cds-services/{service_id}", tags=["cds-hooks"])
     async def call(service_id: str, request: Request) -> JSONResponse:
         definition = _definition(service_id)
-        caller = await verified(request, endpoint(request, service.settings.cds.base_url))
+        caller = await verified(request, endpoint(params.base_url, definition))
         body = await run_in_threadpool(parse_json, await bounded_body(request))  # a large prefetch: off the loop
         hook = _checked(parse_request, body, definition)
         resources, missing = await run_in_threadpool(prefetched, hook, definition)
-        if missing:
-            _may_fetch(hook, caller, missing)
+        fetch_from = _may_fetch(hook, caller, missing) if missing else hook
         now = datetime.now(UTC)
 
         def work() -> list[Card]:
-            fetched = fetch_missing(hook, definition, missing, params, service.settings.serve.max_body_mb) \
-                if missing else []
-            return hook_cards(hook, Chart(hook.patient_id, [*resources, *fetched]), now=now,
-                              vocabulary=vocabulary(), critical_hours=params.critical_hours)
+            fetched = fetch_missing(fetch_from, definition, list(missing), params,
+                                    service.settings.serve.max_body_mb) if missing else []
+            chart = Chart(hook.patient_id, [*resources, *fetched], fhir_base=hook.fhir_server)
+            return hook_cards(hook, chart, now=now, vocabulary=vocabulary(), critical_hours=params.critical_hours)
 
         try:
             cards = await service.run(work, tenant=caller.tenant, engine=False)
         except PrefetchUnavailableError as exc:
             raise ProblemError(412, "precondition-failed", str(exc)) from None
+        except HookRequestError as exc:  # an order whose medication reference resolves to nothing
+            raise ProblemError(400, "invalid-hook-request", str(exc)) from None
         await run_in_threadpool(_audit, service, caller, hook, cards, request.state.request_id)
         return JSONResponse({"cards": [card.to_json() for card in cards]})
 
     @app.post("/cds-services/{service_id}/feedback", tags=["cds-hooks"])
     async def feedback(service_id: str, request: Request) -> dict[str, Any]:
-        _definition(service_id)
-        url = endpoint(request, service.settings.cds.base_url)
-        caller = await verified(request, url, url.removesuffix("/feedback"))
+        url = endpoint(params.base_url, _definition(service_id))
+        caller = await verified(request, url + "/feedback", url)
         body = await run_in_threadpool(parse_json, await bounded_body(request))
         items = _checked(lambda raw, _: parse_feedback(raw), body, None)
 
@@ -107,11 +119,10 @@ def install_cds(app: FastAPI, service: Service) -> None:
         return {"recorded": len(items)}
 
 
-def endpoint(request: Request, base_url: str) -> str:
-    """The URL the client called, as its JWT's `aud` must name it: under [cds] base_url when the service is behind
-    a proxy, else as this server saw it."""
-    base = base_url.rstrip("/") if base_url else f"{request.url.scheme}://{request.url.netloc}"
-    return base + request.url.path
+def endpoint(base_url: str, definition: ServiceDefinition) -> str:
+    """The URL of a service as its clients' JWTs must name it (`aud`): [cds] base_url and the route, nothing the
+    request says (a Host or X-Forwarded-* header is the caller's to choose)."""
+    return f"{base_url.rstrip('/')}/cds-services/{definition.id}"
 
 
 def _definition(service_id: str) -> ServiceDefinition:
@@ -128,15 +139,18 @@ def _checked(parse: Any, body: Any, definition: ServiceDefinition | None) -> Any
         raise ProblemError(400, "invalid-hook-request", str(exc)) from None
 
 
-def _may_fetch(hook: HookRequest, caller: CdsCaller, missing: list[str]) -> None:
-    """412 unless the missing prefetch can be fetched: a fhirAuthorization, for a fhirServer the issuer lists."""
-    lacking = ", ".join(missing)
+def _may_fetch(hook: HookRequest, caller: CdsCaller, missing: dict[str, str]) -> HookRequest:
+    """The hook to fetch the missing prefetch for, its fhirServer the issuer's listed spelling of that base; 412
+    unless there is a fhirAuthorization and the fhirServer is one the issuer lists."""
+    lacking = "; ".join(key if why == "not sent" else f"{key} ({why})" for key, why in missing.items())
     if hook.authorization is None:
-        raise ProblemError(412, "precondition-failed", f"the prefetch lacks {lacking} and the request has no "
+        raise ProblemError(412, "precondition-failed", f"the prefetch lacks {lacking}, and the request has no "
                                                        "fhirAuthorization to fetch it with")
-    if not caller.issuer.may_fetch_from(hook.fhir_server):
-        raise ProblemError(412, "precondition-failed", f"the prefetch lacks {lacking} and fhirServer is not one of "
-                                                       f"[cds.issuers.{caller.issuer.name}] fhir_servers")
+    listed = caller.issuer.listed_base(hook.fhir_server)
+    if listed is None:
+        raise ProblemError(412, "precondition-failed", f"the prefetch lacks {lacking}, and fhirServer is not one "
+                                                       f"of [cds.issuers.{caller.issuer.name}] fhir_servers")
+    return replace(hook, fhir_server=listed)
 
 
 def _audit(service: Service, caller: CdsCaller, hook: HookRequest, cards: list[Card], request_id: str) -> None:

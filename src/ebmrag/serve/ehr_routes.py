@@ -2,8 +2,14 @@
 
 A request names a connection of `[ehr.connections]`; the key, the client id and the FHIR base stay on the server,
 and a connection belongs to one tenant: another tenant's key is answered as if it did not exist (404). A pull runs
-on a worker thread under the request's deadline (the pull stops between two FHIR requests after it, leaving the
-store as it was), is audited with the fragment ids it stored, and is prepared in the background like any write.
+on a worker thread under the request's deadline (the pull stops between two FHIR requests, or two chunks of an
+answer, after it, leaving the store as it was), is audited with its source (`source:<connection>`,
+`fhir:<id on the server>`) and the fragment ids it stored, and is prepared in the background like any write.
+
+Which chart lands under a store id is the key's business, not the body's: `fhir_patient` (a server id other than
+the store's) is accepted only from a key that sees the whole tenant, since the connection's system token reads
+every patient on the server and a key limited to "alice" must not fill alice's chart with someone else's. A store
+patient holds one pulled source; another source is 409 `chart-source-conflict` unless the body says `replace`.
 What the EHR refuses is a 502 `ehr-refused` naming its status; an EHR that cannot be reached a 502
 `ehr-unreachable`; a connection whose key cannot be read a 503 `ehr-misconfigured` (details in the log only).
 
@@ -29,7 +35,7 @@ from ebmrag.errors import ConfigError, MissingExtraError, require_extra
 from ebmrag.serve.problems import PROBLEM_SCHEMA, ProblemError
 from ebmrag.serve.service import Service, caller
 from ebmrag.store.access import NAME_PATTERN, WRITE, AccessError, require, valid_name
-from ebmrag.store.patients import ApiKey
+from ebmrag.store.patients import ApiKey, ChartSourceConflictError
 
 if TYPE_CHECKING:
     from ebmrag.ehr.pull import PullReport
@@ -39,6 +45,8 @@ PatientId = Annotated[str, PathParameter(pattern=NAME_PATTERN, description="the 
 ConnectionName = Annotated[str, PathParameter(pattern=NAME_PATTERN, description="a connection of [ehr.connections]")]
 _PROBLEM = {"application/problem+json": {"schema": PROBLEM_SCHEMA}}
 RESPONSES: dict[int | str, dict[str, Any]] = {
+    409: {"description": "the patient holds a chart pulled from another source (chart-source-conflict); "
+                         "`replace` erases it", "content": _PROBLEM},
     502: {"description": "the EHR refused (ehr-refused, naming its status) or could not be reached "
                          "(ehr-unreachable)", "content": _PROBLEM},
     503: {"description": "the connection is misconfigured on this server (ehr-misconfigured), or the ehr extra is "
@@ -50,7 +58,10 @@ class PullBody(BaseModel):
     connection: str = Field(pattern=NAME_PATTERN, description="a connection of [ehr.connections] of the key's tenant")
     full: bool = Field(default=False, description="read everything again instead of only what changed")
     fhir_patient: str | None = Field(default=None, pattern=r"^[A-Za-z0-9\-.]{1,64}$",
-                                     description="the patient's id on the FHIR server, when it is not the store's")
+                                     description="the patient's id on the FHIR server, when it is not the store's "
+                                                 "(only from a key not limited to listed patients)")
+    replace: bool = Field(default=False, description="erase a chart pulled into this patient from another source "
+                                                     "(another server or FHIR patient) and store this one")
 
 
 class ExportBody(BaseModel):
@@ -68,19 +79,23 @@ def install_ehr(app: FastAPI, service: Service) -> None:
         key = await caller(request, service)
         valid_name(pid, "patient id")
         require(key, WRITE, pid)
+        if key.patients and body.fhir_patient not in (None, pid):
+            raise AccessError(403, "a key limited to listed patients pulls a patient's own chart only: fhir_patient "
+                                   "must be absent or the patient id (another id could be anyone on the server)")
         connection = _connection(service, key, body.connection)
         _installed()
         from ebmrag.ehr.pull import pull_patient
 
         def stored(report: PullReport) -> None:  # on the worker thread, right after the store's commit
-            service.audit(key, pid, "pull", request, report.fragment_ids)
+            service.audit(key, pid, "pull", request, report.audited)
             service.prepare(key.tenant, pid)
 
         settings = service.settings
         with _as_problem(connection):
             report = await service.run(lambda: pull_patient(
                 service.store, connection, pid, params=settings.ehr, full=body.full,
-                fhir_patient=body.fhir_patient or "", stale_after=settings.chart.stale_after, on_stored=stored),
+                fhir_patient=body.fhir_patient or "", replace_source=body.replace,
+                stale_after=settings.chart.stale_after, on_stored=stored),
                 tenant=key.tenant, patient=pid, engine=False)
         return report.to_json()
 
@@ -101,7 +116,7 @@ def install_ehr(app: FastAPI, service: Service) -> None:
                 raise ProblemError(422, "invalid-request", "types must be FHIR resource type names")
 
         def stored(report: PullReport) -> None:
-            service.audit(key, report.patient, "pull", request, report.fragment_ids)
+            service.audit(key, report.patient, "pull", request, report.audited)
             service.prepare(key.tenant, report.patient)
 
         settings = service.settings
@@ -137,6 +152,8 @@ def _as_problem(connection: EhrConnection) -> Iterator[None]:
         log.warning("EHR connection %s: %s failed (%s)", connection.name, exc.operation or "a request",
                     exc.status or "no answer")
         raise ProblemError(502, "ehr-unreachable" if exc.unreachable else "ehr-refused", str(exc)) from None
+    except ChartSourceConflictError as exc:
+        raise ProblemError(409, ChartSourceConflictError.code, str(exc)) from None
     except ConfigError as exc:
         log.error("EHR connection %s is misconfigured: %s", connection.name, exc)
         raise ProblemError(503, "ehr-misconfigured", f"the EHR connection {connection.name!r} is not usable on "

@@ -226,7 +226,7 @@ class Service:
                 raise
             finally:
                 release()  # the thread has ended: a worker thread's cancellation waits for it
-        except TimeoutError:
+        except (TimeoutError, WorkCancelled):  # the thread's own deadline may stop the work before the loop's timer
             raise _timeout(seconds) from None
 
     def call(self, work: Callable[[], T], *, tenant: str, patient: str = "", engine: bool = True) -> T:

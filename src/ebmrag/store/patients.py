@@ -90,6 +90,14 @@ class StoreError(EbmragError):
     """The store cannot be reached or refused a write."""
 
 
+class ChartSourceConflictError(EbmragError):
+    """A pull would put a second person's chart under one store id: the store patient holds a chart pulled from
+    another source (another FHIR server or patient id), or, for a Bulk Data export, a chart from anywhere else.
+    Nothing was written; the message names no patient."""
+
+    code = "chart-source-conflict"
+
+
 @dataclass(frozen=True)
 class ApiKey:
     key_id: str
@@ -352,14 +360,29 @@ class PatientStore:
                                       "ORDER BY resource_type, resource_id", (tenant, patient, source)).fetchall()
         return [str(r[0]) for r in rows]
 
+    def pulled_sources(self, tenant: str, patient: str) -> list[str]:
+        """The sources the patient's pulled charts came from (one at most, since `put_pulled` keeps it so)."""
+        with self.transaction(tenant) as cur:
+            rows = self._execute(cur, "SELECT source FROM ehr_sync WHERE tenant = ? AND patient = ? ORDER BY source",
+                                 (tenant, patient)).fetchall()
+        return [str(r[0]) for r in rows]
+
     def put_pulled(self, tenant: str, patient: str, source: str, record: PatientRecord,
-                   resources: Sequence[PulledResource], since: str, replace_all: bool) -> PulledWrite:
+                   resources: Sequence[PulledResource], since: str, replace_all: bool, *,
+                   replace_source: bool = False, require_free: bool = False) -> PulledWrite:
         """One pull stored whole or not at all: the raw resources (`replace_all`: they are all the source holds
         now; else they are what changed), the sync point, and the chart. The chart replaces the fragments this
         source's last pull gave; fragments from elsewhere (an upload, a result feed) stay, and a fragment whose
         text did not change is not rewritten, so the preparation after the write computes only what is new. The
-        pulled fragments come first, in the chart's order (a refreshed chart packs as a fresh read of it would)."""
+        pulled fragments come first, in the chart's order (a refreshed chart packs as a fresh read of it would).
+
+        A store patient holds one pulled source at most: a pull from another source is a
+        ChartSourceConflictError unless `replace_source`, which erases the other source's resources, sync state
+        and fragments in this transaction. `require_free` (a Bulk Data export, which names no store id itself):
+        the patient must not exist yet, or hold this source already."""
         with self.transaction(tenant) as cur:
+            self._lock_patient(cur, tenant, patient)
+            erased = self._bind_source(cur, tenant, patient, source, replace_source, require_free)
             if replace_all:
                 self._execute(cur, "DELETE FROM ehr_resources WHERE tenant = ? AND patient = ? AND source = ?",
                               (tenant, patient, source))
@@ -378,7 +401,36 @@ class PatientStore:
                           (tenant, patient, source))
             self._execute(cur, "INSERT INTO ehr_sync VALUES (?, ?, ?, ?, ?, ?)",
                           (tenant, patient, source, since, now(), json.dumps([f.id for f in record.fragments])))
-        return PulledWrite(*counts, len(resources))
+        added, changed, removed, unchanged = counts
+        return PulledWrite(added, changed, removed + erased, unchanged, len(resources))
+
+    def _lock_patient(self, cur: Any, tenant: str, patient: str) -> None:
+        """Serialise writers of one patient across processes (SQLite's BEGIN IMMEDIATE already does)."""
+
+    def _bind_source(self, cur: Any, tenant: str, patient: str, source: str, replace_source: bool,
+                     require_free: bool) -> int:
+        """Check (and with `replace_source` clear) the patient's other pulled sources; returns how many of their
+        fragments were erased."""
+        rows = self._execute(cur, "SELECT source, fragments FROM ehr_sync WHERE tenant = ? AND patient = ?",
+                             (tenant, patient)).fetchall()
+        others = [(str(r[0]), json.loads(r[1])) for r in rows if str(r[0]) != source]
+        if require_free and len(others) == len(rows) and self._execute(
+                cur, "SELECT 1 FROM patients WHERE tenant = ? AND patient = ?", (tenant, patient)).fetchone():
+            raise ChartSourceConflictError("the patient id already holds a chart from elsewhere (an upload or "
+                                           "another source); not stored")
+        if others and not replace_source:
+            raise ChartSourceConflictError("the patient already holds a chart pulled from another source (another "
+                                           "FHIR server or patient id); nothing stored (replace erases that chart "
+                                           "and stores this one)")
+        erased = 0
+        for other, fragment_ids in others:
+            for fragment_id in fragment_ids:
+                erased += self._execute(cur, "DELETE FROM fragments WHERE tenant = ? AND patient = ? AND "
+                                             "fragment_id = ?", (tenant, patient, fragment_id)).rowcount
+            for table in ("ehr_resources", "ehr_sync"):
+                self._execute(cur, f"DELETE FROM {table} WHERE tenant = ? AND patient = ? AND source = ?",
+                              (tenant, patient, other))
+        return erased
 
     def _replace_pulled_fragments(self, cur: Any, tenant: str, patient: str, record: PatientRecord,
                                   before: set[str]) -> tuple[int, int, int, int]:
@@ -621,6 +673,9 @@ class PostgresStore(PatientStore):
 
     def _one_snapshot(self, cur: Any) -> None:
         cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+
+    def _lock_patient(self, cur: Any, tenant: str, patient: str) -> None:
+        cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"ebmrag pulled chart {tenant}/{patient}",))
 
     def drop(self) -> None:
         """Remove this schema and everything in it (tests)."""
