@@ -43,7 +43,7 @@ from ebmrag.ehr.smart import connect
 from ebmrag.protocols import Progress, checkpoint, no_progress
 from ebmrag.records.fhir.bundle import DEFAULT_STALE_AFTER, record_from_entries
 from ebmrag.records.fhir.index import Entry, type_id
-from ebmrag.records.fragment import PatientRecord
+from ebmrag.records.fragment import Fragment, PatientRecord
 from ebmrag.store.access import valid_name
 from ebmrag.store.patients import ChartSourceConflictError, PatientStore, PulledResource, PulledWrite
 
@@ -388,8 +388,24 @@ def as_patient(record: PatientRecord, patient: str, dropped: Mapping[str, int] |
     """The record under the store's patient id (the server's `Patient/<id>` is not the store's key), with what
     the pull dropped as not this patient's among its skipped parts."""
     skipped = (*record.skipped, *dropped_parts(dropped or {}))
-    return PatientRecord(patient, tuple(replace(f, patient_id=patient) for f in record.fragments), record.origin,
-                         skipped, record.identifiers)
+    fragments = tuple(_flag_left_out(replace(f, patient_id=patient), dropped or {}) for f in record.fragments)
+    return PatientRecord(patient, fragments, record.origin, skipped, record.identifiers)
+
+
+# The face sheet's lists and the resource types they are made of: a list built without some of its records must
+# not read as the whole chart ("no allergy ... is recorded") when the server held records it could not attribute.
+FACE_SHEET_TYPES = {"summary/allergies": ("AllergyIntolerance",), "summary/active-problems": ("Condition",),
+                    "summary/active-medications": ("MedicationRequest", "MedicationStatement")}
+
+
+def _flag_left_out(fragment: Fragment, dropped: Mapping[str, int]) -> Fragment:
+    """The face-sheet line, with how many records of its kind the server handed over that were not read."""
+    left_out = sum(dropped.get(kind, 0) for kind in FACE_SHEET_TYPES.get(fragment.id, ()))
+    if not left_out:
+        return fragment
+    return replace(fragment, text=f"{fragment.text} Not read: {left_out} more record{'s' if left_out > 1 else ''} "
+                                  "of this kind on the FHIR server that do not name this patient by reference; "
+                                  "the chart may hold more than this line says.")
 
 
 def dropped_parts(dropped: Mapping[str, int]) -> tuple[str, ...]:
