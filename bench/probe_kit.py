@@ -49,6 +49,7 @@ class Target:
     kb_admin_tenant: str = "ebmrag"
     mcp_url: str = ""
     audit_intact: Callable[[], list[str]] | None = None  # problems `ebmrag audit verify` reports
+    settle: Callable[[], None] | None = None  # until the servers have audited every burst of 429s (serve.throttle)
 
     @property
     def host_port(self) -> tuple[str, int]:

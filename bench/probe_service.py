@@ -35,6 +35,7 @@ from pathlib import Path
 
 import httpx
 
+from ebmrag.serve.throttle import QUIET_SECONDS
 from ebmrag.store.patients import PatientStore
 from probe_access import audit, bad_keys, isolation, mcp, ui, unauthenticated_bodies
 from probe_content import (
@@ -165,16 +166,16 @@ def served(backend: str, work: Path, postgres_url: str, request_seconds: float,
     folder = work / backend
     folder.mkdir(parents=True)
     config = folder / "probe.toml"
-    # a models cache of its own, and so a demo knowledge base of its own: the probes upload to it
     config.write_text(CONFIG.format(cache=folder / "cache", request_seconds=request_seconds, max_body_mb=max_body_mb))
+    kb = _operator_kb(folder, config)  # the probes upload to it: the demo knowledge base is read-only
     with ExitStack() as stack:
         store_url = stack.enter_context(scratch_database(postgres_url)) if backend == "postgresql" else ""
         common = ["--data-dir", str(folder / "data"), "--config", str(config),
                   *(["--store-url", store_url] if store_url else [])]
         port, mcp_port = free_port(), free_port()
-        server = stack.enter_context(process(["serve", "--port", str(port), *common], folder / "serve.log",
-                                             f"http://127.0.0.1:{port}/healthz"))
-        stack.enter_context(process(["mcp", "--transport", "http", "--port", str(mcp_port), *common],
+        server = stack.enter_context(process(["serve", "--port", str(port), "--kb", str(kb), *common],
+                                             folder / "serve.log", f"http://127.0.0.1:{port}/healthz"))
+        stack.enter_context(process(["mcp", "--transport", "http", "--port", str(mcp_port), "--kb", str(kb), *common],
                                     folder / "mcp.log", f"http://127.0.0.1:{mcp_port}/mcp"))
         store = open_store(folder / "data", store_url)
 
@@ -187,7 +188,18 @@ def served(backend: str, work: Path, postgres_url: str, request_seconds: float,
                      new_key=lambda tenant, role, patients: create_key(store, tenant, role, patients)[0],
                      revoke=lambda key: _revoke(store, key),
                      audit_rows=store.audit_rows, rss_mb=lambda: rss_of(server.pid), request_seconds=request_seconds,
-                     max_body_mb=max_body_mb, mcp_url=f"http://127.0.0.1:{mcp_port}/mcp", audit_intact=verify)
+                     max_body_mb=max_body_mb, mcp_url=f"http://127.0.0.1:{mcp_port}/mcp", audit_intact=verify,
+                     settle=lambda: time.sleep(QUIET_SECONDS * 1.5 + 1))  # a quiet burst's summary: within 1.5 x
+
+
+def _operator_kb(folder: Path, config: Path) -> Path:
+    """A knowledge base of the probe's own, seeded with the demo corpus (`ebmrag ingest`)."""
+    from ebmrag.demo import DEMO_CORPUS
+
+    kb = folder / "kb"
+    subprocess.run([*ebmrag_command(), "ingest", str(DEMO_CORPUS), "--kb", str(kb), "--config", str(config)],
+                   capture_output=True, timeout=300, check=True, env=server_env())
+    return kb
 
 
 def _revoke(store: PatientStore, key: str) -> None:

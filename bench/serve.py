@@ -128,6 +128,16 @@ def start(variant: Variant, data: Path, config: Path | None = None) -> Server:
     raise SystemExit(f"{variant.label}: ebmrag serve did not start:\n{log.read_text(errors='replace')[-2000:]}")
 
 
+def run_all(threads: list[threading.Thread]) -> float:
+    """Start every thread, wait for all of them; the seconds they ran together."""
+    started = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return time.monotonic() - started
+
+
 def stop(server: Server) -> None:
     server.process.terminate()
     try:
@@ -177,12 +187,7 @@ def measure(variant: Variant, clients: int, seconds: float) -> Outcome:
             until = time.monotonic() + seconds
             threads = [threading.Thread(target=client_loop, args=(url, client_keys[i], patients, until, i,
                                                                   latencies, errors)) for i in range(clients)]
-            started = time.monotonic()
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
-            elapsed = time.monotonic() - started
+            elapsed = run_all(threads)
             rss, pss = memory_mb(server.process.pid)
         finally:
             stop(server)

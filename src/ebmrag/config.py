@@ -12,7 +12,9 @@ Every key, its default and its meaning: docs/configuration.md.
 
 from __future__ import annotations
 
+import ipaddress
 import tomllib
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -50,9 +52,27 @@ class ModelSettings:
             raise ValueError(f"embedding_threads must be >= 0, got {self.embedding_threads}")
 
 
+FORWARDED_HEADERS = ("x-forwarded-for", "forwarded", "x-real-ip")  # what [serve] forwarded_header may name
+
+
+def proxy_networks(entries: Iterable[Any]) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    """[serve] trusted_proxies as networks: CIDRs ("10.0.0.0/8", "2001:db8::/32") or single addresses. A ValueError
+    names the entry at fault; one with host bits set ("10.0.0.7/8") is refused as the typo it usually is."""
+    networks = []
+    for entry in entries:
+        if not isinstance(entry, str):
+            raise ValueError(f'trusted_proxies holds CIDR strings like "10.0.0.0/8", got {entry!r}')
+        try:
+            networks.append(ipaddress.ip_network(entry.strip(), strict=True))
+        except ValueError as exc:
+            raise ValueError(f"trusted_proxies: {entry!r} is not an address or CIDR ({exc})") from None
+    return tuple(networks)
+
+
 @dataclass(frozen=True)
 class ServeSettings:
-    """`ebmrag serve`: the patient store and the limits every request meets."""
+    """`ebmrag serve`: the patient store, the knowledge base and the limits every request meets (`kb` is also the
+    one `ebmrag mcp` and `ebmrag gateway run --prepare` open)."""
 
     store_url: str = ""  # empty: SQLite in --data-dir; else postgresql://user@host:port/db (env EBMRAG_STORE_URL)
     max_body_mb: float = 10.0  # a larger request body is refused (413)
@@ -63,16 +83,21 @@ class ServeSettings:
     tenant_slots: int = 0  # ... of which one tenant may hold (0: all; it gives back its extra ones when others wait)
     tenant_queue: int = 64  # a tenant's requests waiting for a slot; one more is refused 429
     queue_limit: int = 256  # all tenants' requests waiting for a slot; one more is refused 503
+    ehr_calls: int = 16  # pulls and exports (and, apart, CDS fetches) running at once per process; one more: 503
+    tenant_ehr_calls: int = 4  # ... of which one tenant's; one more is refused 429
     max_chart_fragments: int = 10_000  # ask and pack refuse (422) a chart with more fragments
     switch_interval_ms: float = 1.0  # a Python thread runs this long before a waiting one may take over (Python: 5)
     prepare_charts: bool = True  # a stored chart is embedded, tiered and compressed in the background after writes
     prepare_queue: int = 10_000  # patients waiting for preparation; one more is left to its first ask
+    kb: str = ""  # the knowledge base served and changed by uploads (--kb); empty: the bundled demo one, read-only
     kb_admin_tenant: str = "ebmrag"  # the knowledge base is shared: only this tenant's admin keys may change it
     audit_key_file: str = ""  # the audit chain's secret (env EBMRAG_AUDIT_KEY_FILE); empty: <data-dir>/audit.key
     key_max_days: float = 365.0  # a new API key ends after this at the latest (its default too); 0: keys may not end
     ui_session_hours: float = 8.0  # a /ui sign-in ends this long after it began, however busy
     ui_idle_minutes: float = 30.0  # ... or this long after its last request
     ui_secure_cookie: bool = False  # true: the /ui cookie is always Secure (TLS ends at a proxy); on https it is anyway
+    trusted_proxies: tuple[str, ...] = ()  # CIDRs of reverse proxies whose forwarded header names the client; none
+    forwarded_header: str = "x-forwarded-for"  # the one header those proxies write: x-forwarded-for|forwarded|x-real-ip
 
     def __post_init__(self) -> None:
         if self.max_body_mb <= 0 or self.rate_per_second <= 0 or self.rate_burst < 1 or self.request_seconds <= 0:
@@ -87,10 +112,18 @@ class ServeSettings:
             raise ValueError(f"switch_interval_ms must be 0.05 to 100, got {self.switch_interval_ms}")
         if self.prepare_queue < 1:
             raise ValueError(f"prepare_queue must be >= 1, got {self.prepare_queue}")
+        if not 1 <= self.tenant_ehr_calls <= self.ehr_calls:
+            raise ValueError(f"need 1 <= tenant_ehr_calls <= ehr_calls, got {self.tenant_ehr_calls} and "
+                             f"{self.ehr_calls}")
         if self.key_max_days < 0:
             raise ValueError(f"key_max_days must be >= 0 (0: no limit), got {self.key_max_days}")
         if self.ui_session_hours <= 0 or self.ui_idle_minutes <= 0:
             raise ValueError("ui_session_hours and ui_idle_minutes must be > 0")
+        networks = proxy_networks(self.trusted_proxies)  # a ValueError naming the entry at fault
+        object.__setattr__(self, "trusted_proxies", tuple(str(n) for n in networks))
+        if self.forwarded_header not in FORWARDED_HEADERS:
+            raise ValueError(f"forwarded_header must be one of {', '.join(FORWARDED_HEADERS)}, got "
+                             f"{self.forwarded_header!r}")
 
 
 @dataclass(frozen=True)
@@ -153,6 +186,8 @@ def _section(cls: type[Any], raw: Any, name: str) -> Any:
         expected = type(getattr(defaults, key))
         if expected is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
+        if expected is tuple and isinstance(value, list):  # a TOML array for a tuple field
+            value = tuple(value)
         if not isinstance(value, expected) or (isinstance(value, bool) and expected is not bool):
             raise ConfigError(f"[{name}].{key} must be {expected.__name__}, got {value!r}")
         values[key] = value

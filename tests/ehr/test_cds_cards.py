@@ -178,6 +178,27 @@ def test_a_drug_off_the_renal_list_gets_no_renal_card() -> None:
     assert not of_kind(cards([lab("cr", "2160-0", 1.9, "mg/dL", NOW)], order("o", "ondansetron 4 mg")), "renal")
 
 
+def test_a_normal_creatinine_dated_decades_ahead_never_replaces_todays_abnormal_one() -> None:
+    """Issue 43: a mistyped year (2062 for 2024) made the normal value "the newest"; today's is cited, the other
+    is listed apart, flagged, and does not decide the card's indicator."""
+    today = lab("cr", "2160-0", 2.4, "mg/dL", NOW - timedelta(hours=2), flag="H")
+    typo = lab("cr-typo", "2160-0", 0.9, "mg/dL", datetime(2062, 9, 13, 9, 0, tzinfo=UTC), flag="N")
+    card, = of_kind(cards([typo, today], order("m", "metformin 500 mg")), "renal")
+    assert card.indicator == "warning"
+    assert card.summary == "Renal function for metformin: creatinine 2.4 mg/dL (2024-09-14)"
+    newest, ahead = card.detail.split("**Dated in the future**")
+    assert "**2\\.4 mg/dL**" in newest and "0\\.9" not in newest
+    assert "**0\\.9 mg/dL** (date in the future: 2062\\-09\\-13)" in ahead
+    assert [(c.reference, c.future) for c in card.cited] == [("Observation/cr", False), ("Observation/cr-typo", True)]
+
+
+def test_a_renal_result_only_dated_in_the_future_speaks_flagged() -> None:
+    typo = lab("cr-typo", "2160-0", 0.9, "mg/dL", datetime(2062, 9, 13, tzinfo=UTC))
+    card, = of_kind(cards([typo], order("m", "metformin 500 mg")), "renal")
+    assert card.summary == "Renal function for metformin: creatinine 0.9 mg/dL (date in the future: 2062-09-13)"
+    assert "newest renal results" not in card.detail
+
+
 # ------------------------------------------------------------------------------------------------ pregnancy
 def pregnancy_status(answer: str, when: datetime) -> dict[str, Any]:
     return {"resourceType": "Observation", "id": f"preg-{answer}", "status": "final",
@@ -199,6 +220,21 @@ def test_a_newer_not_pregnant_status_or_an_old_pregnancy_gives_no_card() -> None
     assert not of_kind(cards(newer, order("o", "ondansetron 4 mg")), "pregnancy")
     old = [pregnancy_status("LA15173-0", NOW - timedelta(weeks=60))]
     assert not of_kind(cards(old, order("o", "ondansetron 4 mg")), "pregnancy")
+
+
+def test_a_not_pregnant_dated_in_the_future_never_takes_the_pregnancy_card_away() -> None:
+    statuses = [pregnancy_status("LA15173-0", NOW - timedelta(weeks=10)),
+                pregnancy_status("LA26683-5", datetime(2062, 9, 1, tzinfo=UTC))]
+    card, = of_kind(cards(statuses, order("o", "ondansetron 4 mg")), "pregnancy")
+    assert card.indicator == "warning" and card.cited[0].reference == "Observation/preg-LA15173-0"
+    assert "**Dated in the future**" in card.detail and "Observation/preg-LA26683-5" in card.detail
+    assert card.cited[-1].future and "date in the future: 2062\\-09\\-01" in card.detail
+
+
+def test_an_allergy_recorded_in_the_future_still_warns_with_its_date_flagged() -> None:
+    typo = allergy("a1", "Penicillin", onsetDateTime="2062-05-02")
+    card, = of_kind(cards([typo], order("o", "amoxicillin 500 mg", "723")), "allergy")
+    assert card.indicator == "warning" and "recorded (date in the future: 2062-05-02)" in card.summary
 
 
 # ------------------------------------------------------------------------------------------------ critical

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +73,7 @@ def test_a_drug_question_gets_age_kidney_and_allergy_status_and_no_room_is_waste
     result = pack(context_packer, chart, "Which antibiotic would be safe for this patient if he developed "
                                          "pneumonia, and why?", 1024)
     assert result.question_type == "drug_choice"
-    assert "Patient: 69-year-old male" in result.context
+    assert re.search(r"Patient: \d+-year-old male", result.context)  # the age today (born 1950-10-24)
     assert "creatinine 0.88 mg/dL" in result.context and "eGFR 158.5" in result.context
     assert "Allergy status (clinical note of 2020-03-14): No Known Allergies." in result.context
     room = result.window - result.tokens_used
@@ -117,7 +118,7 @@ def test_html_notes_refuted_conditions_and_procedure_periods(tmp_path: Path) -> 
     assert by_id["DocumentReference/d1#allergies"].text == "Penicillin: hives."
     assert by_id["DocumentReference/d1#plan"].text == "Start doxycycline."
     assert by_id["Procedure/x1"].timestamp is not None and by_id["Procedure/x1"].timestamp.year == 2019
-    assert by_id["Patient/p1"].text == "Patient: 43-year-old female (born 1980-05-01)."
+    assert re.fullmatch(r"Patient: \d+-year-old female \(born 1980-05-01\)\.", by_id["Patient/p1"].text)  # age today
     assert not any("Asthma" in f.text for f in record.fragments)
     assert "Condition x1: refuted or entered in error" in record.skipped
     assert by_id["summary/allergies"].text.startswith("Allergy status (clinical note of 2024-02-01): Penicillin")

@@ -110,6 +110,16 @@ def test_the_built_graph_is_reused_and_a_corrupt_one_rebuilt(tmp_path: Path, onn
     assert graph.stat().st_size > 1_000_000 and [p.name for p in (tmp_path / "onnx").iterdir()] == [graph.name]
 
 
+def test_a_graph_cache_that_cannot_be_written_builds_the_graph_for_this_process(
+        tmp_path: Path, onnx_cache: Path, caplog: pytest.LogCaptureFixture) -> None:
+    texts = ["Chest pain radiating to the left arm.", "Metformin held before contrast."]
+    expected = SentenceEmbedder(runtime="onnx", precision="fp32", cache_dir=onnx_cache).embed(texts)
+    (tmp_path / "onnx").write_text("a file where the graph folder belongs")
+    with caplog.at_level("WARNING", logger="ebmrag.models.onnx_bert"):
+        vectors = SentenceEmbedder(runtime="onnx", precision="fp32", cache_dir=tmp_path).embed(texts)
+    assert np.allclose(vectors, expected, atol=1e-6) and "temporary folder" in caplog.text
+
+
 def test_names_keep_runtimes_and_precisions_apart(tmp_path: Path) -> None:
     names = {SentenceEmbedder(runtime=r, precision=p, cache_dir=tmp_path).model_name
              for r, p in (("onnx", "fp32"), ("onnx", "int8"), ("torch", "fp32"), ("torch", "int8"))}

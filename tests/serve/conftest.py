@@ -26,6 +26,7 @@ from ebmrag.answer.engine import Engine
 from ebmrag.compose import Resources
 from ebmrag.config import Settings
 from ebmrag.serve.app import create_app
+from ebmrag.serve.clients import SERVER_OPTIONS
 from ebmrag.store.access import create_key
 from ebmrag.store.patients import PatientStore, PostgresStore, SQLiteStore
 from tests.engines import engine_from_parts, over_knowledge_base
@@ -69,9 +70,10 @@ class Live:
 
 @contextmanager
 def serving(app: Any, port: int | None = None) -> Iterator[tuple[str, Any]]:
-    """`app` on a real uvicorn at `port` (default: a free one) of 127.0.0.1: yields its base URL and the app, stops
-    it after."""
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port or free_port(), log_level="warning"))
+    """`app` on a real uvicorn at `port` (default: a free one) of 127.0.0.1, with the options `ebmrag serve` uses:
+    yields its base URL and the app, stops it after (the app's shutdown runs)."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port or free_port(), log_level="warning",
+                                           **SERVER_OPTIONS))  # as `ebmrag serve` runs it: no proxy rewriting
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20

@@ -28,7 +28,7 @@ from ebmrag.config import Settings
 from ebmrag.ehr.cds_params import CdsParams
 from ebmrag.serve.app import create_app
 from ebmrag.serve.cds_auth import RETRY_FAILED_AFTER, CdsAuthError, KeySets
-from ebmrag.serve.guard import FAILED_KEYS_BURST
+from ebmrag.serve.throttle import FAILED_BURST
 from ebmrag.store.patients import PatientStore, SQLiteStore
 from tests.ehr.conftest import fhir, fhir_server  # noqa: F401 (the test FHIR server's fixtures)
 from tests.ehr.fhir_server import FhirServer
@@ -150,14 +150,15 @@ class Cds:
 
 @contextmanager
 def cds_service(tmp_path: Path, store: PatientStore | None = None, fhir_servers: tuple[str, ...] = (),
-                **cds: Any) -> Iterator[Cds]:
+                trusted_proxies: tuple[str, ...] = (), **cds: Any) -> Iterator[Cds]:
     jwks = tmp_path / "ehr-jwks.json"
     jwks.write_text(json.dumps({"keys": [ES.jwk(), RS.jwk()]}))
     issuers = {"ehr-test": {"iss": ISS, "tenant": "clinic-a", "jwks_file": str(jwks),
                             "fhir_servers": list(fhir_servers)}}
     port = free_port()
     settings = Settings()
-    settings = replace(settings, serve=replace(settings.serve, prepare_charts=False), cds=CdsParams(**{
+    serve = replace(settings.serve, prepare_charts=False, trusted_proxies=trusted_proxies)
+    settings = replace(settings, serve=serve, cds=CdsParams(**{
         "enabled": True, "base_url": f"http://127.0.0.1:{port}", "issuers": issuers, **cds}))
     store = store or SQLiteStore(tmp_path / "store.sqlite")
     with serving(create_app(store, settings), port) as (url, _):
@@ -440,16 +441,33 @@ def test_a_jku_on_a_token_of_an_issuer_with_a_jwks_file_is_refused(cds: Cds) -> 
     assert refused(cds.hook("ebmrag-order-sign", example("order-sign"), token=token), "jku")
 
 
-def test_repeated_bad_tokens_from_one_address_are_answered_429(cds: Cds) -> None:
-    """Finding 10: bad JWTs feed the service's bad-key count per address (shared with /v1 and /ui)."""
+def test_repeated_bad_tokens_from_one_address_are_answered_429_but_a_valid_token_passes(cds: Cds) -> None:
+    """Finding 10: bad JWTs feed the service's failed-credential count per address (shared with /v1 and /ui);
+    issue 43: the EHR's valid tokens are checked and answered all the same."""
     statuses = [cds.hook("ebmrag-order-sign", example("order-sign"), token="not-a-jwt").status_code
-                for _ in range(FAILED_KEYS_BURST + 1)]
-    assert statuses[:FAILED_KEYS_BURST] == [401] * FAILED_KEYS_BURST and statuses[-1] == 429
-    answer = cds.hook("ebmrag-order-sign", example("order-sign"))  # even a good token waits its turn
-    assert answer.status_code == 429 and int(answer.headers["retry-after"]) >= 1
-    assert answer.headers["content-type"] == "application/problem+json"
+                for _ in range(FAILED_BURST + 1)]
+    assert statuses[:FAILED_BURST] == [401] * FAILED_BURST and statuses[-1] == 429
+    throttled = cds.hook("ebmrag-order-sign", example("order-sign"), token="not-a-jwt")
+    assert throttled.status_code == 429 and int(throttled.headers["retry-after"]) >= 1
+    assert throttled.headers["content-type"] == "application/problem+json"
+    assert cds.hook("ebmrag-order-sign", example("order-sign")).status_code == 200, "a valid token from there"
     assert httpx.get(f"{cds.url}/v1/patients", headers={"Authorization": "Bearer x"}).status_code == 429
     assert audited(cds.store, "refused 429 /cds-services/{service_id}")
+
+
+def test_an_issuer_key_that_keeps_failing_is_throttled_without_blocking_its_valid_tokens(tmp_path: Path) -> None:
+    """Tokens claiming the EHR's issuer and kid with bad signatures, from many addresses (behind a trusted proxy):
+    the credential is throttled as such, and the EHR's own tokens still pass."""
+    forged = Signer(ES.kid, ES.alg, ec.generate_private_key(ec.SECP384R1()))  # the EHR's iss and kid, another key
+    with cds_service(tmp_path, trusted_proxies=("127.0.0.1",)) as cds:
+        url = f"{cds.url}/cds-services/ebmrag-order-sign"
+        statuses = [httpx.post(url, json=example("order-sign"), timeout=30, headers={
+            "Authorization": f"Bearer {forged.token(url)}", "X-Forwarded-For": f"198.51.100.{n}"}).status_code
+            for n in range(FAILED_BURST + 2)]
+        valid = httpx.post(url, json=example("order-sign"), timeout=30, headers={
+            "Authorization": f"Bearer {ES.token(url)}", "X-Forwarded-For": "198.51.100.250"})
+    assert statuses[:FAILED_BURST] == [401] * FAILED_BURST and set(statuses[FAILED_BURST:]) == {429}
+    assert valid.status_code == 200, valid.text
 
 
 class _SwitchedJwks(BaseHTTPRequestHandler):

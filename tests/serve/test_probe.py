@@ -78,10 +78,16 @@ def test_the_inputs_are_variants_not_examples(probe: ModuleType) -> None:
     assert any("\u200b" in s for _, s, _ in variants) and any("\u0435" in s for _, s, _ in variants)
 
 
-def _target(probe: ModuleType, live: Live, store: PatientStore, settings: Settings, mcp_url: str) -> Any:
+def _target(probe: ModuleType, live: Live, store: PatientStore, settings: Settings, mcp_url: str,
+            mcp_service: Service) -> Any:
     """The in-process server as the probe sees a running one (its RSS is this process's; the audit chain's
-    own check is `ebmrag audit verify`, run by `make probe`)."""
+    own check is `ebmrag audit verify`, run by `make probe`; the bursts of 429s are summarised at once, as
+    stopping the servers would)."""
     kit = _kit(probe)
+
+    def settle() -> None:
+        for service in (live.app.state.service, mcp_service):
+            service.throttled.flush(everything=True)
 
     def revoke(key: str) -> None:
         assert store.revoke(key.split("_")[1])
@@ -91,7 +97,8 @@ def _target(probe: ModuleType, live: Live, store: PatientStore, settings: Settin
         new_key=lambda tenant, role, patients: create_key(store, tenant, role, patients)[0],
         revoke=revoke, audit_rows=store.audit_rows,
         rss_mb=lambda: kit.rss_of("self"), request_seconds=settings.serve.request_seconds,
-        max_body_mb=settings.serve.max_body_mb, kb_admin_tenant=settings.serve.kb_admin_tenant, mcp_url=mcp_url)
+        max_body_mb=settings.serve.max_body_mb, kb_admin_tenant=settings.serve.kb_admin_tenant, mcp_url=mcp_url,
+        settle=settle)
 
 
 @pytest.mark.model
@@ -111,10 +118,10 @@ def test_a_sample_of_every_class_finds_nothing(probe: ModuleType, store: Patient
     own = over_knowledge_base(resources, kb)
     settings = Settings()
     settings = replace(settings, serve=replace(settings.serve, **SERVE))
-    with running(store, engine, own, **SERVE) as live, \
-            serving(http_app(Service(store, settings, engine, own))) as (mcp_url, _):
+    mcp_service = Service(store, settings, engine, own)
+    with running(store, engine, own, **SERVE) as live, serving(http_app(mcp_service)) as (mcp_url, _):
         run = _kit(probe).Run(store.backend, 40.0, sample=2, huge_mb=12)
-        probe.run_suite(_target(probe, live, store, settings, f"{mcp_url}/mcp"), run)
+        probe.run_suite(_target(probe, live, store, settings, f"{mcp_url}/mcp", mcp_service), run)
     assert all(run.probes[klass] > 0 for klass, _, _ in probe.SUITE), run.probes
     assert "rss" in run.measures and "audit" in run.measures
     assert not run.failures, f"{len(run.failures)} failures:\n" + "\n".join(

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from ebmrag.cli.common import ConfigOption, JsonOption, console, stderr, user_errors
-from ebmrag.config import load_settings
+from ebmrag.config import Settings, load_settings, with_overrides
 from ebmrag.errors import require_extra
 
 if TYPE_CHECKING:
@@ -23,12 +23,24 @@ ExpiresInOption = Annotated[str, typer.Option("--expires-in", help="The key ends
                                                                   "2w (default and longest: [serve] key_max_days).")]
 ExpiresOption = Annotated[str, typer.Option("--expires", help="The key ends at this ISO 8601 date or time (UTC "
                                                               "without an offset).")]
+ServeKbOption = Annotated[Path | None, typer.Option(
+    "--kb", help="The knowledge base to answer from, which /v1/kb/documents changes (default: [serve] kb; without "
+                 "either, the bundled demo knowledge base, read-only).")]
 keys_app = typer.Typer(help="API keys of the service (stored hashed).", no_args_is_help=True)
 audit_app = typer.Typer(help="The service's access log.", no_args_is_help=True)
 
 
 def _store_url(settings_url: str, flag: str) -> str:
     return flag or os.environ.get("EBMRAG_STORE_URL", "") or settings_url
+
+
+def serve_settings(config: Path | None, kb: Path | None) -> Settings:
+    """The TOML file with --kb applied over [serve] kb (the flag wins)."""
+    return with_overrides(load_settings(config), serve={"kb": str(kb) if kb else None})
+
+
+def kb_label(settings: Settings) -> str:
+    return settings.serve.kb or "the bundled demo (read-only)"
 
 
 def serve(
@@ -41,6 +53,7 @@ def serve(
                                                "Python: one worker per core serves on every core. Rate limits, "
                                                "queues and fair shares are per worker.")] = 1,
     store_url: StoreOption = "",
+    kb: ServeKbOption = None,
     config: ConfigOption = None,
 ) -> None:
     """Run the multi-tenant HTTP service (OpenAPI at /openapi.json, everything else under /v1)."""
@@ -50,21 +63,23 @@ def serve(
         import uvicorn
 
         from ebmrag.serve.app import serve_app
+        from ebmrag.serve.clients import SERVER_OPTIONS
 
         if not 1 <= workers <= 64:
             raise ValueError(f"--workers must be 1 to 64, got {workers}")
-        settings = load_settings(config)
+        settings = serve_settings(config, kb)
         url = _store_url(settings.serve.store_url, store_url)
-        app = serve_app(data_dir, settings, url)  # checks the store and settings before any worker starts
+        app = serve_app(data_dir, settings, url)  # checks store, knowledge base and settings before any worker starts
         stderr.print(f"ebmrag serve on http://{host}:{port} (store: {app.state.service.store.backend}, "
-                     f"{workers} worker{'s' if workers > 1 else ''})")
+                     f"knowledge base: {kb_label(settings)}, {workers} worker{'s' if workers > 1 else ''})",
+                     highlight=False, soft_wrap=True)
     if workers == 1:
-        uvicorn.run(app, host=host, port=port, log_level="warning")
+        uvicorn.run(app, host=host, port=port, log_level="warning", **SERVER_OPTIONS)  # no proxy rewriting
         return
     os.environ.update({"EBMRAG_SERVE_DATA_DIR": str(data_dir), "EBMRAG_STORE_URL": url,
-                       "EBMRAG_SERVE_CONFIG": str(config or "")})
+                       "EBMRAG_SERVE_CONFIG": str(config or ""), "EBMRAG_SERVE_KB": settings.serve.kb})
     uvicorn.run("ebmrag.serve.app:app_from_environment", factory=True, host=host, port=port, workers=workers,
-                log_level="warning")
+                log_level="warning", **SERVER_OPTIONS)
 
 
 def mcp(
@@ -76,6 +91,7 @@ def mcp(
     host: Annotated[str, typer.Option(help="http: interface to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="http: TCP port.")] = 8090,
     store_url: StoreOption = "",
+    kb: ServeKbOption = None,
     config: ConfigOption = None,
 ) -> None:
     """Expose pack, ask, search, ddx and a patient's fragments as MCP tools, with the service's keys and scopes."""
@@ -87,8 +103,8 @@ def mcp(
 
         if transport not in ("stdio", "http"):
             raise ValueError(f"--transport must be stdio or http, got {transport!r}")
-        settings = load_settings(config)
-        service = Service(open_store_for(data_dir, store_url, config), settings)
+        settings = serve_settings(config, kb)
+        service = Service(open_store_for(data_dir, store_url, config), settings)  # checks the knowledge base
         if transport == "stdio":
             stdio_key = key or os.environ.get("EBMRAG_API_KEY", "")
             authenticate(service.store, f"Bearer {stdio_key}")  # a wrong key fails now, in one line
@@ -98,8 +114,11 @@ def mcp(
         return
     import uvicorn
 
-    stderr.print(f"ebmrag mcp on http://{host}:{port}/mcp (store: {service.store.backend})")
-    uvicorn.run(http_app(service), host=host, port=port, log_level="warning")
+    from ebmrag.serve.clients import SERVER_OPTIONS
+
+    stderr.print(f"ebmrag mcp on http://{host}:{port}/mcp (store: {service.store.backend}, knowledge base: "
+                 f"{kb_label(settings)})", highlight=False, soft_wrap=True)
+    uvicorn.run(http_app(service), host=host, port=port, log_level="warning", **SERVER_OPTIONS)
 
 
 def open_store_for(data_dir: Path, store_url: str, config: Path | None) -> PatientStore:

@@ -23,7 +23,7 @@ from ebmrag.compose.build import (
     require_openai,
     trajectory_folder,
 )
-from ebmrag.compose.resources import Resources, cache_dir_of, open_kb
+from ebmrag.compose.resources import Resources, cache_dir_of, check_kb, open_kb
 from ebmrag.demo import load_patient
 
 __all__ = [
@@ -40,6 +40,7 @@ __all__ = [
     "build_rewriter",
     "build_voter",
     "cache_dir_of",
+    "check_kb",
     "engine_from_dict",
     "load_patient",
     "open_kb",

@@ -12,7 +12,7 @@ from typing import Any
 from ebmrag.answer.engine import Engine
 from ebmrag.answer.gate import GateParams, RetrievalGate
 from ebmrag.answer.relevance import RelevanceFilter
-from ebmrag.compose.resources import Resources, cache_dir_of, chat_client, openai_client
+from ebmrag.compose.resources import Resources, cache_dir_of, chat_client, check_kb, openai_client
 from ebmrag.config import Settings, settings_from_dict, settings_to_dict
 from ebmrag.ddx.engine import DifferentialDiagnoser
 from ebmrag.ddx.findings import FindingMapper
@@ -47,9 +47,10 @@ log = logging.getLogger(__name__)
 
 def build_packer(resources: Resources, settings: Settings | None = None) -> ContextPacker:
     """The packer of [packing] (or of `settings`, for another strategy over the same models)."""
-    r = resources
-    return ContextPacker((settings or r.settings).packing, embedder=r.embedder, token_counter=r.token_counter,
-                         tier_classifier=r.tier_classifier, questions=r.questions, compressor=r.compressor)
+    r, chosen = resources, settings or resources.settings
+    return ContextPacker(chosen.packing, embedder=r.embedder, token_counter=r.token_counter,
+                         tier_classifier=r.tier_classifier, questions=r.questions, compressor=r.compressor,
+                         future_skew=chosen.chart.future_skew)
 
 
 def build_retriever(resources: Resources, kb: KnowledgeStore | None = None,
@@ -110,12 +111,15 @@ def build_engine_from(resources: Resources) -> Engine:
 
 def open_resources(settings: Settings, kb: str | Path | None = None, *, retrieval: bool = True,
                    chat_client: ChatClient | None = None) -> Resources:
-    """Resources with the knowledge base at `kb` (without it, the bundled demo knowledge base, built on first
-    use), or none when `retrieval` is off; `chat_client`: one built already."""
+    """Resources with the knowledge base at `kb`, checked before anything loads (`check_kb`); without it, the
+    bundled demo knowledge base (built on first use, rebuilt when damaged, never written to: `demo_kb`), or none
+    when `retrieval` is off; `chat_client`: one built already."""
     if not retrieval:
         return Resources(settings, chat_client=chat_client)
-    path = Path(kb) if kb else ensure_demo_kb(cache_dir_of(settings))
-    return Resources.open(settings, path, chat_client)
+    if not kb:
+        return Resources.open(settings, ensure_demo_kb(cache_dir_of(settings)), chat_client, demo_kb=True)
+    check_kb(settings, Path(kb))
+    return Resources.open(settings, Path(kb), chat_client)
 
 
 def build_engine(settings: Settings | None = None, kb: str | Path | None = None) -> Engine:

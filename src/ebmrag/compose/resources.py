@@ -20,6 +20,7 @@ from ebmrag.evidence.entities import EntityCompressor, default_extractor
 from ebmrag.evidence.questions import QuestionClassifier, default_question_classifier
 from ebmrag.evidence.tiers import BUNDLED_TIER_MODEL, TierClassifier
 from ebmrag.index.backend import KnowledgeStore, open_knowledge_base
+from ebmrag.index.kb import require_readable
 from ebmrag.kvcache import KeyValueCache
 from ebmrag.llm.local import LlamaCppChatClient
 from ebmrag.llm.openai import OpenAIChatClient
@@ -39,13 +40,15 @@ class Resources:
     (or on first use), the chat client and the knowledge base when first asked for."""
 
     def __init__(self, settings: Settings, knowledge_base: KnowledgeStore | None = None,
-                 chat_client: ChatClient | None = None) -> None:
+                 chat_client: ChatClient | None = None, *, demo_kb: bool = False) -> None:
         """`chat_client`: one built already (a model loaded in this process, a test's fake); otherwise [llm]'s is
-        built on first use."""
+        built on first use. `demo_kb`: the knowledge base is the bundled demo one, a cache of the bundled corpus
+        that nothing but its builder writes (`demo.ensure_demo_kb`)."""
         m = settings.models
         self.settings = settings
         self.cache_dir = cache_dir_of(settings)
         self.knowledge_base = knowledge_base
+        self.demo_kb = demo_kb and knowledge_base is not None
         shared = knowledge_base is not None and (m.embedding_model or "") == (knowledge_base.config.embedding_model
                                                                              or "")
         self.embedder: SentenceEmbedder = knowledge_base.embedder if shared and knowledge_base else \
@@ -68,9 +71,10 @@ class Resources:
         self._client_built = chat_client is not None
 
     @classmethod
-    def open(cls, settings: Settings, kb: Path | None, chat_client: ChatClient | None = None) -> Resources:
+    def open(cls, settings: Settings, kb: Path | None, chat_client: ChatClient | None = None, *,
+             demo_kb: bool = False) -> Resources:
         """With the knowledge base at `kb` (the configured backend; None: no knowledge base)."""
-        return cls(settings, open_kb(settings, kb) if kb is not None else None, chat_client)
+        return cls(settings, open_kb(settings, kb) if kb is not None else None, chat_client, demo_kb=demo_kb)
 
     @property
     def shares_embedder(self) -> bool:
@@ -141,6 +145,14 @@ def cache_dir_of(settings: Settings) -> Path:
 def open_kb(settings: Settings, kb: Path) -> KnowledgeStore:
     """The knowledge base at `kb` on the configured backend ([kb] build settings apply when it is created)."""
     return open_knowledge_base(settings.kb, settings.storage, kb, cache_dir_of(settings))
+
+
+def check_kb(settings: Settings, kb: Path) -> None:
+    """Fail now, in one line naming what to run, unless `kb` holds a knowledge base this ebmrag reads as it is (no
+    knowledge base yet, another format, not a knowledge base): before a command loads a model, or a service takes
+    its first request. A Milvus collection is checked when it is opened."""
+    if settings.storage.backend == "embedded":
+        require_readable(kb)
 
 
 def chat_client(settings: Settings, cache_dir: Path) -> ChatClient | None:

@@ -3,9 +3,14 @@ no real patient data, no text copied from elsewhere)."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 
 from ebmrag.errors import RecordError
@@ -64,15 +69,80 @@ def demo_kb_path(cache_dir: Path) -> Path:
 
 
 def ensure_demo_kb(cache_dir: Path) -> Path:
-    """Build the demo knowledge base on first use (a few seconds of embedding); later calls only open it."""
+    """The demo knowledge base, built on first use (a few seconds of embedding). It is a cache of the bundled
+    corpus: one that does not read as that corpus in this ebmrag's format (damaged, unreadable, another format, or
+    holding an older ebmrag's uploads) is moved aside to `<name>.broken-<time>`, never deleted, with one warning,
+    and built again, so the command still succeeds. One process at a time checks and builds it (a lock beside
+    it): the workers of one service start together."""
+    root = demo_kb_path(cache_dir)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with _demo_lock(cache_dir):
+        if not root.exists() and not root.is_symlink():
+            log.warning("building the demo knowledge base in %s (first use only)", root)
+        else:
+            problem = _unusable(root)
+            if problem is None:
+                return root
+            aside = root.with_name(f"{root.name}.broken-{datetime.now(UTC):%Y%m%dT%H%M%S%f}")
+            root.rename(aside)
+            log.warning("the demo knowledge base in %s is unusable (%s): moved it to %s and building it again from "
+                        "the bundled corpus", root, problem, aside)
+        _build(root, cache_dir)
+    return root
+
+
+@contextmanager
+def _demo_lock(cache_dir: Path) -> Iterator[None]:
+    with open(cache_dir / "demo-kb.lock", "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _unusable(root: Path) -> str | None:
+    """Why the demo knowledge base at `root` cannot serve as it is, or None: it must open in this ebmrag's format
+    and hold exactly the bundled corpus, every chunk row, BM25 array and vector readable (milliseconds at its
+    size). Any failure to read a cache is a reason to rebuild it, whatever the exception."""
+    from ebmrag.index.kb import KnowledgeBase
+
+    try:
+        reader = KnowledgeBase(root).reader()  # no cache directory: checking embeds nothing
+        try:
+            held, corpus = set(reader.documents()), {g["id"] for g in demo_guidelines()}
+            if held - corpus:
+                return (f"it holds documents besides the bundled corpus ({len(held - corpus)}), uploads by an "
+                        "older ebmrag? `ebmrag serve --kb` serves the moved copy")
+            if corpus - held:
+                return f"it lacks {len(corpus - held)} documents of the bundled corpus"
+            rows = sum(1 for _ in reader.iter_chunks())
+            shape = reader.dense.vectors.shape
+            reader.lexical.search(["penicillin"], 1)  # its term arrays load
+            if rows != reader.live_chunks or shape != (reader.size, int(reader.manifest["dim"])):
+                return f"{rows} chunks and {shape[0]} vectors where the manifest says {reader.live_chunks}"
+        finally:
+            reader.close()
+    except Exception as exc:  # a cache that does not read, for whatever reason, is rebuilt
+        return f"{type(exc).__name__}: {str(exc).split('; ')[0]}"  # what is wrong, not the advice for a user's KB
+    return None
+
+
+def _build(root: Path, cache_dir: Path) -> None:
+    """Into a sibling folder renamed into place once complete: a build cut short leaves no half knowledge base."""
     from ebmrag.index.kb import KnowledgeBase
     from ebmrag.index.sync import ingest_paths
 
-    root = demo_kb_path(cache_dir)
-    kb = KnowledgeBase(root, cache_dir=cache_dir)
-    if not kb.exists:
-        log.warning("building the demo knowledge base in %s (first use only)", root)
-        report = ingest_paths(kb, [DEMO_CORPUS])
-        if report.errors:
-            raise RuntimeError(f"the bundled demo corpus failed to ingest: {report.errors[0]}")
-    return root
+    building = root.with_name(root.name + ".building")
+    _remove(building)
+    report = ingest_paths(KnowledgeBase(building, cache_dir=cache_dir), [DEMO_CORPUS])
+    if report.errors:
+        raise RuntimeError(f"the bundled demo corpus failed to ingest: {report.errors[0]}")
+    building.rename(root)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()

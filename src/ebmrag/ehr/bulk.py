@@ -29,6 +29,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -42,7 +43,9 @@ from ebmrag.ehr.pull import (
     OwnedClient,
     PullReport,
     Resource,
+    StepRunner,
     dropped_parts,
+    inline,
     key_of,
     local_key,
     next_since,
@@ -56,7 +59,7 @@ from ebmrag.protocols import Progress, checkpoint, checkpoints, no_progress
 from ebmrag.records.fhir.bundle import DEFAULT_STALE_AFTER
 from ebmrag.records.limits import load_json
 from ebmrag.store.access import valid_name
-from ebmrag.store.patients import ChartSourceConflictError, PatientStore
+from ebmrag.store.patients import ChartSourceConflictError, PatientErasedError, PatientStore
 
 log = logging.getLogger(__name__)
 NDJSON = "application/fhir+ndjson"
@@ -84,10 +87,14 @@ def export_group(store: PatientStore, connection: EhrConnection, group: str, *, 
                  types: Sequence[str] = (), stale_after: timedelta = DEFAULT_STALE_AFTER,
                  http: httpx.Client | None = None, progress: Progress = no_progress,
                  sleep: Callable[[float], None] = time.sleep,
-                 on_stored: Callable[[PullReport], None] | None = None) -> ExportReport:
+                 on_stored: Callable[[PullReport], None] | None = None,
+                 compute: StepRunner = inline) -> ExportReport:
     """Export the Group's patients and store each one's chart (the store's patient id is the server's, where it
-    is free or holds this source already); `on_stored` hears each patient's report right after its commit."""
+    is free or holds this source already); `on_stored` hears each patient's report right after its commit;
+    `compute` runs the CPU-bound steps (reading the files, each patient's chart). A patient erased after the
+    export began is not stored (reported as `patient-erased`)."""
     valid_name(group, "group id")
+    erasures = store.erasure_mark(connection.tenant)
     with OwnedClient(params, http) as client_http, tempfile.TemporaryDirectory(prefix="ebmrag-export-") as spool:
         client, _ = connect(connection, params, http=client_http)
         client.sleep = sleep
@@ -101,10 +108,10 @@ def export_group(store: PatientStore, connection: EhrConnection, group: str, *, 
             cancel(client, status_url)
             raise
         since = next_since(str(manifest.get("transactionTime") or ""), params)
-        spooled = SpooledExport.read(files, connection.base)
+        spooled = compute(lambda: SpooledExport.read(files, connection.base))
         try:
-            result = _store_each(store, connection, spooled, since, stale_after, params.reference_depth, progress,
-                                 on_stored)
+            result = _store_each(store, connection, spooled, _Batch(since, stale_after, params.reference_depth,
+                                                                    erasures, compute), progress, on_stored)
         finally:
             spooled.close()
     errors = manifest.get("error")
@@ -304,6 +311,17 @@ class SpooledExport:
         return self.dropped + Counter(kind for kind, _ in set(self.nobodys) - self.adopted)
 
 
+@dataclass(frozen=True)
+class _Batch:
+    """What every patient of one export is stored with."""
+
+    since: str
+    stale_after: timedelta
+    depth: int
+    erased_after: int  # the erasure mark read when the export began
+    compute: StepRunner
+
+
 @dataclass
 class _Stored:
     stored: list[PullReport] = field(default_factory=list)
@@ -311,9 +329,8 @@ class _Stored:
     not_stored: list[tuple[str, str]] = field(default_factory=list)
 
 
-def _store_each(store: PatientStore, connection: EhrConnection, spooled: SpooledExport, since: str,
-                stale_after: timedelta, depth: int, progress: Progress,
-                on_stored: Callable[[PullReport], None] | None) -> _Stored:
+def _store_each(store: PatientStore, connection: EhrConnection, spooled: SpooledExport, batch: _Batch,
+                progress: Progress, on_stored: Callable[[PullReport], None] | None) -> _Stored:
     result = _Stored()
     if spooled.unreadable:
         result.problems.append(f"{spooled.unreadable} line(s) of the export are not FHIR resources with a type and "
@@ -326,9 +343,12 @@ def _store_each(store: PatientStore, connection: EhrConnection, spooled: Spooled
         except ValueError:
             result.problems.append(f"patient #{done}: its id is not a valid store id; not stored")
             continue
-        held = spooled.chart_of(fhir_id, depth + 1)  # the server's include level, then the pull's rounds
         try:
-            report = _store_one(store, connection, fhir_id, held, since, stale_after)
+            report = batch.compute(partial(_store_one, store, connection, spooled, fhir_id, batch))
+        except PatientErasedError:
+            result.problems.append(f"patient #{done}: erased after the export began; not stored")
+            result.not_stored.append((fhir_id, PatientErasedError.code))
+            continue
         except RecordError:
             result.problems.append(f"patient #{done}: no chart could be read; not stored")
             continue
@@ -345,11 +365,12 @@ def _store_each(store: PatientStore, connection: EhrConnection, spooled: Spooled
     return result
 
 
-def _store_one(store: PatientStore, connection: EhrConnection, fhir_id: str, held: Mapping[Key, Resource],
-               since: str, stale_after: timedelta) -> PullReport:
+def _store_one(store: PatientStore, connection: EhrConnection, spooled: SpooledExport, fhir_id: str,
+               batch: _Batch) -> PullReport:
+    held = spooled.chart_of(fhir_id, batch.depth + 1)  # the server's include level, then the pull's rounds
     source = source_of(connection, fhir_id)
-    stored, written = store_chart(store, connection.tenant, fhir_id, source, held, held, since, replace_all=True,
-                                  origin=f"FHIR bulk export ({connection.name})", stale_after=stale_after,
-                                  require_free=True)
+    stored, written = store_chart(store, connection.tenant, fhir_id, source, held, held, batch.since,
+                                  replace_all=True, origin=f"FHIR bulk export ({connection.name})",
+                                  stale_after=batch.stale_after, require_free=True, erased_after=batch.erased_after)
     return PullReport(fhir_id, connection.name, "bulk", False, 0, len(held), len(held), written, stored.skipped,
-                      since, tuple(f.id for f in stored.fragments), fhir_id)
+                      batch.since, tuple(f.id for f in stored.fragments), fhir_id)

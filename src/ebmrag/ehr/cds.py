@@ -379,7 +379,7 @@ def _order_cards(request: HookRequest, chart: Chart, orders: list[Order], now: d
     if not orders:
         return []
     cards: list[Card] = []
-    allergies = allergy_facts(chart, vocabulary)
+    allergies = allergy_facts(chart, vocabulary, now)
     renal: list[LabFact] | None = None
     for order in orders:
         found, unread = [], []
@@ -395,7 +395,7 @@ def _order_cards(request: HookRequest, chart: Chart, orders: list[Order], now: d
     for order in orders:
         group = vocabulary.renal_group(order.identity)
         if group is not None:
-            renal = renal if renal is not None else renal_facts(chart)
+            renal = renal if renal is not None else renal_facts(chart, now)
             cards.append(renal_card(request.instance, order, group, renal, chart.left_out.get("Observation", 0)))
     pregnancy = pregnancy_fact(chart, now)
     if pregnancy is not None:

@@ -5,7 +5,9 @@ A card never says what the chart does not: every value, date and word it shows i
 clinician-readable tables' of ehr/data), every fact names its resource and record fragment, and no card advises a
 dose or a choice. Chart text is quoted as data: markdown and HTML characters are escaped, control characters and
 line breaks folded, long text cut, so an allergy's free text cannot format, link or instruct anything in the EHR.
-The summary is plain text under 140 characters (CDS Hooks 2.0, "Card Attributes").
+The summary is plain text under 140 characters (CDS Hooks 2.0, "Card Attributes"). A date the chart wrote after
+the present is shown flagged ("date in the future: 2062-03-01"), and such a fact is never the one a card calls the
+newest (ehr.cds_facts).
 """
 
 from __future__ import annotations
@@ -94,7 +96,7 @@ def card_id(*parts: str) -> str:
 
 def source_line(cited: Cited) -> str:
     where = code(cited.label)
-    when = f", {quote(cited.date)}" if cited.date else ""
+    when = f", {quote(cited.shown_date)}" if cited.date else ""
     fragment = f"; record fragment {code(cited.fragment)}" if cited.fragment else ""
     return f"Source: {where}{when}{fragment}."
 
@@ -115,7 +117,7 @@ def allergy_card(instance: str, order: Order, found: Sequence[tuple[AllergyFact,
     kind = "allergy" if warning else "related-allergy"
     reaction = ", ".join(allergy.reactions[:2]) or "allergy"
     extra = " (high criticality)" if allergy.criticality == "high" else ""
-    when = f" recorded {allergy.cited.date}" if allergy.cited.date else ""
+    when = f" recorded {_on(allergy.cited)}" if allergy.cited.date else ""
     more = f" (+{len(shown) - 1} more)" if len(shown) > 1 else ""
     if warning:
         summary = f"Allergy: {relation.shared} — {reaction}{extra}{when}{more}"
@@ -191,15 +193,24 @@ def _atc_of(identity: Identity, vocabulary: DrugVocabulary) -> list[str]:
     return sorted({group for c in identity.classes for group in vocabulary.classes[c].atc})
 
 
+def _on(cited: Cited) -> str:
+    """"2024-05-01", or "(date in the future: 2062-05-01)" after a word such as "recorded"."""
+    return f"({cited.shown_date})" if cited.future else cited.date
+
+
 # ------------------------------------------------------------------------------------------------ renal
 def renal_card(instance: str, order: Order, group: RenalGroup, results: Sequence[LabFact],
                left_out: int = 0) -> Card:
     """The chart's newest renal results for a drug of the renal list: `warning` when the laboratory flags one
     outside its range, `info` otherwise, and `info` saying so when the chart holds none. `left_out`: observations
     of the hook's data that were not read (not this patient's by reference): then the card claims no absence and
-    no "newest", it says what was read and what was left out."""
+    no "newest", it says what was read and what was left out. Results dated in the future are listed apart,
+    flagged; they speak for the card only when the chart holds no other."""
     drug = group.ingredient
     not_read = _counted(left_out, "Observation")
+    trusted = [r for r in results if not r.future]
+    ahead = [r for r in results if r.future]
+    shown = trusted or ahead
     if not results and left_out:
         summary = f"Renal function for {drug}: no creatinine or eGFR read; {not_read} not read (not this patient's)"
         detail = [f"**Ordered:** {quote(order.name)} ({code(order.reference)})", "",
@@ -209,17 +220,20 @@ def renal_card(instance: str, order: Order, group: RenalGroup, results: Sequence
         detail = [f"**Ordered:** {quote(order.name)} ({code(order.reference)})", "",
                   "**The chart holds** no creatinine, eGFR or creatinine clearance result.", ""]
     else:
-        said = "; ".join(f"{r.name} {r.value}" + (f" ({r.cited.date})" if r.cited.date else "") for r in results)
+        said = "; ".join(f"{r.name} {r.value}" + (f" ({r.cited.shown_date})" if r.cited.date else "") for r in shown)
         summary = f"Renal function for {drug}: {said}"
-        detail = [f"**Ordered:** {quote(order.name)} ({code(order.reference)})", "", "**The chart's newest "
-                  "renal results:**", ""]
-        detail += [_result_line(r) for r in results] + [""]
+        detail = [f"**Ordered:** {quote(order.name)} ({code(order.reference)})", ""]
+        if trusted:
+            detail += ["**The chart's newest renal results:**", ""] + [_result_line(r) for r in trusted] + [""]
+        if ahead:
+            detail += ["**Dated in the future** (a date after today: not taken as the newest; check the date):",
+                       ""] + [_result_line(r) for r in ahead] + [""]
     if left_out:
         detail += [f"**Not read:** {not_read} of the hook's data that do not name this patient by reference; a "
                    "renal result, or a newer one, may be among them.", ""]
     detail += [f"**Why this card:** {quote(drug)} is on ebmrag's list of drugs whose labelling ties use or dose to "
                f"renal function ({quote(group.name)}).", "", FOOTER]
-    flagged = any(r.abnormal for r in results)
+    flagged = any(r.abnormal for r in shown)
     cited = tuple(r.cited for r in results)
     return Card("renal", "warning" if flagged else "info", plain(summary), "\n".join(detail), cited,
                 card_id(instance, "renal", order.reference, *(c.label for c in cited)))
@@ -228,7 +242,8 @@ def renal_card(instance: str, order: Order, group: RenalGroup, results: Sequence
 def _result_line(r: LabFact) -> str:
     flags = f"; laboratory flag: {quote(r.flags)}" if r.flags else ""
     ranges = f"; reference range {quote(r.reference_range)}" if r.reference_range else ""
-    when = f" on {quote(r.time or r.cited.date)}" if r.time or r.cited.date else " (undated)"
+    written = r.time or r.cited.date
+    when = f" ({quote(r.cited.shown_date)})" if r.future else f" on {quote(written)}" if written else " (undated)"
     critical = f"; {quote(r.critical)}" if r.critical else ""
     return (f"- {quote(r.test)}: **{quote(r.value)}**{when}{flags}{ranges}{critical}. "
             + source_line(r.cited))
@@ -237,7 +252,7 @@ def _result_line(r: LabFact) -> str:
 # ------------------------------------------------------------------------------------------------ pregnancy
 def pregnancy_card(instance: str, orders: Sequence[Order], fact: PregnancyFact) -> Card:
     due = f"; estimated due date {fact.due_date}" if fact.due_date else ""
-    when = f" ({fact.cited.date})" if fact.cited.date else ""
+    when = f" ({fact.cited.shown_date})" if fact.cited.date else ""
     summary = f"Pregnancy recorded: {fact.said}{when}{due}"
     names = ", ".join(f"{quote(o.name)} ({code(o.reference)})" for o in orders)
     detail = [f"**Ordered:** {names}", "", f"**The chart records:** {quote(fact.said)}{quote(when)}.",
@@ -246,6 +261,11 @@ def pregnancy_card(instance: str, orders: Sequence[Order], fact: PregnancyFact) 
     if fact.due_date and fact.due_cited is not None:
         detail += [f"**Estimated due date:** {quote(fact.due_date)}.", source_line(fact.due_cited), ""]
         cited.append(fact.due_cited)
+    if fact.ahead is not None:
+        later, words = fact.ahead
+        detail += [f"**Dated in the future** (a date after today: not taken as current; check the date): "
+                   f"{quote(words)}.", source_line(later), ""]
+        cited.append(later)
     detail += ["**Why this card:** a medication is being ordered and the chart records a current pregnancy.", "",
                FOOTER]
     return Card("pregnancy", "warning", plain(summary), "\n".join(detail), tuple(cited),

@@ -8,6 +8,10 @@ as the face sheet reads them: the LOINC codes of renal function and pregnancy ar
 (records/vocab/drug_facts.toml), the critical limits the evidence rules' (evidence/rules/critical_values.toml)
 beside the laboratory's own critical flags (HL7 interpretation HH, LL, AA). The `Chart` also reads the same
 resources into a `PatientRecord`, so a card can name the record fragment that holds each cited resource.
+
+"Newest" is by a trustworthy date: a result or status dated after the present (the hook's `now`, with the default
+skew of records.dates) never outranks today's, so a mistyped year cannot replace today's creatinine or take back a
+pregnancy; it is cited flagged (`Cited.future`) beside what was picked.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import logging
 import re
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from functools import cache
 from pathlib import Path
@@ -27,7 +31,7 @@ from ebmrag.ehr.drugs import DrugVocabulary, Identity
 from ebmrag.errors import ConfigError, RecordError
 from ebmrag.evidence import adr
 from ebmrag.evidence.results import Analyte, load_vocabulary, unit_key
-from ebmrag.records.dates import as_written, partial_timestamp
+from ebmrag.records.dates import Today, as_written, partial_timestamp, shown_date
 from ebmrag.records.fhir import facts
 from ebmrag.records.fhir.bundle import record_from_fhir_bundle
 from ebmrag.records.fhir.coding import codings, concepts, has_code, obj, objects, states_absence, text_of
@@ -63,10 +67,16 @@ class Cited:
     reference: str
     date: str
     fragment: str = ""
+    future: bool = False  # dated after the present: shown flagged, never taken as the newest
 
     @property
     def label(self) -> str:
         return self.reference or f"{self.kind} (without id)"
+
+    @property
+    def shown_date(self) -> str:
+        """The date as written, or flagged ("date in the future: 2062-03-01")."""
+        return shown_date(self.date, self.future)
 
 
 @dataclass(frozen=True)
@@ -99,6 +109,10 @@ class LabFact:
     abnormal: bool  # the laboratory flags it outside its range
     critical: str  # why it is critical ("flagged critically high by the laboratory", ...) or ""
 
+    @property
+    def future(self) -> bool:
+        return self.cited.future
+
 
 @dataclass(frozen=True)
 class PregnancyFact:
@@ -106,6 +120,7 @@ class PregnancyFact:
     said: str  # "pregnancy status: Pregnant" / "active condition: Pregnancy"
     due_date: str  # as written, or ""
     due_cited: Cited | None
+    ahead: tuple[Cited, str] | None = None  # a newer status dated in the future (not taken as current), its words
 
 
 class Chart:
@@ -137,12 +152,12 @@ class Chart:
                           for r in self.resources if isinstance(r.get("id"), str)
                           for link in map(reference_of, objects(r.get("result")) + objects(r.get("hasMember")))}
 
-    def cite(self, resource: Resource, date: str) -> Cited:
+    def cite(self, resource: Resource, date: str, future: bool = False) -> Cited:
         kind = str(resource.get("resourceType") or "Resource")
         rid = resource.get("id")
         reference = f"{kind}/{rid}" if isinstance(rid, str) and rid else ""
         fragment = self._fragments.get(reference) or self._fragments.get(self._panel_of.get(reference, ""), "")
-        return Cited(kind, reference, date, fragment if reference else "")
+        return Cited(kind, reference, date, fragment if reference else "", future)
 
     def of_type(self, *kinds: str) -> list[Resource]:
         return [r for r in self.resources if r.get("resourceType") in kinds]
@@ -163,9 +178,11 @@ def _record(resources: Sequence[Resource]) -> PatientRecord | None:
 
 
 # ------------------------------------------------------------------------------------------------ allergies
-def allergy_facts(chart: Chart, vocabulary: DrugVocabulary) -> list[AllergyFact]:
+def allergy_facts(chart: Chart, vocabulary: DrugVocabulary, now: datetime | None = None) -> list[AllergyFact]:
     """The chart's allergies and intolerances that may be compared with an order: not refuted or entered in
-    error, and not a statement of absence ("no known allergy")."""
+    error, and not a statement of absence ("no known allergy"). One dated after `now` (default: the wall clock)
+    still counts, its date flagged: an allergy is never dropped for its date."""
+    today = _today(now)
     found = []
     for r in chart.of_type("AllergyIntolerance"):
         verification = _status(r.get("verificationStatus"))
@@ -180,7 +197,9 @@ def allergy_facts(chart: Chart, vocabulary: DrugVocabulary) -> list[AllergyFact]
         date = as_written(r.get("onsetDateTime")) or as_written(r.get("recordedDate")) or next(
             (as_written(x.get("onset")) for x in reactions if as_written(x.get("onset"))), "")
         found.append(AllergyFact(
-            chart.cite(r, date), vocabulary.identify(s for s in substances if s), substance, manifestations,
+            chart.cite(r, date, today.is_future(partial_timestamp(date))), vocabulary.identify(s for s in substances
+                                                                                               if s),
+            substance, manifestations,
             max(severities, key=_SEVERITY.index, default=""),
             str(r.get("criticality")) if isinstance(r.get("criticality"), str) else "",
             _status(r.get("clinicalStatus")), verification))
@@ -234,6 +253,10 @@ def _when(r: Resource) -> datetime | None:
     return partial_timestamp(_raw_time(r))
 
 
+def _today(now: datetime | None) -> Today:
+    return Today(now) if now is not None else Today.wall_clock()
+
+
 def _raw_time(r: Resource) -> Any:
     return (r.get("effectiveDateTime") or obj(r.get("effectivePeriod")).get("start") or r.get("effectiveInstant")
             or r.get("issued"))
@@ -255,8 +278,9 @@ def _interpretation(r: Resource) -> tuple[str, set[str]]:
     return ", ".join(w for w in words if w), codes
 
 
-def _lab_fact(chart: Chart, r: Resource, name: str, critical: str = "") -> LabFact:
-    """The result as a card shows it; `critical`: why ebmrag's rules call it critical, unless the laboratory did."""
+def _lab_fact(chart: Chart, r: Resource, name: str, critical: str = "", future: bool = False) -> LabFact:
+    """The result as a card shows it; `critical`: why ebmrag's rules call it critical, unless the laboratory did;
+    `future`: dated after the present."""
     flags, codes = _interpretation(r)
     abnormal = bool(codes & _ABNORMAL_CODES) or bool(_ABNORMAL_WORDS.search(flags))
     if codes & _CRITICAL_CODES or _CRITICAL_WORDS.search(flags):  # the laboratory's own call first
@@ -266,16 +290,20 @@ def _lab_fact(chart: Chart, r: Resource, name: str, critical: str = "") -> LabFa
                        for rr in objects(r.get("referenceRange")))
     test = text_of(r.get("code")) or name
     raw = _raw_time(r)
-    return LabFact(chart.cite(r, as_written(raw)), name or test, test, value_of(r), _when(r),
+    return LabFact(chart.cite(r, as_written(raw), future), name or test, test, value_of(r), _when(r),
                    raw.strip()[:40] if isinstance(raw, str) else "", flags, ranges, abnormal, critical)
 
 
-def renal_facts(chart: Chart) -> list[LabFact]:
+def renal_facts(chart: Chart, now: datetime | None = None) -> list[LabFact]:
     """The newest creatinine, eGFR and creatinine clearance, each by LOINC code (by name when the result has no
     LOINC coding), in that order, as the face sheet picks them: of two results of one time, the one the
-    vocabulary's `prefer` names (the CKD-EPI eGFR), else the first; an undated result is never "newest"."""
+    vocabulary's `prefer` names (the CKD-EPI eGFR), else the first; an undated result is never "newest", nor is
+    one dated after `now` (default: the wall clock) while one of another date exists. After them, flagged, the
+    newest of each dated after `now`, when that is not the one picked: a mistyped year is shown, never trusted."""
+    today = _today(now)
     vocab = [fact for fact in _drug_facts()["fact"] if fact["name"] in RENAL_FACTS]
-    newest: dict[str, tuple[tuple[datetime, bool], Resource]] = {}
+    newest: dict[str, tuple[tuple[bool, datetime, bool], Resource]] = {}
+    ahead: dict[str, tuple[tuple[bool, datetime, bool], Resource]] = {}
     for r in _results(chart):
         when = _when(r)
         if when is None:
@@ -288,10 +316,13 @@ def renal_facts(chart: Chart) -> list[LabFact]:
             continue
         preferred = bool(fact.get("prefer")) and bool(re.search(fact["prefer"], " ".join([name, *sorted(loinc)]),
                                                                 re.IGNORECASE))
-        rank = (when, preferred)
-        if fact["name"] not in newest or rank > newest[fact["name"]][0]:
-            newest[fact["name"]] = (rank, r)
-    return [_lab_fact(chart, newest[name][1], name) for name in RENAL_FACTS if name in newest]
+        rank = (*today.rank(when), preferred)
+        for chosen in (newest, ahead) if today.is_future(when) else (newest,):
+            if fact["name"] not in chosen or rank > chosen[fact["name"]][0]:
+                chosen[fact["name"]] = (rank, r)
+    found = [(name, newest[name]) for name in RENAL_FACTS if name in newest]
+    found += [(name, ahead[name]) for name in RENAL_FACTS if name in ahead and ahead[name][1] is not newest[name][1]]
+    return [_lab_fact(chart, r, name, future=not trusted) for name, ((trusted, _, _), r) in found]
 
 
 @cache
@@ -342,19 +373,27 @@ def critical_facts(chart: Chart, now: datetime, hours: float) -> list[LabFact]:
 def pregnancy_fact(chart: Chart, now: datetime) -> PregnancyFact | None:
     """A current pregnancy the chart records: the newest pregnancy status says pregnant (by answer code, or in so
     many words) and is recent (within `PREGNANCY_WEEKS`, or its due date not more than `POST_TERM` past); or, with
-    no status recorded, an active pregnancy Condition as recent. None otherwise: a newer "not pregnant" wins."""
+    no status recorded, an active pregnancy Condition as recent. None otherwise: a newer "not pregnant" wins, unless
+    it is dated after `now`: a mistyped year never takes a pregnancy back (it is cited on the card, flagged)."""
+    today = Today(now)
     vocab = _drug_facts()["pregnancy"]
     statuses = [(w, r) for r in chart.of_type("Observation") if r.get("status") not in _NOT_RESULTS
                 and (w := _when(r)) is not None
                 and (has_code(r.get("code"), "loinc", frozenset(vocab["status_loinc"]))
                      or has_code(r.get("code"), "snomed", frozenset(vocab["status_snomed"])))]
-    due = _due_date(chart, vocab)
+    due = _due_date(chart, vocab, today)
     if statuses:
-        when, status = max(statuses, key=lambda item: item[0])
+        when, status = max(statuses, key=lambda item: today.rank(item[0]))
         if not _says_pregnant(status, vocab):
             return None
-        said = f"{text_of(status.get('code')) or 'pregnancy status'}: {value_of(status)}"
-        return _if_current(chart.cite(status, as_written(_raw_time(status))), said, when, due, chart, now)
+        cited = chart.cite(status, as_written(_raw_time(status)), today.is_future(when))
+        fact = _if_current(cited, _status_words(status), when, due, chart, now)
+        later = max(((w, r) for w, r in statuses if today.is_future(w) and r is not status),
+                    key=lambda item: item[0], default=None)
+        if fact is None or later is None:
+            return fact
+        return replace(fact, ahead=(chart.cite(later[1], as_written(_raw_time(later[1])), True),
+                                    _status_words(later[1])))
     conditions = [(w, r) for r in chart.of_type("Condition")
                   if has_code(r.get("code"), "snomed", frozenset(vocab["pregnant_conditions"]))
                   and status_code(r.get("clinicalStatus")) in ("", "active")
@@ -362,10 +401,14 @@ def pregnancy_fact(chart: Chart, now: datetime) -> PregnancyFact | None:
                   and (w := partial_timestamp(r.get("onsetDateTime") or r.get("recordedDate"))) is not None]
     if not conditions:
         return None
-    when, condition = max(conditions, key=lambda item: item[0])
+    when, condition = max(conditions, key=lambda item: today.rank(item[0]))
     said = f"active condition: {text_of(condition.get('code'))}"
     date = as_written(condition.get("onsetDateTime") or condition.get("recordedDate"))
-    return _if_current(chart.cite(condition, date), said, when, due, chart, now)
+    return _if_current(chart.cite(condition, date, today.is_future(when)), said, when, due, chart, now)
+
+
+def _status_words(status: Resource) -> str:
+    return f"{text_of(status.get('code')) or 'pregnancy status'}: {value_of(status)}"
 
 
 def _says_pregnant(status: Resource, vocab: Mapping[str, Any]) -> bool:
@@ -375,11 +418,14 @@ def _says_pregnant(status: Resource, vocab: Mapping[str, Any]) -> bool:
     return has_code(value, "", frozenset(vocab["pregnant_answers"])) or bool(_PREGNANT_WORDS.match(value_of(status)))
 
 
-def _due_date(chart: Chart, vocab: Mapping[str, Any]) -> tuple[datetime, str, Resource] | None:
+def _due_date(chart: Chart, vocab: Mapping[str, Any], today: Today) -> tuple[datetime, str, Resource] | None:
+    """The newest recorded due date, by when it was recorded (a recording dated in the future last); the due date
+    itself lies ahead by nature and is never flagged."""
     found = [(stamp, written, r) for r in chart.of_type("Observation") if r.get("status") not in _NOT_RESULTS
              and has_code(r.get("code"), "loinc", frozenset(vocab["due_date_loinc"]))
              and (stamp := partial_timestamp(written := as_written(r.get("valueDateTime")))) is not None]
-    return max(found, key=lambda item: (_when(item[2]) or item[0], item[0])) if found else None
+    return max(found, key=lambda item: (not today.is_future(_when(item[2])), _when(item[2]) or item[0], item[0])
+               ) if found else None
 
 
 def _if_current(cited: Cited, said: str, when: datetime, due: tuple[datetime, str, Resource] | None, chart: Chart,
@@ -390,5 +436,6 @@ def _if_current(cited: Cited, said: str, when: datetime, due: tuple[datetime, st
         due, current = None, now - when <= timedelta(weeks=PREGNANCY_WEEKS)
     if not current:
         return None
-    due_cited = chart.cite(due[2], as_written(_raw_time(due[2]))) if due is not None else None
+    due_cited = chart.cite(due[2], as_written(_raw_time(due[2])), Today(now).is_future(_when(due[2]))
+                           ) if due is not None else None
     return PregnancyFact(cited, said, due[1] if due is not None else "", due_cited)

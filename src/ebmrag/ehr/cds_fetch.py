@@ -46,9 +46,10 @@ class HookToken:
 
 
 def fetch_missing(request: HookRequest, service: ServiceDefinition, keys: Sequence[str], params: CdsParams,
-                  max_response_mb: float) -> list[Resource]:
+                  max_response_mb: float, http: httpx.Client | None = None) -> list[Resource]:
     """The resources of each prefetch key in `keys`, fetched from `request.fhir_server`: a read, or every page of
-    a search (more than [cds] fetch_max_pages of them is refused, not cut short)."""
+    a search (more than [cds] fetch_max_pages of them is refused, not cut short). `http`: the client to send with
+    (the service's, whose connections it can cut); closed afterwards either way."""
     if request.authorization is None or not request.fhir_server:
         raise PrefetchUnavailableError(f"the prefetch lacks {', '.join(keys)} and the request has no "
                                        "fhirAuthorization to fetch it with")
@@ -59,7 +60,7 @@ def fetch_missing(request: HookRequest, service: ServiceDefinition, keys: Sequen
     client: FhirClient | None = None
     try:
         client = FhirClient(request.fhir_server, patience, auth=HookToken(request.authorization.access_token),
-                            hide=(request.patient_id,))
+                            http=http, hide=(request.patient_id,))
         for key in keys:
             resources += _fetch(client, key, service, request, params)
     except PrefetchUnavailableError:

@@ -32,7 +32,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import httpx
 
@@ -48,10 +48,23 @@ from ebmrag.store.access import valid_name
 from ebmrag.store.patients import ChartSourceConflictError, PatientStore, PulledResource, PulledWrite
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 Resource = Mapping[str, Any]
 Key = tuple[str, str]  # (resource type, id)
 ID_BATCH = 50  # ids per `_id=` search when fetching referenced resources
 NOT_FETCHED = frozenset({"Patient", "Group", "Bundle"})  # references never followed: other patients, cohorts
+
+
+class StepRunner(Protocol):
+    """Runs a pull's CPU-bound step (reading what was kept, building and storing the chart) where its host keeps
+    CPU work: the service puts it on an engine slot in the tenant's turn, while the network waits run elsewhere."""
+
+    def __call__(self, step: Callable[[], T], /) -> T: ...
+
+
+def inline(step: Callable[[], T], /) -> T:
+    """The default StepRunner: the step on the pull's own thread."""
+    return step()
 
 
 @dataclass(frozen=True)
@@ -94,15 +107,17 @@ def source_of(connection: EhrConnection, fhir_patient: str) -> str:
 def pull_patient(store: PatientStore, connection: EhrConnection, patient: str, *, params: EhrParams,
                  full: bool = False, fhir_patient: str = "", replace_source: bool = False,
                  stale_after: timedelta = DEFAULT_STALE_AFTER, http: httpx.Client | None = None,
-                 progress: Progress = no_progress,
-                 on_stored: Callable[[PullReport], None] | None = None) -> PullReport:
+                 progress: Progress = no_progress, on_stored: Callable[[PullReport], None] | None = None,
+                 compute: StepRunner = inline) -> PullReport:
     """Pull `patient` (the store's id, in the connection's tenant; on the server `fhir_patient`, by default the
     same) and store the chart; a refresh unless `full` or there is no earlier pull. `replace_source`: a chart
     pulled into this store id from another source is erased in the same transaction (otherwise that is a
     ChartSourceConflictError, raised before anything is fetched). `on_stored` hears the report right after the
-    store's commit (the service audits there, whether or not its request is still waited for). Raises EhrError
-    (the server refused or could not be reached), ConfigError (the connection's key) or RecordError (no chart)."""
+    store's commit (the service audits there, whether or not its request is still waited for). `compute` runs the
+    CPU-bound steps. Raises EhrError (the server refused or could not be reached), ConfigError (the connection's
+    key), RecordError (no chart) or PatientErasedError (the patient was erased meanwhile: nothing stored)."""
     valid_name(patient, "patient id")
+    erasures = store.erasure_mark(connection.tenant)  # an erasure after this outlasts the pull (put_pulled)
     fhir_id = valid_name(fhir_patient or patient, "FHIR patient id")
     source = source_of(connection, fhir_id)
     if not replace_source and any(s != source for s in store.pulled_sources(connection.tenant, patient)):
@@ -115,7 +130,7 @@ def pull_patient(store: PatientStore, connection: EhrConnection, patient: str, *
         client, capability = connect(connection, params, http=client_http, hide=(fhir_id, patient))
         fetcher = ChartFetcher(client, capability, fhir_id, params, progress)
         fetched, server_time = fetcher.compartment(state.since if state else None)
-        kept = _kept(store, connection.tenant, patient, source) if state else {}
+        kept = compute(lambda: _kept(store, connection.tenant, patient, source)) if state else {}
         merged, changed = merge(kept, fetched)
         adopted = fetcher.adopt(merged)  # what names nobody and the patient's resources refer to
         merged.update(adopted)
@@ -127,10 +142,10 @@ def pull_patient(store: PatientStore, connection: EhrConnection, patient: str, *
         changed.update(extra)
     checkpoint()  # the last moment a stopped pull leaves the store untouched
     since = next_since(server_time or started, params)
-    record, written = store_chart(store, connection.tenant, patient, source, merged, changed, since,
-                                  replace_all=state is None, origin=f"FHIR pull ({connection.name})",
-                                  stale_after=stale_after, dropped=fetcher.dropped_in_all(),
-                                  replace_source=replace_source)
+    record, written = compute(lambda: store_chart(
+        store, connection.tenant, patient, source, merged, changed, since, replace_all=state is None,
+        origin=f"FHIR pull ({connection.name})", stale_after=stale_after, dropped=fetcher.dropped_in_all(),
+        replace_source=replace_source, erased_after=erasures))
     mode = "$everything" if fetcher.everything else "search"
     report = PullReport(patient, connection.name, mode, state is not None, client.requests,
                         len(fetched) + len(extra), len(merged), written, record.skipped, since,
@@ -417,16 +432,19 @@ def dropped_parts(dropped: Mapping[str, int]) -> tuple[str, ...]:
 def store_chart(store: PatientStore, tenant: str, patient: str, source: str, resources: Mapping[Key, Resource],
                 changed: Mapping[Key, Resource], since: str, *, replace_all: bool, origin: str,
                 stale_after: timedelta = DEFAULT_STALE_AFTER, dropped: Mapping[str, int] | None = None,
-                replace_source: bool = False, require_free: bool = False) -> tuple[PatientRecord, PulledWrite]:
+                replace_source: bool = False, require_free: bool = False,
+                erased_after: int | None = None) -> tuple[PatientRecord, PulledWrite]:
     """The chart, rebuilt from every held resource (`dropped`: what was not kept, by type, for its skipped
-    parts), then one store transaction (`PatientStore.put_pulled`, which checks the store id's source)."""
+    parts), then one store transaction (`PatientStore.put_pulled`, which checks the store id's source and, given
+    `erased_after`, that the patient was not erased since)."""
     if not any(k[0] == "Patient" for k in resources):
         raise EhrError("the FHIR server returned no Patient resource for this patient (unknown id, or not in the "
                        "access token's scopes)", status=404)
     record = as_patient(chart_record(resources.values(), patient, origin, stale_after), patient, dropped)
     rows = [_row(r) for r in (resources if replace_all else changed).values()]
     return record, store.put_pulled(tenant, patient, source, record, rows, since, replace_all,
-                                    replace_source=replace_source, require_free=require_free)
+                                    replace_source=replace_source, require_free=require_free,
+                                    erased_after=erased_after)
 
 
 def _row(resource: Resource) -> PulledResource:

@@ -11,6 +11,7 @@ at query time (`lexical.py`), so scores do not depend on how rows are split. A t
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import threading
 import time
@@ -30,14 +31,18 @@ from ebmrag.index.dense import HNSW_FILE
 from ebmrag.index.lexical import TermCounts
 from ebmrag.index.params import KnowledgeBaseConfig, StorageSettings
 from ebmrag.index.prepare import EmbeddingPipeline, LocalPipeline, PreparedBatch, index_text
-from ebmrag.index.reader import FORMAT_VERSION, MANIFEST, Reader, read_manifest
+from ebmrag.index.reader import FORMAT_VERSION, MANIFEST, REBUILD, Reader, load_manifest, read_manifest
 from ebmrag.index.segment import SegmentBuilder, SegmentEntry, collect_garbage, next_name, write_deletes
 from ebmrag.index.types import IngestReport, KnowledgeBaseStats
 from ebmrag.ingest.documents import Document
 from ebmrag.models.embeddings import SentenceEmbedder, vectors_mismatch
 from ebmrag.protocols import Progress
 
-__all__ = ["IngestReport", "KnowledgeBase", "Reader", "index_text", "kb_embedder"]
+__all__ = ["IngestReport", "KnowledgeBase", "Reader", "index_text", "kb_embedder", "require_readable"]
+
+# What a first write that crashed can leave in a directory before it has a CURRENT file (module doc of generations)
+_LEFTOVERS = re.compile(r"^(\.lock|CURRENT\.tmp|segments|gen-\d{6}\.partial)$")
+_GENERATION = re.compile(r"^gen-\d{6}$")
 
 
 def kb_embedder(config: KnowledgeBaseConfig, cache_dir: str | Path | None = None) -> SentenceEmbedder:
@@ -47,10 +52,32 @@ def kb_embedder(config: KnowledgeBaseConfig, cache_dir: str | Path | None = None
                             runtime=config.embedding_runtime)
 
 
-def _stored_config(live: Path) -> KnowledgeBaseConfig:
-    """The build settings of a generation, in either manifest format (an old one can still be compacted)."""
-    data = json.loads((live / MANIFEST).read_text(encoding="utf-8"))
-    return KnowledgeBaseConfig.from_manifest(data["config"], live)
+def _refuse_foreign(root: Path) -> None:
+    """A directory without CURRENT becomes a new knowledge base only when it is empty or holds what a crashed first
+    write leaves: never over other files, nor over a knowledge base that lost its CURRENT file (its generations
+    would be garbage-collected by the first write)."""
+    names = sorted(p.name for p in root.iterdir() if not _LEFTOVERS.match(p.name))
+    if any(_GENERATION.match(name) for name in names):
+        raise KnowledgeBaseError(f"{root} holds generations but no CURRENT file naming the live one: the knowledge "
+                                 f"base is damaged; {REBUILD}")
+    if names:
+        shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        raise KnowledgeBaseError(f"{root} is not a knowledge base and not empty ({shown}): give a new or empty "
+                                 "directory (ebmrag never writes a knowledge base over other files)")
+
+
+def require_readable(root: Path) -> None:
+    """Raise now, in one line naming what to run, unless `root` holds a knowledge base this ebmrag reads as it is:
+    what a service checks at start-up (opening one is lazy), and a command before it loads a model."""
+    if root.exists() and not root.is_dir():
+        raise KnowledgeBaseError(f"{root} exists and is not a directory")
+    live = generations.current_generation(root) if root.is_dir() else None
+    if live is None:
+        if root.is_dir():
+            _refuse_foreign(root)
+        raise KnowledgeBaseError(f"{root} holds no knowledge base yet; create it with "
+                                 f"`ebmrag ingest FILES --kb {root}`")
+    read_manifest(live)
 
 
 class KnowledgeBase:
@@ -63,7 +90,11 @@ class KnowledgeBase:
         if self.root.exists() and not self.root.is_dir():
             raise KnowledgeBaseError(f"{self.root} exists and is not a directory")
         live = generations.current_generation(self.root) if self.root.exists() else None
-        stored = _stored_config(live) if live else None
+        if live is None and self.root.exists():
+            _refuse_foreign(self.root)
+        manifest = load_manifest(live) if live else None  # a newer or unknown format is refused here
+        stored = KnowledgeBaseConfig.from_manifest(manifest["config"], live) if manifest and live else None
+        self.format: int = manifest["format"] if manifest else FORMAT_VERSION  # older: only `compact` reads it
         if stored and config and stored != config:
             raise KnowledgeBaseError(f"{self.root} was built with {stored}; it cannot be opened with {config}")
         self.config = stored or config or KnowledgeBaseConfig()
@@ -204,7 +235,10 @@ class KnowledgeBase:
                 raise KnowledgeBaseError(f"{self.root} is not a knowledge base yet; nothing to compact")
             generations.remove_partials(self.root)
             report.generation = generations.generation_number(live)
-            if json.loads((live / MANIFEST).read_text(encoding="utf-8")).get("format") == 1:
+            if load_manifest(live)["format"] == 1:
+                if not (live / store.DB_FILE).exists():
+                    raise KnowledgeBaseError(f"{self.root} records knowledge-base format 1 but {live.name} holds no "
+                                             f"format-1 index ({store.DB_FILE}): it is damaged; {REBUILD}")
                 entries = [merge.convert_format_1(self.root, live)]
             else:
                 entries = [SegmentEntry.from_json(e) for e in read_manifest(live)["segments"]]

@@ -27,18 +27,47 @@ from ebmrag.index.params import KnowledgeBaseConfig
 from ebmrag.index.segment import Segment, SegmentEntry
 from ebmrag.index.types import Filters
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 2  # the on-disk format this ebmrag writes; every generation's manifest records its own
+CONVERTIBLE_FORMATS = frozenset({1})  # older formats `KnowledgeBase.compact` converts in place
 MANIFEST = "manifest.json"
 ROW_CACHE = 20_000  # chunk rows a reader keeps in memory (~1 KB of text each)
+REBUILD = "rebuild it from its sources into a new directory: `ebmrag ingest FILES --kb NEW_DIR`"
+
+
+def load_manifest(generation: Path) -> dict[str, Any]:
+    """A generation's manifest as written, refused in one line when this ebmrag cannot know what it holds: a
+    newer format (upgrade ebmrag), no format recorded, or a manifest that does not read. Every ebmrag release has
+    recorded `format` in every manifest, so one without it was not written by ebmrag, or was damaged. An older,
+    convertible format is returned as it is: only `KnowledgeBase.compact` reads it."""
+    root = generation.parent
+    try:
+        data = json.loads((generation / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:  # missing, unreadable, not UTF-8, not JSON
+        raise KnowledgeBaseError(f"{root}: {generation.name}/{MANIFEST} does not read ({exc}); the knowledge "
+                                 f"base is damaged: {REBUILD}") from None
+    found = data.get("format") if isinstance(data, dict) else None
+    if found is None:
+        raise KnowledgeBaseError(f"{root}: {generation.name}/{MANIFEST} records no on-disk format, which every "
+                                 f"ebmrag knowledge base does: it was not written by ebmrag or is damaged; {REBUILD}")
+    if type(found) is not int or found < 1:
+        raise KnowledgeBaseError(f"{root} records an unknown on-disk format {found!r}; {REBUILD}")
+    if found > FORMAT_VERSION:
+        raise KnowledgeBaseError(f"{root} was written by a newer ebmrag (knowledge-base format {found}; this ebmrag "
+                                 f"reads format {FORMAT_VERSION} and converts older ones): upgrade ebmrag to open it")
+    if not isinstance(data.get("config"), dict):
+        raise KnowledgeBaseError(f"{root}: {generation.name}/{MANIFEST} names no build settings; the knowledge base "
+                                 f"is damaged: {REBUILD}")
+    return dict(data)
 
 
 def read_manifest(generation: Path) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((generation / MANIFEST).read_text(encoding="utf-8"))
-    if data.get("format") == 1:
-        raise KnowledgeBaseError(f"{generation.parent} was written by an older ebmrag (one index per generation); "
-                                 f"convert it once with `ebmrag kb compact --kb {generation.parent}`")
-    if data.get("format") != FORMAT_VERSION:
-        raise KnowledgeBaseError(f"{generation}: index format {data.get('format')} is not {FORMAT_VERSION}")
+    """The manifest of a generation in this ebmrag's format; an older one is refused with the command that
+    converts it."""
+    data = load_manifest(generation)
+    if data["format"] in CONVERTIBLE_FORMATS:
+        raise KnowledgeBaseError(f"{generation.parent} was written by an older ebmrag (knowledge-base format "
+                                 f"{data['format']}, one index per generation); convert it once with "
+                                 f"`ebmrag kb compact --kb {generation.parent}`")
     return data
 
 

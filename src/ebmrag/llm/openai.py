@@ -66,14 +66,15 @@ class RequestRejectedError(LLMError):
 
 
 class ReplyCache:
-    """sha256(request) -> reply, in one SQLite file; safe to share between runs."""
+    """sha256(request) -> reply, in one SQLite file; safe to share between runs and processes. A damaged file or
+    reply is a miss (kvcache.py: caches are disposable), and the request goes to the model again."""
 
     def __init__(self, path: Path) -> None:
         self._store = KeyValueCache(path, "replies", column="reply")
 
     def get(self, key: str) -> dict[str, Any] | None:
         found = self._store.get(key)
-        return json.loads(found) if found is not None else None
+        return _reply(found) if found is not None else None
 
     def put(self, key: str, reply: dict[str, Any]) -> None:
         self._store.put_many({key: json.dumps(reply).encode()})
@@ -81,11 +82,29 @@ class ReplyCache:
     def forget_quoting(self, texts: Sequence[str], least: int = 16) -> int:
         """Erase every cached reply that quotes one of `texts` (a patient's erasure: the cache is keyed by the
         request's hash, so replies are found by content); texts shorter than `least` characters are too
-        common to attribute. Returns the replies removed."""
+        common to attribute. A reply that fails its checksum or does not decode cannot be attributed, so it goes
+        too. Returns the replies removed; raises `kvcache.CacheErasureError` when the cache cannot be erased."""
         needles = [t for t in texts if len(t) >= least]
-        gone = [key for key, reply in self._store.scan()
-                if any(n in json.loads(reply).get("text", "") for n in needles)]
+        if not needles:
+            return 0
+        gone = [key for key, blob in self._store.scan() if _quotes(blob, needles)]
         return self._store.forget(gone)
+
+
+def _reply(blob: bytes) -> dict[str, Any] | None:
+    """A stored reply, or None (a miss) for one that is not the JSON object this client writes."""
+    try:
+        reply = json.loads(blob)
+    except ValueError:
+        return None
+    whole = isinstance(reply, dict) and isinstance(reply.get("text"), str) and all(
+        isinstance(reply.get(count), int) for count in ("prompt_tokens", "completion_tokens"))
+    return reply if whole else None
+
+
+def _quotes(blob: bytes | None, needles: Sequence[str]) -> bool:
+    reply = _reply(blob) if blob is not None else None
+    return reply is None or any(n in reply["text"] for n in needles)
 
 
 class OpenAIChatClient:

@@ -50,19 +50,31 @@ def default_cache_dir() -> Path:
 
 
 class _VectorCache:
-    """float32 vectors in the shared key-value cache (table `vectors`)."""
+    """float32 vectors in the shared key-value cache (table `vectors`). The cache is disposable (kvcache.py): a
+    damaged file or value is a miss and the vector is computed again."""
 
     def __init__(self, path: Path) -> None:
         self._store = KeyValueCache(path, "vectors", column="vector")
 
     def get_many(self, keys: Sequence[str]) -> dict[str, Vectors]:
-        return {key: np.frombuffer(blob, dtype=np.float32) for key, blob in self._store.get_many(keys).items()}
+        found = {key: _vector(blob) for key, blob in self._store.get_many(keys).items()}
+        return {key: vector for key, vector in found.items() if vector is not None}
 
     def put_many(self, items: dict[str, Vectors]) -> None:
         self._store.put_many({k: v.astype(np.float32).tobytes() for k, v in items.items()})
 
     def forget(self, keys: list[str]) -> int:
         return self._store.forget(keys)
+
+
+def _vector(blob: bytes) -> Vectors | None:
+    """A stored unit vector, or None for bytes that cannot be one: rows from before checksums are unverified, and
+    a damaged one must not reach a cosine."""
+    if not blob or len(blob) % 4:
+        return None
+    vector = np.frombuffer(blob, dtype=np.float32)
+    norm = float(np.linalg.norm(vector))
+    return vector if np.isfinite(norm) and abs(norm - 1.0) < 0.02 else None
 
 
 class TurnLock:

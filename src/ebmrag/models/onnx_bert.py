@@ -9,19 +9,22 @@ output is the finished sentence vector. The graph is built from what the folder 
 by a torch export, so torch is needed neither to build nor to run it.
 
 Building and quantizing take a few seconds; the result is cached as a file named by the weights' and the delta's
-digests (and this builder's version), written atomically, so later starts only load it. A cache file that does not
-load (truncated, corrupt) is rebuilt. int8 is ONNX Runtime's dynamic quantization (per-channel int8 weights) of
-the attention's four projections; the feed-forward products stay fp32, because quantizing them too took the
-minimum cosine to the fp32 vectors down to 0.97 on real MTSamples and CEHRNER sentences (0.994 without them).
+digests (and this builder's version), written atomically, so later starts only load it. The cache is disposable: a
+file that does not load (truncated, corrupt) is removed and rebuilt, and a cache folder that cannot be written gets a
+graph built in a temporary folder (`cached_session`). int8 is ONNX Runtime's dynamic quantization (per-channel int8
+weights) of the attention's four projections; the feed-forward products stay fp32, because quantizing them too took
+the minimum cosine to the fp32 vectors down to 0.97 on real MTSamples and CEHRNER sentences (0.994 without them).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -261,25 +264,56 @@ def _pool(g: _GraphWriter, x: str, mask: str, mode: str) -> str:
     return g.op("Div", total, count)
 
 
-def cached_model(folder: Path, delta: LowRankDelta | None, precision: str, cache_dir: Path) -> Path:
-    """The .onnx file for these weights, delta and precision: loaded from `cache_dir` when it is there,
-    otherwise built, written atomically and returned."""
+def graph_path(folder: Path, delta: LowRankDelta | None, precision: str, cache_dir: Path) -> Path:
+    """Where the graph of these weights, delta and precision is cached (named by their digests and GRAPH_VERSION)."""
     if precision not in ONNX_PRECISIONS:
         raise ValueError(f"onnx precision must be one of {ONNX_PRECISIONS}, got {precision!r}")
     name = f"bert-{file_digest(folder / _WEIGHTS)}-{delta.digest if delta else 'base'}-v{GRAPH_VERSION}-{precision}"
-    path = cache_dir / "onnx" / f"{name}.onnx"
-    if not path.is_file():
-        build_model(folder, delta, precision, path)
-    return path
+    return cache_dir / "onnx" / f"{name}.onnx"
+
+
+def cached_session(folder: Path, delta: LowRankDelta | None, precision: str, cache_dir: Path, threads: int) -> Any:
+    """A session over the cached graph, built first when it is missing. The cache is disposable: a graph that does
+    not load (truncated, corrupt, a folder where the file belongs) is removed with one warning and built again, and
+    a cache folder that cannot be written (another account's, a full disk) gets a graph built in a temporary folder
+    for this process. It holds model weights only, no patient text."""
+    path = graph_path(folder, delta, precision, cache_dir)
+    if path.is_file():
+        try:
+            return open_session(path, threads)
+        except Exception as exc:  # onnxruntime raises its own types for a truncated or corrupt file
+            log.warning("the cached ONNX model %s does not load (%s); rebuilding it", path.name,
+                        type(exc).__name__)
+            with contextlib.suppress(OSError):
+                path.unlink()
+    elif os.path.lexists(path):
+        log.warning("the cached ONNX model %s is not a file; moving it aside and rebuilding it", path.name)
+        with contextlib.suppress(OSError):
+            os.replace(path, path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"))
+    model = build_graph(load_weights(folder, delta), BertShape.of(folder))
+    try:
+        save_model(model, precision, path)
+    except OSError as exc:
+        log.warning("the ONNX model cache %s cannot be written (%s); building the graph in a temporary folder",
+                    path.parent, exc.strerror or type(exc).__name__)
+        with tempfile.TemporaryDirectory(prefix="ebmrag-onnx-") as scratch:
+            built = Path(scratch) / path.name
+            save_model(model, precision, built)
+            return open_session(built, threads)  # the session holds the graph: the file may go
+    return open_session(path, threads)
 
 
 def build_model(folder: Path, delta: LowRankDelta | None, precision: str, path: Path) -> None:
-    """Build (and for int8 quantize) the graph into `path`, atomically: a crash or a concurrent build leaves
+    """Build (and for int8 quantize) the graph into `path`, atomically."""
+    save_model(build_graph(load_weights(folder, delta), BertShape.of(folder)), precision, path)
+
+
+def save_model(model: Any, precision: str, path: Path) -> None:
+    """Write (and for int8 quantize) a built graph into `path`, atomically: a crash or a concurrent build leaves
     either no file or a whole one."""
     import onnx
 
-    log.info("building the ONNX %s graph of %s%s", precision, folder.name, " with a delta" if delta else "")
-    model = build_graph(load_weights(folder, delta), BertShape.of(folder))
+    log.info("writing the ONNX %s graph %s", precision, path.name)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".onnx.partial")
     os.close(fd)
@@ -334,14 +368,7 @@ class OnnxSentenceModel:
         self.tokenizer = Tokenizer.from_file(str(folder / _TOKENIZER))
         self.tokenizer.enable_truncation(max_length=self.max_length)
         self.tokenizer.no_padding()  # tokenizer.json pads to a fixed 128; batches pad to their longest here
-        path = cached_model(folder, delta, precision, cache_dir)
-        try:
-            self.session = open_session(path, threads)
-        except Exception as exc:  # onnxruntime raises its own types for a truncated or corrupt file
-            log.warning("the cached ONNX model %s does not load (%s); rebuilding it", path.name,
-                        type(exc).__name__)
-            build_model(folder, delta, precision, path)
-            self.session = open_session(path, threads)
+        self.session = cached_session(folder, delta, precision, cache_dir, threads)
 
     def encode(self, texts: list[str]) -> np.ndarray:
         """One L2-normalised float32 row per text (texts stripped as sentence-transformers strips them)."""

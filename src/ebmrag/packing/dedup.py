@@ -4,9 +4,9 @@ Charts repeat themselves (a nursing line copied into every shift note, a history
 without this step every copy competes for the window as if it were new evidence. Two fragments are
 copies when their word 3-gram shingles (characters for Chinese) overlap by Jaccard ≥ `threshold` (0.7) AND
 they state the same numbers: "K 6.4 mmol/L" and "K 4.1 mmol/L" are different results, never copies.
-The copy kept is the most critical (must-keep, then tier), then the newest, then the first in record
-order; every other copy is dropped with reason `duplicate`, naming the kept one. Among objective
-results (T1/T2) a fragment whose shingles lie almost wholly (≥ 90 %) inside a longer one's, numbers
+The copy kept is the most critical (must-keep, then tier), then the newest (a copy dated in the future never
+is), then the first in record order; every other copy is dropped with reason `duplicate`, naming the kept one.
+Among objective results (T1/T2) a fragment whose shingles lie almost wholly (≥ 90 %) inside a longer one's, numbers
 included, is a copy of it too ("Biopsy: adenocarcinoma" inside "Inhibin B raised. Biopsy: adenocarcinoma"),
 and the longer one, which says everything the shorter says, is kept.
 
@@ -70,10 +70,11 @@ def _sign_batch(sets: Sequence[frozenset[str]]) -> list[tuple[int, ...]]:
     return [tuple(column) for column in minima.T.tolist()]
 
 
-def _keep_rank(candidate: Candidate) -> tuple[bool, int, datetime, int]:
-    """Higher is kept: must-keep, then the more objective tier, then the newest, then the first in order."""
+def _keep_rank(candidate: Candidate) -> tuple[bool, int, bool, datetime, int]:
+    """Higher is kept: must-keep, then the more objective tier, then the newest by a trustworthy date, then the
+    first in order."""
     stamp = (candidate.fragment.timestamp or datetime.min).replace(tzinfo=None)
-    return candidate.must_keep, -candidate.tier.rank, stamp, -candidate.order
+    return candidate.must_keep, -candidate.tier.rank, not candidate.fragment.date_in_future, stamp, -candidate.order
 
 
 def collapse_duplicates(candidates: Sequence[Candidate], threshold: float = 0.7,

@@ -1,5 +1,5 @@
 """Which allergies give way when allergies alone overflow the window (packing.levels, level 1): the severe ones
-come first, then the newest."""
+come first, then the newest (one dated in the future after every other: its date is not to be trusted)."""
 
 from __future__ import annotations
 
@@ -36,10 +36,10 @@ def allergy_overflow(candidates: Sequence[Candidate], window: int) -> set[int]:
     if sum(cheapest(candidates[i]) for i in allergies) <= window:
         return set()
 
-    def priority(index: int) -> tuple[bool, float, int]:
+    def priority(index: int) -> tuple[bool, bool, float, int]:
         fragment = candidates[index].fragment
         severe = bool(fragment.decision and fragment.decision.severe)
-        return (not severe, -_seconds(fragment.timestamp), index)
+        return (not severe, fragment.date_in_future, -_seconds(fragment.timestamp), index)
 
     room, left_out = window, set()
     for index in sorted(allergies, key=priority):

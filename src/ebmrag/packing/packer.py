@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ebmrag.evidence.entities import EntityCompressor
@@ -20,6 +20,7 @@ from ebmrag.packing.params import STRATEGIES, PackingParams
 from ebmrag.packing.types import Candidate, DroppedFragment, EvidenceItem, Packer, PackResult, validate_window
 from ebmrag.packing.utility import CandidateBuilder, TierWeights, UtilityParams, fragment_header, score_candidates
 from ebmrag.protocols import TokenCounter, checkpoint
+from ebmrag.records.dates import DEFAULT_FUTURE_SKEW, Today
 from ebmrag.records.fragment import Fragment, PatientRecord
 
 ANCHOR = datetime(2000, 1, 1, tzinfo=UTC)  # "now" of a pack without dated fragments: only differences count
@@ -54,13 +55,16 @@ class ContextPacker:
     """Classify -> score -> pack one patient's record and any evidence items for one query (the EBM-Pack step).
 
     It receives the models it uses (the composition root builds them once and hands the same instances to
-    every component that shares them) and its `[packing]` settings.
+    every component that shares them) and its `[packing]` settings. `future_skew` ([chart] future_skew_hours):
+    at each pack, a fragment dated more than this past the present is flagged `date_in_future` (records.dates),
+    whether or not its reader flagged it, so no source of fragments can put a mistyped year at the top.
     """
 
     def __init__(self, params: PackingParams | None = None, *, embedder: SentenceEmbedder,
                  token_counter: TokenCounter, tier_classifier: TierClassifier, questions: QuestionClassifier,
-                 compressor: EntityCompressor) -> None:
+                 compressor: EntityCompressor, future_skew: timedelta = DEFAULT_FUTURE_SKEW) -> None:
         self.settings = params or PackingParams()
+        self.future_skew = future_skew
         self.embedder, self.token_counter, self.classifier = embedder, token_counter, tier_classifier
         self.questions, self.compressor = questions, compressor
         self.params = self.settings.utility
@@ -76,7 +80,7 @@ class ContextPacker:
         """The same models under other settings (another strategy for one request, say)."""
         return ContextPacker(params, embedder=self.embedder, token_counter=self.token_counter,
                              tier_classifier=self.classifier, questions=self.questions,
-                             compressor=self.compressor)
+                             compressor=self.compressor, future_skew=self.future_skew)
 
     def warm_up(self) -> None:
         self.embedder.warm_up()
@@ -106,13 +110,19 @@ class ContextPacker:
         bodies += [c.text for c in compressed if c.text]
         self.embedder.embed([*texts, *bodies])
 
+    def dated(self, record: PatientRecord, today: Today | None = None) -> PatientRecord:
+        """The record with every fragment dated after the present (`today`, default: the wall clock now, with
+        `future_skew`) flagged `date_in_future`: it then sets no `as_of`, decays not and is never current."""
+        return record.flagged_at(today or Today.wall_clock(self.future_skew))
+
     def candidates(self, record: PatientRecord, query: str, as_of: datetime | None = None,
                    evidence: Sequence[EvidenceItem] = (), evidence_similarity: Mapping[str, float] | None = None,
-                   headers: Sequence[str] | None = None) -> list[Candidate]:
+                   headers: Sequence[str] | None = None, *, today: Today | None = None) -> list[Candidate]:
         """Scored candidates: the record's fragments (compressible by tier), then the evidence items (tiered
         by the caller or here, compressible only when the item says so, Sim from `evidence_similarity` when
-        given). `headers` replace the default "[id|tier|date]" line heads, one per fragment in that order."""
-        record = self.classify(record)
+        given). `headers` replace the default "[id|tier|date]" line heads, one per fragment in that order.
+        `today`: the present dates are read against (see `dated`)."""
+        record = self.classify(self.dated(record, today))
         as_of = as_of or record.latest_timestamp or ANCHOR
         items = self._evidence_fragments(evidence, record.patient_id, as_of)
         return self._scored(record, query, as_of, evidence, items, evidence_similarity, headers)
@@ -131,16 +141,18 @@ class ContextPacker:
     @traced("pack", _counts)
     def run(self, record: PatientRecord | None, query: str, window: int | None = None, as_of: datetime | None = None,
             evidence: Sequence[EvidenceItem] = (), evidence_similarity: Mapping[str, float] | None = None,
-            headers: Sequence[str] | None = None, question_type: QuestionType | None = None) -> PackResult:
+            headers: Sequence[str] | None = None, question_type: QuestionType | None = None, *,
+            today: Today | None = None) -> PackResult:
         """Pack the record (None: evidence only) and the evidence items into `window` tokens (default: [packing]
         window); see `candidates`. The sections the question cannot be answered without (evidence.questions:
         the allergy status and kidney results for a drug choice) become must-keep; a record far larger than the
         window is pre-filtered (`packing.prefilter`, never a critical fragment), and near-copies are collapsed
-        (`packing.dedup`). A caller that has typed the question passes `question_type`."""
+        (`packing.dedup`). A caller that has typed the question passes `question_type`. Fragments dated after
+        `today` (default: the wall clock now) are flagged first (`dated`)."""
         window = self.settings.window if window is None else window
         validate_window(window)
         question = question_type or self.questions.classify(query)
-        record = mark_needed(self.classify(record or PatientRecord(NO_PATIENT, ())), question)
+        record = mark_needed(self.classify(self.dated(record or PatientRecord(NO_PATIENT, ()), today)), question)
         as_of = as_of or record.latest_timestamp or ANCHOR
         numbers = tuple((f.id, n) for n, f in enumerate(record.fragments, 1))
         items = self._evidence_fragments(evidence, record.patient_id, as_of)  # tiered once, measured below

@@ -33,6 +33,7 @@ from ebmrag.packing.utility import (
     current_encounter_id,
     hours_before,
     in_current_encounter,
+    same_encounter,
 )
 from ebmrag.records.fragment import Fragment
 
@@ -74,7 +75,8 @@ class Prefilter:
             dropped.append(DroppedFragment(
                 fragment.id, fragment.tier, DropReason.PREFILTERED,
                 f"a record of {len(fragments):,} fragments: ranked {rank:,} of {len(ranked):,} non-critical "
-                f"fragments by tier, recency and the question's words, below the {len(keep):,} measured"))
+                f"fragments by tier, recency and the question's words, below the {len(keep):,} measured",
+                date_in_future=fragment.date_in_future))
         return [f for i, f in enumerate(fragments) if i in keep], dropped
 
 
@@ -90,8 +92,7 @@ def _critical(fragments: Sequence[Fragment], as_of: datetime | None, params: Uti
     encounter = current_encounter_id(fragments)
     protected = set()
     for index, fragment in enumerate(fragments):
-        same = (fragment.encounter == encounter) if encounter and fragment.encounter else None
-        current = in_current_encounter(same, hours_before(fragment, as_of), params)
+        current = in_current_encounter(same_encounter(fragment, encounter), hours_before(fragment, as_of), params)
         situated = fragment.timestamp is not None or fragment.encounter is not None
         if level_of(fragment.decision, current) < Level.UTILITY or (current and situated):
             protected.add(index)

@@ -132,6 +132,7 @@ class PackedFragment:
     finding: str = ""  # what that rule found in the text (an ADR's drug and reaction, a critical value)
     level: str = ""  # its level in the clinical order (packing.levels.level_name); "" for the rest
     must_keep: bool = False  # a decisive fact (allergy, pathology, genetics) or one the question needs
+    date_in_future: bool = False  # dated after the present: no recency, never current (packing.utility)
 
 
 @dataclass(frozen=True)
@@ -145,6 +146,7 @@ class DroppedFragment:
     rule: str = ""
     finding: str = ""
     level: str = ""
+    date_in_future: bool = False
 
 
 @dataclass(frozen=True)
@@ -186,17 +188,23 @@ class PackResult:
             "packed": [{**({"n": numbers[p.fragment_id]} if p.fragment_id in numbers else {}),
                         "fragment_id": p.fragment_id, "state": p.state.value, "tier": p.tier.value, "tokens": p.tokens,
                         "utility": round(p.utility, 6), "reason": p.reason.value,
-                        "excluded_states": [s.value for s in p.excluded_states], **_decided(p.rule, p.finding, p.level)}
+                        "excluded_states": [s.value for s in p.excluded_states], **_decided(p.rule, p.finding, p.level),
+                        **_future(p.date_in_future)}
                        for p in self.packed],
             "dropped": [{"fragment_id": d.fragment_id, "tier": d.tier.value, "reason": d.reason.value,
                          "detail": d.detail, **({"duplicate_of": d.duplicate_of} if d.duplicate_of else {}),
-                         **_decided(d.rule, d.finding, d.level)}
+                         **_decided(d.rule, d.finding, d.level), **_future(d.date_in_future)}
                         for d in self.dropped],
             "context": self.context,
         }
 
     def state_of(self, fragment_id: str) -> State | None:
         return next((p.state for p in self.packed if p.fragment_id == fragment_id), None)
+
+
+def _future(flagged: bool) -> dict[str, bool]:
+    """`"date_in_future": true` only on a fragment dated after the present: older readers see the shape they knew."""
+    return {"date_in_future": True} if flagged else {}
 
 
 def _decided(rule: str, finding: str, level: str) -> dict[str, str]:
@@ -245,13 +253,14 @@ def pack_entry(candidate: Candidate, option: PackOption, reason: PackReason, det
         option.body,
         *_rule_of(candidate),
         candidate.must_keep,
+        candidate.fragment.date_in_future,
     )
 
 
 def drop_entry(candidate: Candidate, reason: DropReason, detail: str) -> DroppedFragment:
     rule, finding, level = _rule_of(candidate)
     return DroppedFragment(candidate.fragment.id, candidate.tier, reason, detail, candidate.must_keep,
-                           rule=rule, finding=finding, level=level)
+                           rule=rule, finding=finding, level=level, date_in_future=candidate.fragment.date_in_future)
 
 
 def _rule_of(candidate: Candidate) -> tuple[str, str, str]:

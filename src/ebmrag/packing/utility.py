@@ -6,6 +6,10 @@ Choices the paper leaves open, made here:
   finding halves in value every ~50 days.
 - Standing facts (tier rule `standing = true`: allergies, pathology, genetics, chronic diagnoses) and
   fragments without a timestamp do not decay: Δt = 0. A ten-year-old anaphylaxis keeps its weight.
+- A fragment dated after the present (`Fragment.date_in_future`, records.dates) is as far from `as_of` as it lies
+  ahead of it: Δt = |as_of - t|, so a mistyped 2062 decays like a fact 36 years old and never scores more recency
+  than today's (a negative Δt would be a bonus); it never sets `as_of` (the record's newest trustworthy
+  timestamp) and is never part of the current encounter: a mistyped year is not today's visit.
 - Sim is the cosine of normalized MiniLM embeddings clipped to [similarity_floor, 1] (floor 0.05).
   Without a floor, a fragment orthogonal to the query has utility exactly 0, and the exact solver,
   which gains nothing by packing it, dropped T2 results with free room left in the window (measured
@@ -26,6 +30,7 @@ import numpy as np
 from ebmrag.evidence.entities import EntityCompressor
 from ebmrag.packing.types import Candidate, PackOption, State, one_line, render_line
 from ebmrag.protocols import CHECK_EVERY, Embedder, TokenCounter, checkpoint
+from ebmrag.records.dates import future_flag
 from ebmrag.records.fragment import Fragment, PatientRecord, Tier
 
 SECONDS_PER_YEAR = 365.25 * 24 * 3600
@@ -82,17 +87,30 @@ class UtilityParams:
 
 
 def age_in_years(fragment: Fragment, as_of: datetime | None) -> float:
+    """Δt in years, never negative: 0 for a standing fact and an undated one; for one dated in the future, how far
+    ahead of `as_of` it lies (its distance from the present, never a bonus)."""
     if fragment.timestamp is None or as_of is None or (fragment.decision and fragment.decision.standing):
         return 0.0
-    return max(0.0, (as_of - fragment.timestamp).total_seconds() / SECONDS_PER_YEAR)
+    seconds = (as_of - fragment.timestamp).total_seconds()
+    return (abs(seconds) if fragment.date_in_future else max(0.0, seconds)) / SECONDS_PER_YEAR
 
 
 def current_encounter_id(fragments: Sequence[Fragment]) -> str | None:
-    """The encounter of the newest fragment that names one (record order breaks ties); None when none does."""
-    named = [(f.timestamp is not None, f.timestamp, i, f.encounter) for i, f in enumerate(fragments) if f.encounter]
+    """The encounter of the newest fragment that names one (record order breaks ties; one dated in the future
+    only when no other names an encounter); None when none does."""
+    named = [(not f.date_in_future, f.timestamp is not None, f.timestamp, i, f.encounter)
+             for i, f in enumerate(fragments) if f.encounter]
     if not named:
         return None
-    return max(named, key=lambda t: (t[0], t[1] or datetime.min, t[2]))[3]
+    return max(named, key=lambda t: (t[0], t[1], t[2] or datetime.min, t[3]))[4]
+
+
+def same_encounter(fragment: Fragment, current: str | None) -> bool | None:
+    """Whether the fragment belongs to the current encounter by id (None when either is unnamed: then time
+    decides); False for one dated in the future, which is never today's visit whatever encounter it names."""
+    if fragment.date_in_future:
+        return False
+    return (fragment.encounter == current) if current and fragment.encounter else None
 
 
 def hours_before(fragment: Fragment, as_of: datetime | None) -> float | None:
@@ -105,8 +123,9 @@ def hours_before(fragment: Fragment, as_of: datetime | None) -> float | None:
 def fragment_header(fragment: Fragment, number: int) -> str:
     """"[3|T1|2024-02-01]": a short local number, not the fragment id. EHR ids run to ~40 tokens
     ("Condition/2f1493c2-…"), which would spend most of a small window on headers; the trace maps the
-    number back to the id."""
-    date = f"|{fragment.timestamp.date().isoformat()}" if fragment.timestamp else ""
+    number back to the id. A date in the future is flagged ("[3|T2|date in the future: 2062-03-01]")."""
+    day = fragment.timestamp.date().isoformat() if fragment.timestamp else ""
+    date = f"|{future_flag(day) if fragment.date_in_future else day}" if day else ""
     return f"[{number}|{fragment.tier.value}{date}]"
 
 
@@ -129,7 +148,8 @@ class MeasuredFragment:
     compressed_similarity: float = 0.0
     fidelity_ratio: float = 1.0
     hours_before_newest: float | None = None  # None: undated (treated as part of the current encounter)
-    same_encounter: bool | None = None  # the record names encounters: is this the newest one's?
+    same_encounter: bool | None = None  # the record names encounters: is this the newest one's? (False: dated in
+    # the future, which is never the current encounter)
 
 
 class CandidateBuilder:
@@ -192,7 +212,7 @@ class CandidateBuilder:
         for order, fragment in enumerate(fragments):
             if order % CHECK_EVERY == CHECK_EVERY - 1:
                 checkpoint()
-            same = (fragment.encounter == encounter) if encounter and fragment.encounter else None
+            same = same_encounter(fragment, encounter)
             item = MeasuredFragment(fragment, headers[order], lines[order], costs[order], float(sims[order]),
                                     age_in_years(fragment, as_of), hours_before_newest=hours_before(fragment, as_of),
                                     same_encounter=same)

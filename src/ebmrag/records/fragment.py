@@ -10,6 +10,7 @@ from enum import StrEnum
 from typing import Any
 
 from ebmrag.errors import RecordError
+from ebmrag.records.dates import Today
 
 
 class Tier(StrEnum):
@@ -75,6 +76,8 @@ class Fragment:
 
     `standing` facts (allergies, pathology, genetics, chronic diagnoses) do not decay with age;
     it comes from the tier decision and is kept on the fragment so packing needs nothing else.
+    `date_in_future`: its timestamp lies after the present it was read or packed at (records.dates.Today): the
+    date is kept and shown flagged, but never makes the fragment the newest, today's or more recent than today's.
     """
 
     id: str
@@ -85,6 +88,7 @@ class Fragment:
     source: str | None = None
     decision: TierDecision | None = field(default=None, compare=False)
     encounter: str | None = None  # the visit it belongs to, when the source says (FHIR, ebmrag JSON)
+    date_in_future: bool = False
 
     @property
     def tier(self) -> Tier:
@@ -94,6 +98,12 @@ class Fragment:
 
     def with_decision(self, decision: TierDecision) -> Fragment:
         return replace(self, decision=decision)
+
+    def flagged_at(self, today: Today) -> Fragment:
+        """This fragment with `date_in_future` set when its timestamp lies after `today` (a flag once set stays)."""
+        if self.date_in_future or not today.is_future(self.timestamp):
+            return self
+        return replace(self, date_in_future=True)
 
 
 @dataclass(frozen=True)
@@ -121,8 +131,15 @@ class PatientRecord:
 
     @property
     def latest_timestamp(self) -> datetime | None:
-        stamps = [f.timestamp for f in self.fragments if f.timestamp is not None]
+        """The newest trustworthy timestamp: a fragment dated in the future (`date_in_future`) never sets it."""
+        stamps = [f.timestamp for f in self.fragments if f.timestamp is not None and not f.date_in_future]
         return max(stamps) if stamps else None
+
+    def flagged_at(self, today: Today) -> PatientRecord:
+        """The record with every fragment dated after `today` flagged `date_in_future` (itself when none is)."""
+        flagged = tuple(f.flagged_at(today) for f in self.fragments)
+        changed = any(a is not b for a, b in zip(flagged, self.fragments, strict=True))
+        return replace(self, fragments=flagged) if changed else self
 
     def replace_fragments(self, fragments: Iterable[Fragment]) -> PatientRecord:
         return replace(self, fragments=tuple(fragments))

@@ -159,7 +159,7 @@ def records_from_data(data: Any, origin: str, default_id: str, params: ChartPara
     if isinstance(data, Mapping) and data.get("resourceType") == "Bundle":
         from ebmrag.records.fhir.bundle import record_from_fhir_bundle
 
-        yield record_from_fhir_bundle(data, origin, stale_after=params.stale_after)
+        yield record_from_fhir_bundle(data, origin, stale_after=params.stale_after, today=params.today())
     elif isinstance(data, Mapping) and isinstance(data.get("resourceType"), str):
         raise RecordError(origin, f"a single FHIR {data['resourceType']} resource, not a chart: give a Bundle, "
                                   "a Bulk Data NDJSON export (one resource per line) or a folder of them")
@@ -167,7 +167,7 @@ def records_from_data(data: Any, origin: str, default_id: str, params: ChartPara
         case_id = data.get("case_index", default_id)
         yield record_from_agentclinic(data, origin, f"agentclinic-{case_id}")
     elif isinstance(data, Mapping) and "fragments" in data:
-        yield record_from_json(data, origin)
+        yield record_from_json(data, origin).flagged_at(params.today())  # a date after now: flagged (records.dates)
     elif isinstance(data, list):
         for index, item in enumerate(data):
             yield from records_from_data(item, f"{origin}[{index}]", f"{default_id}-{index}", params)
@@ -228,7 +228,8 @@ def record_from_ccda(data: bytes | str, origin: str, params: ChartParams | None 
 
     bundle = bundle_from_ccda(data, origin)
     notes = [str(n) for n in bundle.pop("ccda_notes", None) or []]
-    record = record_from_fhir_bundle(bundle, origin, stale_after=(params or ChartParams()).stale_after)
+    params = params or ChartParams()
+    record = record_from_fhir_bundle(bundle, origin, stale_after=params.stale_after, today=params.today())
     return replace(record, skipped=record.skipped + tuple(f"C-CDA: {n}" for n in notes))
 
 
@@ -251,7 +252,7 @@ def _bulk(path: Path, params: ChartParams) -> list[PatientRecord]:
 
     if not path.exists():
         raise RecordError(str(path), "file not found")
-    return records_from_ndjson(path, stale_after=params.stale_after)
+    return records_from_ndjson(path, stale_after=params.stale_after, today=params.today())
 
 
 def _parse_json(raw: str, origin: str) -> Any:

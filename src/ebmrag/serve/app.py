@@ -30,10 +30,10 @@ from ebmrag.config import Settings
 from ebmrag.serve.bodies import parse_json
 from ebmrag.serve.cds_routes import install_cds
 from ebmrag.serve.ehr_routes import install_ehr
-from ebmrag.serve.guard import BodyGuard, request_id, scope_request_id
+from ebmrag.serve.guard import MAX_ID_CHARS, BodyGuard, client_of, request_id, scope_request_id, too_long
 from ebmrag.serve.kb_routes import install_kb
 from ebmrag.serve.models import AskBody, PackBody, SearchBody
-from ebmrag.serve.problems import install_errors, install_openapi, problem_response
+from ebmrag.serve.problems import ProblemError, install_errors, install_openapi, problem_response
 from ebmrag.serve.service import (
     Service,
     bounded_body,
@@ -105,10 +105,11 @@ def create_app(store: PatientStore, settings: Settings | None = None, engine: En
         route = _route_of(app, scope)
         service.metrics.observe(route, status, 0.0)
         await run_in_threadpool(service.audit_refused, scope.get("state", {}).get("key"), status, route,
-                                scope_request_id(scope))  # the key when known: a revoked or expired one
+                                scope_request_id(scope), "", client_of(scope))  # the key when known: a revoked one
 
     app.add_middleware(BodyGuard, store=store, max_bytes=int(settings.serve.max_body_mb * 2**20),  # outermost
-                       refused=refused, failed_keys=service.failed_keys)
+                       refused=refused, failed_keys=service.failed_keys, clients=service.clients,
+                       on_shutdown=service.throttled.close)  # the bursts of 429s still counted are audited
     install_telemetry(app, service)  # the request spans around everything, the guard too
     return app
 
@@ -127,8 +128,9 @@ def _install_middleware(app: FastAPI, service: Service) -> None:
 
     @app.middleware("http")
     async def frame(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        if not getattr(request.state, "request_id", ""):  # the guard made it; an app without the guard: here
-            request.state.request_id = request_id(request.headers.get("x-request-id"))
+        if not getattr(request.state, "request_id", ""):  # the guard made it (and refused one too long); else here
+            sent = request.headers.get("x-request-id")
+            request.state.request_id = request_id(sent if sent and len(sent) <= MAX_ID_CHARS else None)
         length = request.headers.get("content-length")
         started = asyncio.get_running_loop().time()
         if length and length.isdigit() and int(length) > limit:
@@ -192,14 +194,16 @@ def _install_patients(app: FastAPI, service: Service) -> None:
     @app.post("/v1/patients/{pid}/fragments", tags=["patients"], openapi_extra={"requestBody": RECORD_BODY})
     async def add_fragments(pid: PatientId, request: Request) -> dict[str, Any]:
         key, pid = await visible(request, pid, WRITE)
-        record = await read_record(request, pid, service.settings.chart)
         idem = request.headers.get("idempotency-key")
+        if idem and len(idem) > MAX_ID_CHARS:  # refused before the body is read; the store compares whole keys
+            raise ProblemError(400, "invalid-idempotency-key", too_long("Idempotency-Key header", idem))
+        record = await read_record(request, pid, service.settings.chart)
 
         def respond(added: int, replaced: int) -> dict[str, Any]:
             return {"patient": pid, "added": added, "replaced": replaced, "record_skipped": list(record.skipped)}
 
         if idem:
-            result = await run_in_threadpool(store.upsert_idempotent, key.tenant, pid, idem[:200], record, respond)
+            result = await run_in_threadpool(store.upsert_idempotent, key.tenant, pid, idem, record, respond)
         else:
             result = respond(*await run_in_threadpool(store.upsert_fragments, key.tenant, pid, record))
         service.prepare(key.tenant, pid)  # only what is new is computed
@@ -313,11 +317,11 @@ def _install_answers(app: FastAPI, service: Service) -> None:
 
 def app_from_environment() -> FastAPI:
     """The app of one worker process of `ebmrag serve --workers N` (uvicorn imports it by name)."""
-    from ebmrag.config import load_settings
+    from ebmrag.config import load_settings, with_overrides
 
     config = os.environ.get("EBMRAG_SERVE_CONFIG") or None
-    return serve_app(Path(os.environ["EBMRAG_SERVE_DATA_DIR"]), load_settings(config),
-                     os.environ.get("EBMRAG_STORE_URL", ""))
+    settings = with_overrides(load_settings(config), serve={"kb": os.environ.get("EBMRAG_SERVE_KB") or None})
+    return serve_app(Path(os.environ["EBMRAG_SERVE_DATA_DIR"]), settings, os.environ.get("EBMRAG_STORE_URL", ""))
 
 
 def serve_app(data_dir: Path, settings: Settings, store_url: str = "") -> FastAPI:

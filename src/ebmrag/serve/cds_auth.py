@@ -12,7 +12,9 @@ Every hook and feedback call carries `Authorization: Bearer <JWT>`. The token is
   ahead, `iat` is not in the future, all within [cds] clock_skew_seconds;
 - its `jti` has not been seen from that issuer before (a replay cache that keeps each id until its token
   expires; per worker process).
-A refusal names the check that failed, never the token's contents.
+A refusal names the check that failed, never the token's contents. It carries, once the token named a trusted
+issuer and a kid, that pair as a throttle name (serve.throttle): bad tokens are counted per address and per issuer
+key, and a valid token is always checked and accepted, whatever came before it from its address.
 
 A JWK Set URL that stops answering does not stop the service: the last set fetched is used for up to MAX_STALE
 after its fetch (the failure logged once), and retried every RETRY_FAILED_AFTER. Each issuer's fetch holds its own
@@ -36,6 +38,7 @@ import httpx
 import jwt
 
 from ebmrag.ehr.cds_params import CdsParams, TrustedIssuer
+from ebmrag.serve.throttle import named
 
 ALGORITHMS = ("ES384", "RS384", "ES256", "ES512", "RS256", "RS512", "PS256", "PS384", "PS512")
 _KEY_TYPES = {"ES": "EC", "RS": "RSA", "PS": "RSA"}
@@ -53,11 +56,13 @@ log = logging.getLogger(__name__)
 class CdsAuthError(Exception):
     """A refused token; the message says which check failed (answered 401). `client_fault`: False when the
     service could not check it (the issuer's JWK Set unavailable), so the caller's address is not counted as
-    guessing."""
+    guessing. `credential`: the trusted issuer and key id the token claimed, as a throttle name (serve.throttle),
+    when it got that far: a credential that keeps failing is throttled as such."""
 
     def __init__(self, message: str, client_fault: bool = True) -> None:
         super().__init__(message)
         self.client_fault = client_fault
+        self.credential: str | None = None
 
 
 @dataclass(frozen=True)
@@ -247,6 +252,15 @@ class ClientVerifier:
         issuer = self.issuers.get(iss) if isinstance(iss, str) else None
         if issuer is None:
             raise CdsAuthError("the JWT's iss is not a trusted CDS client ([cds.issuers])")
+        try:
+            return self._signed(token, header, str(algorithm), issuer, kid, audiences)
+        except CdsAuthError as exc:
+            exc.credential = named("cds", issuer.name, kid)
+            raise
+
+    def _signed(self, token: str, header: Mapping[str, Any], algorithm: str, issuer: TrustedIssuer, kid: str,
+                audiences: Sequence[str]) -> CdsCaller:
+        """The checks after the issuer is known: jku, the key, the signature and claims, the jti."""
         jku = header.get("jku")
         if jku is not None and (not issuer.jwks_url or jku != issuer.jwks_url):
             raise CdsAuthError("the JWT's jku is not the issuer's configured jwks_url (an issuer with a jwks_file "
@@ -254,7 +268,7 @@ class ClientVerifier:
         jwk = self.keys.key(issuer, kid)
         if jwk is None:
             raise CdsAuthError("the JWT's kid names no key of the issuer's JWK Set")
-        payload = self._decode(token, _public_key(jwk, str(algorithm)), str(algorithm), issuer, audiences)
+        payload = self._decode(token, _public_key(jwk, algorithm), algorithm, issuer, audiences)
         return CdsCaller(issuer, self._fresh(payload, issuer))
 
     def _decode(self, token: str, key: Any, algorithm: str, issuer: TrustedIssuer,

@@ -2,11 +2,14 @@
 
 - `GET /cds-services`: the services, their hooks and prefetch templates (no token needed: it holds no data);
 - `POST /cds-services/{id}`: a hook call. The client's JWT is checked first (serve.cds_auth; 401, its `aud`
-  against [cds] base_url and the route alone, never the Host or X-Forwarded-* headers; an address sending bad
-  tokens is throttled with the service's bad-key count, 429), then the body (400 naming the field), then the
+  against [cds] base_url and the route alone, never the Host or X-Forwarded-* headers; bad tokens are counted
+  per address and per issuer key with the service's failed-credential count, 429 past it, and a valid token always
+  passes), then the body (400 naming the field), then the
   prefetch: a key the client did not satisfy (left out, failed, unreadable) is fetched from its `fhirServer` with
-  the hook's `fhirAuthorization`, if that server is one the issuer lists; otherwise 412. The chart is read and the
-  cards made off the event loop; the call is audited under the issuer's tenant with the context's patient id,
+  the hook's `fhirAuthorization`, if that server is one the issuer lists; otherwise 412. The fetch waits on the
+  EHR in the service's CDS lane (bounded per tenant and in all, 429 / 503; stopped with its connections at the
+  deadline: serve/outbound.py), and the chart is read and the cards made as the tenant's engine work on the fair
+  scheduler; the call is audited under the issuer's tenant with the context's patient id,
   the fragment ids the cards cite and the cards' uuids;
 - `POST /cds-services/{id}/feedback`: each card's outcome audited (card uuid and outcome, never text).
 Everything is off unless [cds] enabled is true; errors are problem+json like every other route.
@@ -39,9 +42,11 @@ from ebmrag.ehr.cds_cards import Card
 from ebmrag.ehr.cds_facts import Chart
 from ebmrag.ehr.cds_fetch import PrefetchUnavailableError, fetch_missing
 from ebmrag.ehr.drugs import vocabulary
+from ebmrag.records.fhir.index import Resource
 from ebmrag.serve.bodies import parse_json
 from ebmrag.serve.cds_auth import CdsAuthError, CdsCaller, ClientVerifier
-from ebmrag.serve.problems import ProblemError
+from ebmrag.serve.outbound import OutboundCall
+from ebmrag.serve.problems import ProblemError, client_address
 from ebmrag.serve.service import Service, bounded_body
 from ebmrag.store import audit
 from ebmrag.store.access import NAME_PATTERN
@@ -57,18 +62,16 @@ def install_cds(app: FastAPI, service: Service) -> None:
     verifier = ClientVerifier(params)
 
     async def verified(request: Request, *audiences: str) -> CdsCaller:
-        """The caller, or 401; an address that keeps sending bad tokens is answered 429 without a check (the
-        count /v1 keys and the /ui sign-in share)."""
-        client = request.client.host if request.client else "unknown"
-        wait = service.failed_keys.wait(client)
-        if wait > 0:
-            raise ProblemError(429, "rate-limited", "too many bad tokens from this address",
-                               {"Retry-After": str(max(1, round(wait)))})
+        """The caller, or 401; the token is always checked, and a bad one is counted against the address and the
+        issuer's key it named (the count /v1 keys and the /ui sign-in share): past the allowance it is answered 429.
+        A valid token is never refused for the bad ones before it."""
         try:
             return await run_in_threadpool(verifier.verify, request.headers.get("authorization"), list(audiences))
         except CdsAuthError as exc:
-            if exc.client_fault:
-                service.failed_keys.failed(client)
+            wait = service.failed_keys.failed(client_address(request), exc.credential) if exc.client_fault else 0
+            if wait > 0:
+                raise ProblemError(429, "rate-limited", "too many bad tokens from this address or for this issuer's "
+                                   "key", {"Retry-After": str(max(1, round(wait)))}) from None
             route = getattr(request.scope.get("route"), "path", "unmatched")
             await run_in_threadpool(service.audit_refused, None, 401, route, request.state.request_id)
             raise ProblemError(401, "unauthorized", str(exc), {"WWW-Authenticate": "Bearer"}) from None
@@ -87,14 +90,18 @@ def install_cds(app: FastAPI, service: Service) -> None:
         fetch_from = _may_fetch(hook, caller, missing) if missing else hook
         now = datetime.now(UTC)
 
-        def work() -> list[Card]:
-            fetched = fetch_missing(fetch_from, definition, list(missing), params,
-                                    service.settings.serve.max_body_mb) if missing else []
-            chart = Chart(hook.patient_id, [*resources, *fetched], fhir_base=hook.fhir_server)
-            return hook_cards(hook, chart, now=now, vocabulary=vocabulary(), critical_hours=params.critical_hours)
+        def fetch(call: OutboundCall) -> list[Resource]:
+            return fetch_missing(fetch_from, definition, list(missing), params, service.settings.serve.max_body_mb,
+                                 http=call.http(params.fetch_timeout_seconds))
 
-        try:
-            cards = await service.run(work, tenant=caller.tenant, engine=False)
+        try:  # the fetch waits on the EHR in the CDS lane; the cards are the tenant's engine work
+            fetched = await service.call_ehr(fetch, tenant=caller.tenant, lane=service.cds_fetches) if missing else []
+
+            def cards_of_chart() -> list[Card]:
+                chart = Chart(hook.patient_id, [*resources, *fetched], fhir_base=hook.fhir_server)
+                return hook_cards(hook, chart, now=now, vocabulary=vocabulary(), critical_hours=params.critical_hours)
+
+            cards = await service.run(cards_of_chart, tenant=caller.tenant)
         except PrefetchUnavailableError as exc:
             raise ProblemError(412, "precondition-failed", str(exc)) from None
         except HookRequestError as exc:  # an order whose medication reference resolves to nothing

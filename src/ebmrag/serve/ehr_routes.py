@@ -1,10 +1,15 @@
 """Charts pulled from an EHR over HTTP: `POST /v1/patients/{pid}/pull` and `POST /v1/ehr/{connection}/export`.
 
 A request names a connection of `[ehr.connections]`; the key, the client id and the FHIR base stay on the server,
-and a connection belongs to one tenant: another tenant's key is answered as if it did not exist (404). A pull runs
-on a worker thread under the request's deadline (the pull stops between two FHIR requests, or two chunks of an
-answer, after it, leaving the store as it was), is audited with its source (`source:<connection>`,
-`fhir:<id on the server>`) and the fragment ids it stored, and is prepared in the background like any write.
+and a connection belongs to one tenant: another tenant's key is answered as if it did not exist (404). A pull or an
+export is the tenant's outbound work (serve/outbound.py): it waits on the EHR on a thread of the EHR lane, at most
+[serve] tenant_ehr_calls per tenant and ehr_calls in all (429 / 503 with Retry-After beyond), and its CPU-bound
+steps (reading what was kept, building and storing the chart) run on the fair scheduler in the tenant's turn. It is
+stopped at the request's deadline (504, its connections to the EHR shut, the store as it was), is audited with its
+source (`source:<connection>`, `fhir:<id on the server>`) and the fragment ids it stored, and is prepared in the
+background like any write. An erasure of the patient stops its pull (409 `patient-erased`), and one in another
+process is seen by the store's write, which then stores nothing (the same 409); an export stores no patient erased
+after it began (reported in `not_stored`).
 
 Which chart lands under a store id is the key's business, not the body's: `fhir_patient` (a server id other than
 the store's) is accepted only from a key that sees the whole tenant, since the connection's system token reads
@@ -32,12 +37,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from ebmrag.ehr.fhir import EhrError
 from ebmrag.ehr.params import EhrConnection
 from ebmrag.errors import ConfigError, MissingExtraError, require_extra
+from ebmrag.serve.outbound import OutboundCall
 from ebmrag.serve.problems import PROBLEM_SCHEMA, ProblemError
 from ebmrag.serve.service import Service, caller
 from ebmrag.store.access import NAME_PATTERN, WRITE, AccessError, require, valid_name
-from ebmrag.store.patients import ApiKey, ChartSourceConflictError
+from ebmrag.store.patients import ApiKey, ChartSourceConflictError, PatientErasedError
 
 if TYPE_CHECKING:
+    from ebmrag.ehr.bulk import ExportReport
     from ebmrag.ehr.pull import PullReport
 
 log = logging.getLogger(__name__)
@@ -46,11 +53,17 @@ ConnectionName = Annotated[str, PathParameter(pattern=NAME_PATTERN, description=
 _PROBLEM = {"application/problem+json": {"schema": PROBLEM_SCHEMA}}
 RESPONSES: dict[int | str, dict[str, Any]] = {
     409: {"description": "the patient holds a chart pulled from another source (chart-source-conflict); "
-                         "`replace` erases it", "content": _PROBLEM},
+                         "`replace` erases it. Or the patient was erased while the pull ran (patient-erased): "
+                         "nothing was stored", "content": _PROBLEM},
+    429: {"description": "the tenant's EHR calls are all running ([serve] tenant_ehr_calls; tenant-busy), with "
+                         "Retry-After", "content": _PROBLEM},
     502: {"description": "the EHR refused (ehr-refused, naming its status) or could not be reached "
                          "(ehr-unreachable)", "content": _PROBLEM},
-    503: {"description": "the connection is misconfigured on this server (ehr-misconfigured), or the ehr extra is "
-                         "not installed (ehr-not-installed)", "content": _PROBLEM}}
+    503: {"description": "the connection is misconfigured on this server (ehr-misconfigured), the ehr extra is "
+                         "not installed (ehr-not-installed), or every EHR call of this process is running "
+                         "([serve] ehr_calls; server-busy, with Retry-After)", "content": _PROBLEM},
+    504: {"description": "the pull did not end within [serve] request_seconds; it was stopped, its connections "
+                         "closed, nothing stored (timeout)", "content": _PROBLEM}}
 
 
 class PullBody(BaseModel):
@@ -91,12 +104,15 @@ def install_ehr(app: FastAPI, service: Service) -> None:
             service.prepare(key.tenant, pid)
 
         settings = service.settings
+
+        def work(call: OutboundCall) -> PullReport:
+            return pull_patient(service.store, connection, pid, params=settings.ehr, full=body.full,
+                                fhir_patient=body.fhir_patient or "", replace_source=body.replace,
+                                stale_after=settings.chart.stale_after, http=call.http(settings.ehr.timeout_seconds),
+                                on_stored=stored, compute=service.engine_steps(call))
+
         with _as_problem(connection):
-            report = await service.run(lambda: pull_patient(
-                service.store, connection, pid, params=settings.ehr, full=body.full,
-                fhir_patient=body.fhir_patient or "", replace_source=body.replace,
-                stale_after=settings.chart.stale_after, on_stored=stored),
-                tenant=key.tenant, patient=pid, engine=False)
+            report = await service.call_ehr(work, tenant=key.tenant, patient=pid)
         return report.to_json()
 
     @app.post("/v1/ehr/{connection}/export", tags=["ehr"], responses=RESPONSES)
@@ -120,10 +136,14 @@ def install_ehr(app: FastAPI, service: Service) -> None:
             service.prepare(key.tenant, report.patient)
 
         settings = service.settings
+
+        def work(call: OutboundCall) -> ExportReport:
+            return export_group(service.store, chosen, body.group, params=settings.ehr, types=body.types,
+                                stale_after=settings.chart.stale_after, http=call.http(settings.ehr.timeout_seconds),
+                                on_stored=stored, compute=service.engine_steps(call))
+
         with _as_problem(chosen):
-            report = await service.run(lambda: export_group(
-                service.store, chosen, body.group, params=settings.ehr, types=body.types,
-                stale_after=settings.chart.stale_after, on_stored=stored), tenant=key.tenant, engine=False)
+            report = await service.call_ehr(work, tenant=key.tenant)
         return report.to_json()
 
 
@@ -154,6 +174,8 @@ def _as_problem(connection: EhrConnection) -> Iterator[None]:
         raise ProblemError(502, "ehr-unreachable" if exc.unreachable else "ehr-refused", str(exc)) from None
     except ChartSourceConflictError as exc:
         raise ProblemError(409, ChartSourceConflictError.code, str(exc)) from None
+    except PatientErasedError as exc:  # erased by another process meanwhile: the store refused the write
+        raise ProblemError(409, PatientErasedError.code, str(exc)) from None
     except ConfigError as exc:
         log.error("EHR connection %s is misconfigured: %s", connection.name, exc)
         raise ProblemError(503, "ehr-misconfigured", f"the EHR connection {connection.name!r} is not usable on "

@@ -5,29 +5,32 @@ FastAPI parses a JSON body into its pydantic model before the handler (and so th
 chunked upload carries no Content-Length: a request without a key could make the server buffer hundreds of
 megabytes before it answered 401 or 422. This ASGI middleware sits in front of everything:
 
+- every request gets its id here (an `X-Request-ID` over MAX_ID_CHARS is refused 400, never cut short) and its
+  client address (serve.clients: forwarded headers are read only from [serve] trusted_proxies);
 - on /v1/ routes, the Authorization header is checked before a byte of the body is read; a missing or bad key
   is answered 401 at once (the handler still checks roles and patients);
 - on every route, the body is counted as it arrives; past [serve] max_body_mb the request is answered 413 and
   the application sees the client gone, so nothing more is buffered;
-- a client address that keeps sending bad keys is answered 429 without its key being tried
-  (FAILED_KEYS_BURST at once, then FAILED_KEYS_PER_SECOND), so keys cannot be guessed at network speed.
+- failed keys are counted per address and per key id (serve.throttle): past the allowance a failure is answered
+  429 instead of 401. The key is always checked first, so a valid key passes whatever its address sent before.
 Every request this layer refuses is reported to `refused` (the service audits and counts it) before it is
-answered, so the audit row exists when the client reads the answer.
+answered, so the audit row exists when the client reads the answer. When the server stops, `on_shutdown` runs
+(the service writes what it still holds for the audit).
 """
 
 from __future__ import annotations
 
 import json
 import re
-import threading
-import time
 import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
+from ebmrag.serve.clients import ClientAddresses
 from ebmrag.serve.problems import ACCESS_KINDS, PROBLEM
+from ebmrag.serve.throttle import FailedCredentials, key_credential
 from ebmrag.store.access import AccessError, authenticate
 from ebmrag.store.patients import PatientStore
 
@@ -40,57 +43,42 @@ KEYED_PREFIX = "/v1/"
 
 
 Refused = Callable[[Scope, int], Awaitable[None]]  # told of each request this layer answers itself
-FAILED_KEYS_BURST = 20
-FAILED_KEYS_PER_SECOND = 0.5
-
-
-class FailedKeys:
-    """Bad-key attempts per client address: a bucket of FAILED_KEYS_BURST that refills slowly."""
-
-    def __init__(self, burst: float = FAILED_KEYS_BURST, rate: float = FAILED_KEYS_PER_SECOND) -> None:
-        self.burst, self.rate = burst, rate
-        self._left: dict[str, tuple[float, float]] = {}
-        self._lock = threading.Lock()
-
-    def _tokens(self, client: str, moment: float) -> float:
-        tokens, last = self._left.get(client, (self.burst, moment))
-        return min(self.burst, tokens + (moment - last) * self.rate)
-
-    def wait(self, client: str) -> float:
-        """Seconds until this client may try a key again (0: now)."""
-        with self._lock:
-            tokens = self._tokens(client, time.monotonic())
-            return 0.0 if tokens >= 1 else (1 - tokens) / self.rate
-
-    def failed(self, client: str) -> None:
-        with self._lock:
-            moment = time.monotonic()
-            self._left[client] = (max(0.0, self._tokens(client, moment) - 1), moment)
-            if len(self._left) > 100_000:  # bounded memory under a spoofed-address flood: forget the oldest half
-                for stale in sorted(self._left, key=lambda c: self._left[c][1])[:50_000]:
-                    del self._left[stale]
+MAX_ID_CHARS = 200  # an X-Request-ID, a JSON-RPC id or an Idempotency-Key longer than this is refused, never cut
 
 
 class BodyGuard:
     def __init__(self, app: ASGIApp, store: PatientStore, max_bytes: int, refused: Refused | None = None,
-                 failed_keys: FailedKeys | None = None, keyed_prefix: str = KEYED_PREFIX, id_prefix: str = "") -> None:
-        """`failed_keys`: shared with the other ways in (the /ui sign-in), so a guesser gains nothing by
+                 failed_keys: FailedCredentials | None = None, keyed_prefix: str = KEYED_PREFIX, id_prefix: str = "",
+                 clients: ClientAddresses | None = None, on_shutdown: Callable[[], None] | None = None) -> None:
+        """`failed_keys`: shared with the other ways in (the /ui sign-in, CDS Hooks), so a guesser gains nothing by
         switching between them. `keyed_prefix`: the paths that need a key ("/" for MCP's HTTP transport).
-        `id_prefix`: put before every request id this layer makes ("mcp-")."""
+        `id_prefix`: put before every request id this layer makes ("mcp-"). `clients`: how the client's address is
+        read ([serve] trusted_proxies; default: the peer's). `on_shutdown`: run when the server stops."""
         if max_bytes < 1:
             raise ValueError(f"max_bytes must be >= 1, got {max_bytes}")
         self.app, self.store, self.max_bytes, self.keyed_prefix = app, store, max_bytes, keyed_prefix
         self.id_prefix = id_prefix
         self.refused = refused or _ignore
-        self.failed_keys = failed_keys if failed_keys is not None else FailedKeys()
+        self.failed_keys = failed_keys if failed_keys is not None else FailedCredentials()
+        self.clients = clients or ClientAddresses()
+        self.on_shutdown = on_shutdown
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan" and self.on_shutdown is not None:
+            await self.app(scope, receive, self._after_shutdown(send))
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        state = scope.setdefault("state", {})
         # made here, so a request this layer refuses carries the id its audit row has (request.state.request_id)
-        scope.setdefault("state", {})["request_id"] = request_id(headers.get("x-request-id"), self.id_prefix)
+        sent = headers.get("x-request-id")
+        state["request_id"] = request_id(sent if sent is None or len(sent) <= MAX_ID_CHARS else None, self.id_prefix)
+        state["client_address"] = self.clients.of(scope)
+        if sent is not None and len(sent) > MAX_ID_CHARS:
+            await _problem(send, scope, 400, "invalid-request-id", too_long("X-Request-ID header", sent))
+            return
         if str(scope.get("path", "")).startswith(self.keyed_prefix) and not await self._key_ok(scope, headers, send):
             return
         length = headers.get("content-length", "")
@@ -100,25 +88,37 @@ class BodyGuard:
             return
         await self._counted(scope, receive, send)
 
+    def _after_shutdown(self, send: Send) -> Send:
+        """`send` for the lifespan protocol: `on_shutdown` runs before the server is told the application stopped."""
+        async def sending(message: Message) -> None:
+            if message.get("type") in ("lifespan.shutdown.complete", "lifespan.shutdown.failed") and self.on_shutdown:
+                await run_in_threadpool(self.on_shutdown)
+            await send(message)
+
+        return sending
+
     async def _key_ok(self, scope: Scope, headers: dict[str, str], send: Send) -> bool:
-        client = str((scope.get("client") or ("unknown",))[0])
-        wait = self.failed_keys.wait(client)
-        if wait > 0:
-            await self.refused(scope, 429)
-            await _problem(send, scope, 429, "rate-limited", "too many bad keys from this address",
-                           {"retry-after": str(max(1, round(wait)))})
-            return False
+        """The key, checked first; a failure is counted against the address and the key id it named, and answered
+        429 once either has failed too often (a valid key is never refused for that)."""
+        authorization = headers.get("authorization")
+        state = scope.setdefault("state", {})
         try:
-            key = await run_in_threadpool(authenticate, self.store, headers.get("authorization"))
+            key = await run_in_threadpool(authenticate, self.store, authorization)
         except AccessError as exc:
-            self.failed_keys.failed(client)
             if exc.key is not None:  # a revoked or expired key: `refused` audits under it (request.state.key)
-                scope.setdefault("state", {})["key"] = exc.key
+                state["key"] = exc.key
+            wait = self.failed_keys.failed(client_of(scope), key_credential(authorization))
+            if wait > 0:
+                await self.refused(scope, 429)
+                await _problem(send, scope, 429, "rate-limited", "too many failed keys from this address or for "
+                                                                 "this key; a valid key is still accepted",
+                               {"retry-after": str(max(1, round(wait))), "www-authenticate": "Bearer"})
+                return False
             await self.refused(scope, exc.status)
             await _problem(send, scope, exc.status, ACCESS_KINDS[exc.status], exc.detail,
                            {"www-authenticate": "Bearer"})
             return False
-        scope.setdefault("state", {})["key"] = key  # a later refusal (413) is audited under it
+        state["key"] = key  # a later refusal (413) is audited under it
         return True
 
     async def _counted(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -164,19 +164,32 @@ async def _problem(send: Send, scope: Scope, status: int, kind: str, detail: str
     await send({"type": "http.response.body", "body": body})
 
 
-_CLIENT_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+_CLIENT_ID = re.compile(rf"[A-Za-z0-9._:-]{{1,{MAX_ID_CHARS}}}")
 
 
 def request_id(sent: str | None, prefix: str = "") -> str:
-    """Server-made and unique: a client's id is kept as a prefix only when it is short and plain (no names,
-    dates of birth or 20 KB strings reach the audit or the logs), and never alone, so ids cannot repeat."""
+    """Server-made and unique: a client's id is kept as a prefix only when it is plain (no names, dates of birth
+    or markup reach the audit or the logs; the guard refuses one over MAX_ID_CHARS), and never alone, so ids
+    cannot repeat."""
     made = uuid.uuid4().hex
     return f"{prefix}{sent}.{made[:12]}" if sent and _CLIENT_ID.fullmatch(sent) else f"{prefix}{made}"
+
+
+def too_long(what: str, value: str) -> str:
+    """The refusal of an id over MAX_ID_CHARS: named, never cut short (two ids equal in their first characters
+    would become one)."""
+    return f"the {what} is {len(value):,} characters long; at most {MAX_ID_CHARS} are accepted"
 
 
 def scope_request_id(scope: Scope) -> str:
     """The id this layer gave the request (one is made when the layer did not see it: a test calling an app)."""
     return str(scope.get("state", {}).get("request_id") or uuid.uuid4().hex)
+
+
+def client_of(scope: Scope) -> str:
+    """The client address this layer found for the request (the peer's when the layer did not see it)."""
+    found = scope.get("state", {}).get("client_address")
+    return str(found) if found else ClientAddresses().of(scope)
 
 
 async def _ignore(scope: Scope, status: int) -> None:

@@ -6,17 +6,17 @@ is authenticated with a service API key and checked exactly as the HTTP routes c
 tenant and its patient scope (a patient it may not see does not exist), then audited with the fragment ids it
 disclosed. Over streamable HTTP the key travels in each request's `Authorization: Bearer ebm_…` header, and the
 service's own guard (serve.guard.BodyGuard) stands in front of MCP: a request without a valid key is refused with
-401 before a byte of its body is read, an address sending bad keys is throttled (429), and a body is refused
-past [serve] max_body_mb while it streams (413). Over stdio the key is given once when the server starts
-(`--key` or EBMRAG_API_KEY). Every refusal — the guard's, and a call refused with 401, 403, 404 or 429 — is
-audited as `refused <status> <where>` like a refused HTTP request. A bad argument or a refused call is a tool
-error, never a crash.
+401 before a byte of its body is read, failed keys are throttled per address and per key id (429; a valid key
+always passes), and a body is refused past [serve] max_body_mb while it streams (413). Over stdio the key is given
+once when the server starts (`--key` or EBMRAG_API_KEY). Every refusal — the guard's, and a call refused with 401,
+403, 404 or 429 — is audited as `refused <status> <where>` like a refused HTTP request (429s by the burst). A bad
+argument or a refused call is a tool error, never a crash; a JSON-RPC id over MAX_ID_CHARS is a JSON-RPC error
+(it would become the audit's request id).
 """
 
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -26,10 +26,21 @@ require_extra("mcp", "mcp", "ebmrag mcp")
 
 from mcp.server.mcpserver import Context, MCPServer  # noqa: E402
 from mcp.server.mcpserver.exceptions import ToolError  # noqa: E402
+from mcp.shared.exceptions import MCPError  # noqa: E402
+from mcp.types import INVALID_REQUEST  # noqa: E402
 from starlette.concurrency import run_in_threadpool  # noqa: E402
 
 from ebmrag import __version__  # noqa: E402
-from ebmrag.serve.guard import ASGIApp, BodyGuard, Scope, scope_request_id  # noqa: E402
+from ebmrag.serve.guard import (  # noqa: E402
+    MAX_ID_CHARS,
+    ASGIApp,
+    BodyGuard,
+    Scope,
+    client_of,
+    request_id,
+    scope_request_id,
+    too_long,
+)
 from ebmrag.serve.models import MAX_TEXT, bounded_text  # noqa: E402
 from ebmrag.serve.problems import ProblemError  # noqa: E402
 from ebmrag.serve.service import Service  # noqa: E402
@@ -166,7 +177,10 @@ def build_mcp_server(service: Service, stdio_key: str | None = None) -> MCPServe
     def guarded(tool: str, ctx: Context, work: Callable[[ApiKey, str], Any], patient: str = "") -> str:
         """One call under its caller's key; a refused call is audited (under the key when it is known, with the
         patient it named when that is a valid id) before it becomes a tool error."""
-        call, key = f"mcp-{ctx.request_id}.{uuid.uuid4().hex[:12]}", None  # JSON-RPC ids repeat per session
+        sent = ctx.request_id
+        if len(sent) > MAX_ID_CHARS:  # a JSON-RPC error naming the field, before anything is checked or audited
+            raise MCPError(INVALID_REQUEST, too_long("JSON-RPC id", sent))
+        call, key = request_id(sent, "mcp-"), None  # unique (JSON-RPC ids repeat per session); plain ids kept
         try:
             key = caller(ctx)
             return json.dumps(work(key, call), ensure_ascii=False)
@@ -208,16 +222,18 @@ def build_mcp_server(service: Service, stdio_key: str | None = None) -> MCPServe
 
 def http_app(service: Service) -> ASGIApp:
     """The streamable HTTP transport at /mcp behind the same guard as the HTTP API (serve.guard.BodyGuard, on
-    every path): no body read without a valid key, bad keys throttled per client address with the same count
-    as the HTTP API and /ui, bodies limited while they stream, and each refusal audited and counted."""
+    every path): no body read without a valid key, failed keys throttled with the same count as the HTTP API and
+    /ui, bodies limited while they stream, each refusal audited and counted, and the bursts of 429s still counted
+    audited when the server stops."""
     server = build_mcp_server(service)
 
     async def refused(scope: Scope, status: int) -> None:
         route = MCP_ROUTE if str(scope.get("path", "")).rstrip("/") == MCP_ROUTE else "unmatched"
         service.metrics.observe(route, status, 0.0)
         await run_in_threadpool(service.audit_refused, scope.get("state", {}).get("key"), status, route,
-                                scope_request_id(scope))
+                                scope_request_id(scope), "", client_of(scope))
 
     return BodyGuard(server.streamable_http_app(host="127.0.0.1"), store=service.store,
                      max_bytes=int(service.settings.serve.max_body_mb * 2**20), refused=refused,
-                     failed_keys=service.failed_keys, keyed_prefix="/", id_prefix="mcp-")
+                     failed_keys=service.failed_keys, keyed_prefix="/", id_prefix="mcp-", clients=service.clients,
+                     on_shutdown=service.throttled.close)

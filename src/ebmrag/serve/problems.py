@@ -44,7 +44,8 @@ PROBLEM_SCHEMA = {"type": "object", "required": ["type", "title", "status", "det
                   "properties": {"type": {"type": "string"}, "title": {"type": "string"},
                                  "status": {"type": "integer"}, "detail": {"type": "string"},
                                  "instance": {"type": "string"}}}
-_PROBLEMS = {"400": "malformed JSON", "401": "no or bad key", "403": "the key's role may not",
+_PROBLEMS = {"400": "malformed JSON, or an X-Request-ID or Idempotency-Key over 200 characters",
+             "401": "no or bad key", "403": "the key's role may not",
              "404": "no such patient (or not this key's)", "409": "Idempotency-Key reused with another body",
              "413": "body too large", "415": "not JSON", "422": "invalid request or record", "429": "rate limited",
              "500": "internal error", "503": "store unavailable", "504": "took too long"}
@@ -80,7 +81,14 @@ async def _audit_refused(request: Request, status: int) -> None:
     route = getattr(request.scope.get("route"), "path", "unmatched")
     patient = request.path_params.get("pid", "")
     await run_in_threadpool(service.audit_refused, getattr(request.state, "key", None), status, route,
-                            getattr(request.state, "request_id", ""), patient)
+                            getattr(request.state, "request_id", ""), patient, client_address(request))
+
+
+def client_address(request: Request) -> str:
+    """The address serve.guard found for the request (forwarded headers read only from trusted proxies), else the
+    peer's."""
+    found = getattr(request.state, "client_address", "")
+    return str(found) if found else (request.client.host if request.client else "unknown")
 
 
 def install_errors(app: FastAPI) -> None:

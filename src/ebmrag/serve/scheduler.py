@@ -31,6 +31,9 @@ Background work (preparing a chart after it was stored: serve/prepare.py) has a 
 tenant's queue: it gets a slot only while no request's engine work runs or waits, and pauses at its next
 checkpoint as soon as a request arrives (one embedding batch, not a slice). It never counts as a tenant's started
 work, so it changes no tenant's turn, and it is never refused: its producer bounds it (one job at a time).
+
+Outbound EHR work (a pull, an export, a CDS fetch) waits on the network, which must not hold a slot: it waits on a
+lane of its own (serve/outbound.py), and only its CPU-bound steps come here, each one job of its tenant's.
 """
 
 from __future__ import annotations

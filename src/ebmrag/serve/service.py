@@ -12,13 +12,14 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from functools import partial
+from pathlib import Path
 from typing import Any, TypeVar
 
 from fastapi import Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from ebmrag.answer.engine import Engine
-from ebmrag.compose import Resources, build_engine_from, build_retriever, open_resources
+from ebmrag.compose import Resources, build_engine_from, build_retriever, check_kb, open_resources
 from ebmrag.config import Settings
 from ebmrag.generate.staged import StageTrace
 from ebmrag.index.backend import KnowledgeStore
@@ -33,12 +34,14 @@ from ebmrag.records.loaders import record_from_json, records_from_xml
 from ebmrag.records.params import ChartParams
 from ebmrag.retrieve.search import HybridRetriever
 from ebmrag.serve.bodies import parse_json
-from ebmrag.serve.guard import FailedKeys
+from ebmrag.serve.clients import ClientAddresses
 from ebmrag.serve.limits import Metrics, RateLimiter
 from ebmrag.serve.models import AskBody
+from ebmrag.serve.outbound import ERASED, EngineSteps, OutboundCall, OutboundLane
 from ebmrag.serve.prepare import ChartPreparer, Running
 from ebmrag.serve.problems import PROBLEM, ProblemError
 from ebmrag.serve.scheduler import Deadline, FairScheduler, Job
+from ebmrag.serve.throttle import FailedCredentials, ThrottledAudit
 from ebmrag.store import audit
 from ebmrag.store.access import NAME_PATTERN, AccessError, authenticate
 from ebmrag.store.patients import ApiKey, PatientStore
@@ -51,6 +54,8 @@ XML_TYPES = ("application/xml", "text/xml", "application/cda+xml", "application/
              "application/fhir+xml")
 NDJSON_TYPES = ("application/fhir+ndjson", "application/x-ndjson", "application/ndjson")
 BACKGROUND_DEADLINES = 10  # a background job may wait, paused behind requests, this many request deadlines
+NO_OPERATOR_KB = ("no knowledge base is configured for changes: this server answers from the bundled demo knowledge "
+                  "base, which is read-only; start serve with --kb DIR ([serve] kb)")
 
 
 class Service:
@@ -63,6 +68,8 @@ class Service:
         resources it was built from, so erasure reaches the caches it fills."""
         if engine is not None and resources is None:
             raise ValueError("a service given an engine needs the resources it was built from")
+        if resources is None and settings.serve.kb:  # opened on first use: a bad --kb fails start-up, not a request
+            check_kb(settings, Path(settings.serve.kb))
         self.store, self.settings = store, settings
         self._engine, self._resources = engine, resources
         self._engines: dict[str, Engine] = {}
@@ -71,12 +78,20 @@ class Service:
         # Engine work runs on the scheduler's slots, tenants in turn (serve/scheduler.py); the shared parts are
         # safe for concurrent use (a lock per cache and per model), so there is no lock around a whole request.
         self.scheduler = FairScheduler.for_service(settings.serve)
+        # Outbound EHR calls wait on the network on threads of their own, bounded per tenant; their CPU-bound
+        # steps come back to the scheduler as the tenant's engine work (serve/outbound.py). CDS fetches have a lane
+        # of their own, so a tenant's long pulls never refuse its clinicians' hook calls.
+        self.ehr_calls = OutboundLane(settings.serve.ehr_calls, settings.serve.tenant_ehr_calls, "ehr")
+        self.cds_fetches = OutboundLane(settings.serve.ehr_calls, settings.serve.tenant_ehr_calls, "cds")
         self._building = threading.RLock()  # one engine (and one packer, retriever per variant), built once
         self._kb_writes = threading.Lock()  # the knowledge base has one writer at a time (its lock is per process)
         self._in_use: Counter[tuple[str, str]] = Counter()  # work reading a record, by (tenant, patient): erasure
         self._in_use_changed = threading.Condition()  # ... waits for it to end before forgetting what it cached
         self.limiter = RateLimiter(settings.serve.rate_per_second, settings.serve.rate_burst)
-        self.failed_keys = FailedKeys()  # bad keys per client address, one count for the guard and the /ui sign-in
+        # failed credentials per address and per credential, one count for /v1, MCP, the /ui sign-in and CDS Hooks
+        self.failed_keys = FailedCredentials()
+        self.clients = ClientAddresses(settings.serve.trusted_proxies, settings.serve.forwarded_header)
+        self.throttled = ThrottledAudit(lambda entry: audit.append(self.store, entry))  # 429s audited by the burst
         self.metrics = Metrics()
         serve = settings.serve
         self.preparer = ChartPreparer(store, self.resources, self.engine, self._background, self._hold,
@@ -99,8 +114,16 @@ class Service:
 
     def _resources_unlocked(self) -> Resources:
         if self._resources is None:
-            self._resources = open_resources(self.settings, retrieval=self.settings.answer.retrieval != "never")
+            self._resources = open_resources(self.settings, self.settings.serve.kb or None,
+                                             retrieval=self.settings.answer.retrieval != "never")
         return self._resources
+
+    @property
+    def kb_changeable(self) -> bool:
+        """Whether uploads may change the knowledge base: the operator's ([serve] kb, or one an embedding
+        application built the resources over), never the bundled demo one, a cache (`demo.ensure_demo_kb`)."""
+        built = self._resources
+        return not built.demo_kb if built is not None else bool(self.settings.serve.kb)
 
     def engine(self, retrieval: str | None = None) -> Engine:
         """The engine (built on first use, from a worker thread: it loads the model), or a variant of it with
@@ -159,6 +182,8 @@ class Service:
         deadline at the latest). Never stopped halfway, even when the response times out."""
         if tenant and self.preparer is not None:
             self.preparer.discard(tenant, patient)  # a queued preparation would write the caches again
+        if tenant:
+            self.ehr_calls.stop_patient(tenant, patient)  # a pull of it stores nothing now (nor could it: the store)
         with checkpoints(_never_stop):
             forgotten = self.resources().forget(fragments)
             if tenant and self._await_unused(tenant, patient):
@@ -194,6 +219,8 @@ class Service:
 
     def change_knowledge_base(self, documents: Sequence[Document], delete_ids: Sequence[str] = ()) -> IngestReport:
         """Upsert and delete knowledge-base documents, one write at a time (searches go on meanwhile)."""
+        if not self.kb_changeable:
+            raise ProblemError(409, "no-knowledge-base", NO_OPERATOR_KB)
         with self._kb_writes:
             return self.knowledge_base().apply(documents, delete_ids)
 
@@ -229,6 +256,28 @@ class Service:
         except (TimeoutError, WorkCancelled):  # the thread's own deadline may stop the work before the loop's timer
             raise _timeout(seconds) from None
 
+    async def call_ehr(self, work: Callable[[OutboundCall], T], *, tenant: str, patient: str = "",
+                       lane: OutboundLane | None = None) -> T:
+        """Outbound EHR work (a pull, an export; a CDS fetch in `lane`) on a thread of its lane, bounded per tenant
+        (429/503), under [serve] request_seconds (504 once it has stopped). `patient`: the store patient it writes,
+        whose erasure stops it (409 `patient-erased`). `work` gets its call: `call.http(...)` is the HTTP client
+        to send with, `self.engine_steps(call)` runs its CPU-bound steps as the tenant's engine work."""
+        seconds = self.settings.serve.request_seconds
+        lane = lane or self.ehr_calls
+        call = lane.admit(tenant, patient, seconds)
+        try:
+            return await lane.run(call, work)
+        except (TimeoutError, WorkCancelled):
+            if call.stopped == ERASED:
+                raise ProblemError(409, "patient-erased", "the patient was erased while this pull ran; nothing it "
+                                                          "fetched was stored") from None
+            raise _timeout(seconds) from None
+
+    def engine_steps(self, call: OutboundCall) -> EngineSteps:
+        """A call's CPU-bound steps on the fair scheduler, as its tenant's engine work reading its patient."""
+        return EngineSteps(call, lambda step, seconds: self._admit(step, call.tenant, call.patient, seconds=seconds),
+                           self.scheduler.cancel)
+
     def call(self, work: Callable[[], T], *, tenant: str, patient: str = "", engine: bool = True) -> T:
         """`run` for a caller on a thread of its own (the MCP tools)."""
         seconds = self.settings.serve.request_seconds
@@ -248,27 +297,35 @@ class Service:
         except (TimeoutError, WorkCancelled):
             raise _timeout(seconds) from None
 
-    def _admit(self, work: Callable[[], Any], tenant: str, patient: str, background: bool = False) -> Job:
-        """`work` in its tenant's queue (`background`: the lane below every request, with a longer deadline),
-        counted as reading the patient's record until its thread has ended (not until its 504: the thread stops at
-        its next checkpoint after that)."""
+    def _admit(self, work: Callable[[], Any], tenant: str, patient: str, background: bool = False,
+               seconds: float | None = None) -> Job:
+        """`work` in its tenant's queue (`background`: the lane below every request, with a longer deadline;
+        `seconds`: a shorter one, what is left of the request's), counted as reading the patient's record until its
+        thread has ended (not until its 504: the thread stops at its next checkpoint after that)."""
         release = self._hold(tenant, patient)
-        seconds = self.settings.serve.request_seconds
+        if seconds is None:
+            seconds = self.settings.serve.request_seconds * (BACKGROUND_DEADLINES if background else 1)
         try:
-            job = self.scheduler.submit(tenant, work, seconds * BACKGROUND_DEADLINES if background else seconds,
-                                        background)
+            job = self.scheduler.submit(tenant, work, seconds, background)
         except BaseException:
             release()
             raise
         job.future.add_done_callback(lambda _: release())
         return job
 
-    def audit_refused(self, key: ApiKey | None, status: int, route: str, request_id: str, patient: str = "") -> None:
+    def audit_refused(self, key: ApiKey | None, status: int, route: str, request_id: str, patient: str = "",
+                      client: str = "") -> None:
         """A refused attempt is audited too: no key ("-") or the key that was refused, and where it knocked. The
-        patient is kept only when it is a valid id: a caller's path text (a name, a date of birth) is never stored."""
+        patient is kept only when it is a valid id: a caller's path text (a name, a date of birth) is never stored.
+        A 429 is audited by the burst (serve.throttle.ThrottledAudit), counted by the key, else by `client` (the
+        address): its first row as here, the rest as one summary row."""
         patient = patient if _NAME.match(patient) else ""
-        audit.append(self.store, audit.AuditEntry(key.key_id if key else "-", key.tenant if key else "-", patient,
-                                                  f"refused {status} {route}", request_id))
+        entry = audit.AuditEntry(key.key_id if key else "-", key.tenant if key else "-", patient,
+                                 f"refused {status} {route}", request_id)
+        if status == 429:
+            self.throttled.refused(entry, f"key {key.key_id}" if key else f"address {client or 'unknown'}")
+        else:
+            audit.append(self.store, entry)
 
     def audit(self, key: ApiKey, patient: str, action: str, request: Request, fragments: tuple[str, ...] = ()) -> None:
         audit.append(self.store, audit.AuditEntry(key.key_id, key.tenant, patient, action,
@@ -337,13 +394,14 @@ async def read_record(request: Request, patient: str, params: ChartParams) -> Pa
     if content_type in NDJSON_TYPES:
         text = _utf8(raw)
         records = await run_in_threadpool(partial(records_from_ndjson_text, text, origin,
-                                                  stale_after=params.stale_after))
+                                                  stale_after=params.stale_after, today=params.today()))
         return _as_patient(_one(records), patient)
     data = await run_in_threadpool(parse_json, raw)  # depth-bounded: a deep body is a 400, never a RecursionError
     if content_type == "application/fhir+json" or (isinstance(data, dict) and data.get("resourceType") == "Bundle"):
-        record = await run_in_threadpool(partial(record_from_fhir_bundle, data, origin, stale_after=params.stale_after))
+        record = await run_in_threadpool(partial(record_from_fhir_bundle, data, origin, stale_after=params.stale_after,
+                                                 today=params.today()))
     else:
-        record = record_from_json(data, origin)
+        record = record_from_json(data, origin).flagged_at(params.today())  # dates after now flagged (records.dates)
     return _as_patient(record, patient)
 
 

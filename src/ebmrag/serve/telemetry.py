@@ -25,6 +25,7 @@ from ebmrag.observe.metrics import REGISTRY, Family
 from ebmrag.observe.setup import configure
 from ebmrag.observe.tracing import FAILED, annotate, remote_parent, span
 from ebmrag.serve.guard import ASGIApp, Message, Receive, Scope, Send
+from ebmrag.serve.outbound import render_lanes
 from ebmrag.serve.service import Service
 
 UNMATCHED = "unmatched"
@@ -55,7 +56,8 @@ def install_telemetry(app: FastAPI, service: Service) -> None:
 def render_metrics(service: Service) -> str:
     """`/metrics`: this service's requests and queues, the scheduler's work, and the process's stages, model calls
     and gateway messages (observe.instruments)."""
-    return service.metrics.render() + service.scheduler.render() + REGISTRY.render()
+    return (service.metrics.render() + service.scheduler.render()
+            + render_lanes((service.ehr_calls, service.cds_fetches)) + REGISTRY.render())
 
 
 def route_template(router: Router, scope: Scope) -> str:

@@ -30,7 +30,9 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from ebmrag.serve.guard import ASGIApp, Message, Receive, Scope, Send
+from ebmrag.serve.problems import client_address
 from ebmrag.serve.service import Service, bounded_body
+from ebmrag.serve.throttle import key_credential
 from ebmrag.store.access import READ, AccessError, authenticate, require, valid_name
 from ebmrag.store.patients import ApiKey
 from ebmrag.store.sessions import UiSessions
@@ -250,15 +252,14 @@ def install_ui(app: FastAPI, service: Service, stored: Callable[..., Awaitable[A
     async def login(request: Request) -> Response:
         fields = await form_fields(request)
         refuse_forged(request, fields, request.cookies.get(LOGIN_COOKIE, ""), None)
-        client = request.client.host if request.client else "unknown"
-        wait = service.failed_keys.wait(client)
-        if wait > 0:
-            raise UiError(429, "too many bad keys from this address; try again later", None, "",
-                          {"Retry-After": str(max(1, round(wait)))})
-        try:
-            key = await run_in_threadpool(authenticate, store, f"Bearer {fields.get('key', '').strip()}")
+        typed = f"Bearer {fields.get('key', '').strip()}"
+        try:  # checked first: a valid key signs in whatever its address sent before
+            key = await run_in_threadpool(authenticate, store, typed)
         except AccessError as exc:  # unknown, malformed, revoked or expired: the page says only "not valid"
-            service.failed_keys.failed(client)
+            wait = service.failed_keys.failed(client_address(request), key_credential(typed))
+            if wait > 0:
+                raise UiError(429, "too many failed sign-ins from this address or with this key; try again later",
+                              exc.key, "", {"Retry-After": str(max(1, round(wait)))}) from None
             await audit_refused(request, 401, exc.key)  # the audit names a revoked or expired key; the page does not
             return sign_in_page(request, NOT_VALID, 401)
         return await start_session(request, key)
@@ -344,7 +345,7 @@ def install_ui(app: FastAPI, service: Service, stored: Callable[..., Awaitable[A
     async def audit_refused(request: Request, status: int, key: ApiKey | None, patient: str = "") -> None:
         route = getattr(request.scope.get("route"), "path", "unmatched")  # never the path the caller sent
         await run_in_threadpool(service.audit_refused, key, status, route,
-                                getattr(request.state, "request_id", ""), patient)
+                                getattr(request.state, "request_id", ""), patient, client_address(request))
 
     @app.exception_handler(UiError)
     async def on_ui_error(request: Request, exc: UiError) -> Response:

@@ -56,6 +56,11 @@ SCHEMA = (
        PRIMARY KEY (tenant, patient, source, resource_type, resource_id))""",
     """CREATE TABLE IF NOT EXISTS ehr_sync (tenant TEXT NOT NULL, patient TEXT NOT NULL, source TEXT NOT NULL,
        since TEXT NOT NULL, pulled TEXT NOT NULL, fragments TEXT NOT NULL, PRIMARY KEY (tenant, patient, source))""",
+    # Erasures outlast the pulls begun before them (`erasure_mark`, `put_pulled`): each tenant's erasures are
+    # numbered in commit order, and the last number of each erased patient id is kept (no chart data).
+    """CREATE TABLE IF NOT EXISTS erasure_seq (tenant TEXT PRIMARY KEY, seq INTEGER NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS erasures (tenant TEXT NOT NULL, patient TEXT NOT NULL, seq INTEGER NOT NULL,
+       erased TEXT NOT NULL, PRIMARY KEY (tenant, patient))""",
 )
 
 # Columns added after a release: a store made before them gets them on open (ALTER TABLE ... ADD COLUMN), its old
@@ -69,15 +74,23 @@ AUDIT_COLUMNS = "seq, at, key_id, tenant, patient, action, request_id, fragments
 KEY_COLUMNS = "key_id, tenant, role, patients, digest, created, revoked, expires"
 
 TENANT_TABLES = ("patients", "fragments", "idempotency", "pending",  # rows of patient data: scoped by tenant everywhere
-                 "ehr_resources", "ehr_sync")
+                 "ehr_resources", "ehr_sync", "erasure_seq", "erasures")
 log = logging.getLogger(__name__)
 
 
 REQUEST_DIGEST = "_request_digest"  # kept beside an idempotent response: what the first request carried
+IDEMPOTENCY_SCHEME = "sha256:"  # an Idempotency-Key is stored as this and the hex sha256 of the whole key
+LEGACY_IDEMPOTENCY_CHARS = 200  # rows from before kept the key as sent, cut to this many characters
 
 
 class IdempotencyConflictError(EbmragError):
     """An Idempotency-Key reused with a different body."""
+
+
+def idempotency_digest(idem_key: str) -> str:
+    """How an Idempotency-Key is stored and compared: the sha256 of the whole key (UTF-8; a lone surrogate, which a
+    header cannot carry, is replaced)."""
+    return IDEMPOTENCY_SCHEME + hashlib.sha256(idem_key.encode("utf-8", "replace")).hexdigest()
 
 
 def _record_digest(record: PatientRecord) -> str:
@@ -88,6 +101,12 @@ def _record_digest(record: PatientRecord) -> str:
 
 class StoreError(EbmragError):
     """The store cannot be reached or refused a write."""
+
+
+class PatientErasedError(EbmragError):
+    """The patient was erased after this pull (or export) began: what it fetched is not stored (`put_pulled`)."""
+
+    code = "patient-erased"
 
 
 class ChartSourceConflictError(EbmragError):
@@ -156,14 +175,15 @@ def now() -> str:
 def fragment_to_json(fragment: Fragment) -> str:
     return json.dumps({"id": fragment.id, "text": fragment.text, "section": fragment.section,
                        "timestamp": fragment.timestamp.isoformat() if fragment.timestamp else None,
-                       "source": fragment.source, "encounter": fragment.encounter}, ensure_ascii=False)
+                       "source": fragment.source, "encounter": fragment.encounter,
+                       **({"date_in_future": True} if fragment.date_in_future else {})}, ensure_ascii=False)
 
 
 def fragment_from_json(body: str, patient: str) -> Fragment:
     raw = json.loads(body)
     return Fragment(raw["id"], patient, raw["text"], raw.get("section"),
                     parse_timestamp(raw.get("timestamp"), f"stored fragment {raw['id']}"), raw.get("source"),
-                    encounter=raw.get("encounter"))
+                    encounter=raw.get("encounter"), date_in_future=raw.get("date_in_future") is True)
 
 
 class PatientStore:
@@ -311,8 +331,11 @@ class PatientStore:
 
     def delete_patient(self, tenant: str, patient: str) -> list[Fragment] | None:
         """Erase the patient; returns the erased fragments (the caller forgets what caches hold of them), or
-        None when there was no such patient."""
+        None when there was no such patient. Either way the erasure is numbered (`erasure_mark`): a pull of this
+        patient begun before it stores nothing, in any process (even a first pull, of a patient not stored yet)."""
         with self.transaction(tenant) as cur:
+            self._lock_patient(cur, tenant, patient)  # after a pull's write of this patient, or before it
+            self._tombstone(cur, tenant, patient)
             rows = self._execute(cur, "SELECT body FROM fragments WHERE tenant = ? AND patient = ?",
                                  (tenant, patient)).fetchall()
             gone = self._execute(cur, "DELETE FROM patients WHERE tenant = ? AND patient = ?", (tenant, patient))
@@ -328,6 +351,32 @@ class PatientStore:
 
     def after_erasure(self) -> None:
         """What the backend does once an erasure has committed so the text leaves its files (SQLite: the WAL)."""
+
+    def _tombstone(self, cur: Any, tenant: str, patient: str) -> None:
+        """The tenant's next erasure number, kept as the patient's last. The counter's row stays locked until this
+        transaction commits, so the numbers follow commit order: an erasure that commits after `erasure_mark` was
+        read always has a higher number than the mark."""
+        self._execute(cur, "INSERT INTO erasure_seq VALUES (?, 0) ON CONFLICT (tenant) DO NOTHING", (tenant,))
+        self._execute(cur, "UPDATE erasure_seq SET seq = seq + 1 WHERE tenant = ?", (tenant,))
+        seq = self._execute(cur, "SELECT seq FROM erasure_seq WHERE tenant = ?", (tenant,)).fetchone()[0]
+        self._execute(cur, "DELETE FROM erasures WHERE tenant = ? AND patient = ?", (tenant, patient))
+        self._execute(cur, "INSERT INTO erasures VALUES (?, ?, ?, ?)", (tenant, patient, seq, now()))
+
+    def erasure_mark(self, tenant: str) -> int:
+        """The number of the tenant's last committed erasure: read when a pull or an export begins, and handed to
+        `put_pulled`, which refuses a patient erased after it."""
+        with self.transaction(tenant) as cur:
+            row = self._execute(cur, "SELECT seq FROM erasure_seq WHERE tenant = ?", (tenant,)).fetchone()
+        return int(row[0]) if row else 0
+
+    def _check_not_erased(self, cur: Any, tenant: str, patient: str, mark: int | None) -> None:
+        if mark is None:
+            return
+        row = self._execute(cur, "SELECT seq FROM erasures WHERE tenant = ? AND patient = ?",
+                            (tenant, patient)).fetchone()
+        if row and int(row[0]) > mark:
+            raise PatientErasedError("the patient was erased while this pull ran; nothing it fetched was stored "
+                                     "(pull again to store the chart anew)")
 
     # ------------------------------------------------------------------ results announced, not yet arrived
     def announce(self, tenant: str, patient: str, fragment_id: str, kind: str, producer: str) -> None:
@@ -369,7 +418,8 @@ class PatientStore:
 
     def put_pulled(self, tenant: str, patient: str, source: str, record: PatientRecord,
                    resources: Sequence[PulledResource], since: str, replace_all: bool, *,
-                   replace_source: bool = False, require_free: bool = False) -> PulledWrite:
+                   replace_source: bool = False, require_free: bool = False,
+                   erased_after: int | None = None) -> PulledWrite:
         """One pull stored whole or not at all: the raw resources (`replace_all`: they are all the source holds
         now; else they are what changed), the sync point, and the chart. The chart replaces the fragments this
         source's last pull gave; fragments from elsewhere (an upload, a result feed) stay, and a fragment whose
@@ -379,9 +429,12 @@ class PatientStore:
         A store patient holds one pulled source at most: a pull from another source is a
         ChartSourceConflictError unless `replace_source`, which erases the other source's resources, sync state
         and fragments in this transaction. `require_free` (a Bulk Data export, which names no store id itself):
-        the patient must not exist yet, or hold this source already."""
+        the patient must not exist yet, or hold this source already. `erased_after`: the `erasure_mark` read when
+        the pull began; a patient erased since is a PatientErasedError, nothing written (an erasure outlasts the
+        pulls begun before it, whichever process runs them)."""
         with self.transaction(tenant) as cur:
             self._lock_patient(cur, tenant, patient)
+            self._check_not_erased(cur, tenant, patient, erased_after)
             erased = self._bind_source(cur, tenant, patient, source, replace_source, require_free)
             if replace_all:
                 self._execute(cur, "DELETE FROM ehr_resources WHERE tenant = ? AND patient = ? AND source = ?",
@@ -486,22 +539,41 @@ class PatientStore:
                           respond: Any) -> dict[str, Any]:
         """The upsert and its remembered response in one transaction: a retried request with the same key and
         the same fragments gets the first response and writes nothing; the same key with other fragments is an
-        IdempotencyConflictError (silently replaying would drop a new result)."""
+        IdempotencyConflictError (silently replaying would drop a new result). Writers of one patient take turns,
+        so a retry racing its first attempt waits for it and is replayed.
+
+        The key is kept as the sha256 of the whole key (`idempotency_digest`), so keys are compared whole (two
+        alike in their first 200 characters never meet) and none is stored as sent. A row written before, under the
+        key as sent (at most 200 characters), is still found by that key, and rewritten to the digest then."""
+        digest_key = idempotency_digest(idem_key)
         with self.transaction(tenant) as cur:
-            row = self._execute(cur, "SELECT response FROM idempotency WHERE tenant = ? AND patient = ? AND "
-                                     "idem_key = ?", (tenant, patient, idem_key)).fetchone()
+            self._lock_patient(cur, tenant, patient)
+            row = self._idempotent_row(cur, tenant, patient, idem_key, digest_key)
             digest = _record_digest(record)
             if row:
                 stored = json.loads(row[0])
                 if stored.pop(REQUEST_DIGEST, digest) != digest:
                     raise IdempotencyConflictError(f"the Idempotency-Key {idem_key!r} was used with another body; "
-                                              "nothing was stored (send the new body under a new key)")
+                                                   "nothing was stored (send the new body under a new key)")
                 return dict(stored, replayed=True)
             added, replaced = self._upsert(cur, tenant, patient, record)
             response: dict[str, Any] = respond(added, replaced)
             self._execute(cur, "INSERT INTO idempotency VALUES (?, ?, ?, ?)",
-                          (tenant, patient, idem_key, json.dumps({**response, REQUEST_DIGEST: digest})))
+                          (tenant, patient, digest_key, json.dumps({**response, REQUEST_DIGEST: digest})))
         return response
+
+    def _idempotent_row(self, cur: Any, tenant: str, patient: str, idem_key: str, digest_key: str) -> Any:
+        """The remembered response of `idem_key`: under its digest, else (a row from before digests) under the key
+        as sent, which is then rewritten to its digest."""
+        where = "FROM idempotency WHERE tenant = ? AND patient = ? AND idem_key = ?"
+        row = self._execute(cur, f"SELECT response {where}", (tenant, patient, digest_key)).fetchone()
+        if row or idem_key.startswith(IDEMPOTENCY_SCHEME) or len(idem_key) > LEGACY_IDEMPOTENCY_CHARS:
+            return row
+        row = self._execute(cur, f"SELECT response {where}", (tenant, patient, idem_key)).fetchone()
+        if row:
+            self._execute(cur, "UPDATE idempotency SET idem_key = ? WHERE tenant = ? AND patient = ? AND "
+                               "idem_key = ?", (digest_key, tenant, patient, idem_key))
+        return row
 
     # ------------------------------------------------------------------ audit (see store.audit)
     audit_key_file: Path | None = None  # the audit chain's secret: outside the database, never in it

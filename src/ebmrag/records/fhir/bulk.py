@@ -15,6 +15,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from ebmrag.errors import RecordError
+from ebmrag.records.dates import Today
 from ebmrag.records.fhir.bundle import ADMINISTRATIVE, DEFAULT_STALE_AFTER, record_from_entries, subject_link
 from ebmrag.records.fhir.index import Entry, ndjson_entries, reference_of, type_id
 from ebmrag.records.fragment import PatientRecord
@@ -29,7 +30,8 @@ def ndjson_files(path: Path) -> list[Path]:
     return files
 
 
-def records_from_ndjson(path: Path, *, stale_after: timedelta = DEFAULT_STALE_AFTER) -> list[PatientRecord]:
+def records_from_ndjson(path: Path, *, stale_after: timedelta = DEFAULT_STALE_AFTER,
+                        today: Today | None = None) -> list[PatientRecord]:
     problems: list[str] = []
     entries: list[Entry] = []
     for file in ndjson_files(path):
@@ -38,19 +40,19 @@ def records_from_ndjson(path: Path, *, stale_after: timedelta = DEFAULT_STALE_AF
         except (OSError, UnicodeDecodeError) as exc:
             raise RecordError(str(file), f"could not be read as UTF-8 text ({type(exc).__name__})") from None
         entries += ndjson_entries(lines, file.name, problems)
-    return _per_patient(entries, str(path), problems, stale_after)
+    return _per_patient(entries, str(path), problems, stale_after, today)
 
 
-def records_from_ndjson_text(text: str, origin: str, *, stale_after: timedelta = DEFAULT_STALE_AFTER
-                             ) -> list[PatientRecord]:
+def records_from_ndjson_text(text: str, origin: str, *, stale_after: timedelta = DEFAULT_STALE_AFTER,
+                             today: Today | None = None) -> list[PatientRecord]:
     """An NDJSON body (a service upload, one file's content)."""
     problems: list[str] = []
     entries = list(ndjson_entries(text.splitlines(), origin, problems))
-    return _per_patient(entries, origin, problems, stale_after)
+    return _per_patient(entries, origin, problems, stale_after, today)
 
 
 def _per_patient(entries: Sequence[Entry], origin: str, problems: list[str],
-                 stale_after: timedelta) -> list[PatientRecord]:
+                 stale_after: timedelta, today: Today | None = None) -> list[PatientRecord]:
     groups: dict[str, list[Entry]] = {}
     for entry in entries:
         if entry.resource.get("resourceType") == "Patient" and isinstance(entry.resource.get("id"), str):
@@ -73,5 +75,6 @@ def _per_patient(entries: Sequence[Entry], origin: str, problems: list[str],
         raise RecordError(origin, "the export holds no Patient resource: no record can be made")
     notes = problems + [f"{kind} x{n}: names no patient of this export; not read"
                         for kind, n in sorted(orphans.items())]
-    return [record_from_entries([*members, *shared], f"{origin}#{key}", notes, stale_after=stale_after)
+    today = today or Today.wall_clock()  # one present for every patient of the export
+    return [record_from_entries([*members, *shared], f"{origin}#{key}", notes, stale_after=stale_after, today=today)
             for key, members in groups.items()]

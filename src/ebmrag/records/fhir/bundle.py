@@ -10,6 +10,10 @@ different patient than the chart's is not read (and its patient is not named in 
 The flow: index every resource (fhir.index), find the patient, reconcile medications
 (fhir.medications), render each clinical resource (fhir.resources), read the document's section
 narratives (fhir.composition), then build the face sheet (fhir.facts).
+
+Dates are read against the present (`records.dates.Today`, the wall clock unless the caller gives one): a
+resource dated after it is read and shown, flagged (`Fragment.date_in_future`, one defect line in the trace), and
+never picked as the newest by the reconciliation, the order of versions or the face sheet.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ebmrag.errors import RecordError
-from ebmrag.records.dates import partial_timestamp
+from ebmrag.records.dates import Today, as_written, partial_timestamp
 from ebmrag.records.fhir import facts
 from ebmrag.records.fhir.checks import defects
 from ebmrag.records.fhir.composition import section_notes
@@ -95,6 +99,7 @@ class _Chart:
     unused: Counter[str]
     defects: list[str] = field(default_factory=list)
     more_defects: int = 0
+    today: Today = field(default_factory=Today.wall_clock)  # the present the chart's dates are read against
 
     def defect(self, label: str, problem: str) -> None:
         """One resource's defect, for the trace (the first `_MAX_DEFECT_LINES`, then a count)."""
@@ -104,20 +109,24 @@ class _Chart:
             self.more_defects += 1
 
 
-def record_from_fhir_bundle(bundle: Any, origin: str, *, stale_after: timedelta = DEFAULT_STALE_AFTER
-                            ) -> PatientRecord:
+def record_from_fhir_bundle(bundle: Any, origin: str, *, stale_after: timedelta = DEFAULT_STALE_AFTER,
+                            today: Today | None = None) -> PatientRecord:
     """A Bundle of any type (document, collection, batch, transaction, searchset, message, history)."""
     if not isinstance(bundle, Mapping) or bundle.get("resourceType") != "Bundle":
         raise RecordError(origin, "not a FHIR Bundle (resourceType must be \"Bundle\")")
     problems: list[str] = []
-    return record_from_entries(bundle_entries(bundle, origin, problems), origin, problems, stale_after=stale_after)
+    return record_from_entries(bundle_entries(bundle, origin, problems), origin, problems, stale_after=stale_after,
+                               today=today)
 
 
 def record_from_entries(entries: Sequence[Entry], origin: str, problems: Sequence[str] = (), *,
-                        stale_after: timedelta = DEFAULT_STALE_AFTER) -> PatientRecord:
+                        stale_after: timedelta = DEFAULT_STALE_AFTER, today: Today | None = None) -> PatientRecord:
+    """`today`: the present the chart's dates are read against (default: the wall clock now)."""
     chart = _identify(entries, origin)
+    chart.today = today or Today.wall_clock()
     clinical = canonical_order([e for e in entries if e.resource.get("resourceType") != "Patient"
-                                and _is_this_patients(e, chart)], _time)  # however the chart was packaged
+                                and _is_this_patients(e, chart)], _time,
+                               today=chart.today)  # however the chart was packaged
     index = chart.index  # holds only this patient's resources and shared ones: nothing else can be resolved
     index.patient = chart.patient
     for entry in clinical:
@@ -125,8 +134,8 @@ def record_from_entries(entries: Sequence[Entry], origin: str, problems: Sequenc
     _mark_panels(clinical, index)
     medications = [e.resource for e in clinical if e.resource.get("resourceType") in MEDICATION_TYPES]
     lists = [e.resource for e in clinical if e.resource.get("resourceType") == "List"]
-    newest_recorded = max((t for e in clinical if (t := _time(e.resource)) is not None), default=None)
-    reconcile(medications, lists, index, newest_recorded, stale_after)
+    newest_recorded = chart.today.newest(_time(e.resource) for e in clinical)
+    reconcile(medications, lists, index, newest_recorded, stale_after, today=chart.today)
     fragments = _fragments(clinical, chart)
     fragments += _narratives(clinical, chart)
     summary = _face_sheet(chart, fragments, medications, clinical)
@@ -295,15 +304,22 @@ def _render(entry: Entry, chart: _Chart) -> list[Fragment]:
     base = f"{kind}/{resource.get('id') if isinstance(resource.get('id'), str) else entry.where}"
     visit = _encounter_of(resource, chart.index)
     default = next((resource[k] for k in time_keys if resource.get(k)), None)
-    found = []
+    found: list[Fragment] = []
     for part in rendered:
         raw = part.timestamp or default
         stamp = partial_timestamp(raw)
         if raw and stamp is None:
             chart.defect(label, f"a date that is not a date ({str(raw)[:30]!r}); read undated")
+        future = chart.today.is_future(stamp)
+        if future and not found and resource.get("status") not in _PLANNED:
+            chart.defect(label, f"dated {as_written(raw)}, after the time of reading ({chart.today.day}): shown "
+                                "flagged, never taken as the newest")
         found.append(Fragment(base + part.id_suffix, chart.subject, part.text, part.section, stamp, source="fhir",
-                              encounter=visit))
+                              encounter=visit, date_in_future=future))
     return found
+
+
+_PLANNED = ("planned", "proposed", "draft", "preparation")  # statuses whose date may lie ahead (a tuple: may be a dict)
 
 
 def _encounter_of(resource: Resource, index: ChartIndex) -> str | None:
@@ -327,28 +343,36 @@ def _narratives(entries: Sequence[Entry], chart: _Chart) -> list[Fragment]:
         resource = entry.resource
         stamp = partial_timestamp(resource.get("date"))
         base = f"Composition/{resource.get('id') if isinstance(resource.get('id'), str) else entry.where}"
-        fragments += [Fragment(base + note.id_suffix, chart.subject, note.text, note.section, stamp, source="fhir")
+        future = chart.today.is_future(stamp)
+        if future:
+            chart.defect(base, f"dated {as_written(resource.get('date'))}, after the time of reading "
+                               f"({chart.today.day}): shown flagged, never taken as the newest")
+        fragments += [Fragment(base + note.id_suffix, chart.subject, note.text, note.section, stamp, source="fhir",
+                               date_in_future=future)
                       for note in section_notes(resource, chart.index, chart.unused)]
     return fragments
 
 
 def _face_sheet(chart: _Chart, fragments: Sequence[Fragment], medications: Sequence[Resource],
                 clinical: Sequence[Entry]) -> list[Fragment]:
-    newest = max((f.timestamp for f in fragments if f.timestamp), default=None)
+    today = chart.today
+    newest = today.newest(f.timestamp for f in fragments if not f.date_in_future)
     current, unknown = current_names(medications, chart.index)
     stated_none = next((f.text.removeprefix("Medications: ") for f in fragments if f.section == "Medication status"),
                        "")
     conditions = [e.resource for e in clinical if e.resource.get("resourceType") == "Condition"]
     results = facts.observations(chart.index)
-    pregnancy = facts.pregnancy_status(results, conditions)
-    sheet = (facts.demographics(chart.patient, chart.subject, newest, pregnancy),
+    pregnancy = facts.pregnancy_status(results, conditions, today)
+    if (born := facts.birth_defect(chart.patient, today)):
+        chart.defect(chart.subject, born)
+    sheet = (facts.demographics(chart.patient, chart.subject, newest, pregnancy, today),
              facts.allergy_status(chart.subject, fragments, newest),
              facts.problem_summary(chart.subject, fragments, newest),
              facts.medication_summary(chart.subject, current, unknown, stated_none, newest,
                                       ended=sum(chart.index.medication_state.get(id(m), ("",))[0] == NOT_ACTIVE
                                                 for m in medications)),
-             facts.drug_facts(chart.subject, results),
-             facts.latest_results(chart.subject, results))
+             facts.drug_facts(chart.subject, results, today),
+             facts.latest_results(chart.subject, results, today))
     return [f for f in sheet if f is not None]
 
 
@@ -372,8 +396,7 @@ def _unique_ids(fragments: Sequence[Fragment]) -> list[Fragment]:
                                encounter=_printable(fragment.encounter) if fragment.encounter else None)
         seen[fragment.id] += 1
         if seen[fragment.id] > 1:
-            fragment = Fragment(f"{fragment.id}~{seen[fragment.id]}", fragment.patient_id, fragment.text,
-                                fragment.section, fragment.timestamp, fragment.source, encounter=fragment.encounter)
+            fragment = replace(fragment, id=f"{fragment.id}~{seen[fragment.id]}")
         unique.append(fragment)
     return unique
 

@@ -9,6 +9,10 @@
   newest value with its unit and date;
 - the latest value of other key results.
 The tier rules make these must-keep when a question needs them (evidence/rules/questions.toml).
+
+"Newest" is the newest trustworthy date: a result or status dated after the present (records.dates.Today) never
+outranks today's; it is shown after it, flagged ("date in the future: 2062-03-01"). The age is the age today (or at
+death); a birth date in the future gives no age and a defect line.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from ebmrag.records.dates import as_written, partial_timestamp
+from ebmrag.records.dates import Today, as_written, future_birth, partial_timestamp, shown_date, trust_rank
 from ebmrag.records.fhir.coding import codings, has_code, obj, objects, strings, text_of
 from ebmrag.records.fhir.index import ChartIndex, Resource
 from ebmrag.records.fhir.results import value_of
@@ -78,28 +82,42 @@ def _sex(patient: Resource) -> str:
     return "sex not recorded" if not gender else f"gender {gender}"
 
 
-def demographics(patient: Resource | None, subject: str, newest: datetime | None, pregnancy: str = ""
-                 ) -> Fragment | None:
+def birth_defect(patient: Resource | None, today: Today) -> str:
+    """The chart defect of a birth date after the present ("" when there is none): no age is computed from it."""
+    born = as_written(patient.get("birthDate")) if patient is not None else ""
+    if not born or not today.is_future(partial_timestamp(born)):
+        return ""
+    return f"birth date {born} lies after the time of reading ({today.day}): no age computed"
+
+
+def demographics(patient: Resource | None, subject: str, newest: datetime | None, pregnancy: str = "",
+                 today: Today | None = None) -> Fragment | None:
     """Age and sex as one must-keep line ("Patient summary" in the tier rules), dated with the newest
-    fragment so its age is the age at the time of the question; a recorded pregnancy status joins it, as
-    every question about a pregnant patient must know it."""
+    trustworthy fragment; the age is the age `today` (the present the chart is read at), or at death: never at
+    the chart's newest date, which may be a mistyped year. A recorded pregnancy status joins it, as every
+    question about a pregnant patient must know it."""
     if patient is None:
         return None
+    today = today or Today.wall_clock()
     born = as_written(patient.get("birthDate"))
     deceased = as_written(patient.get("deceasedDateTime"))
+    birth, death = partial_timestamp(born), partial_timestamp(deceased)
+    unborn = today.is_future(birth)
     age = ""
-    birth = partial_timestamp(born)
-    if birth is not None and len(born) >= 4 and (newest or deceased):
-        until = (partial_timestamp(deceased) or newest or birth).date()
+    if birth is not None and not unborn:
+        until = (death if death is not None and not today.is_future(death) else today.now).date()
         first = birth.date()
         years = until.year - first.year - ((until.month, until.day) < (first.month, first.day) if len(born) >= 10
                                            else 0)
-        age = f"{years}-year-old"
+        age = f"{years}-year-old" if years >= 0 else ""
     sex = _sex(patient)
-    if not age and sex == "sex not recorded":
+    if not age and sex == "sex not recorded" and not unborn:
         return None
     words = " ".join(w for w in (age, sex) if w)
-    extra = f" (born {born}" + (f", died {deceased}" if deceased else "") + ")" if born else ""
+    died = ""
+    if deceased:
+        died = f", died ({shown_date(deceased, True)})" if today.is_future(death) else f", died {deceased}"
+    extra = f" ({future_birth(born) if unborn else f'born {born}'}{died})" if born else ""
     extra += f"; {pregnancy}" if pregnancy else ""
     return Fragment(f"Patient/{patient.get('id') or 'patient'}", subject, f"Patient: {words}{extra}.",
                     "Patient summary", newest, source="fhir")
@@ -120,10 +138,11 @@ def allergy_status(subject: str, fragments: Sequence[Fragment], newest: datetime
     elif stated:
         text = "Allergy status: " + "; ".join(dict.fromkeys(f.text.removeprefix("Allergy status: ").rstrip(".")
                                                             for f in stated)) + " (stated in the chart)."
-    elif noted:
-        latest = max(noted, key=lambda f: f.timestamp or datetime.min)
+    elif noted:  # dated ones only; a note dated in the future is never the newest
+        latest = max(noted, key=lambda f: trust_rank(f.timestamp or datetime.min, f.date_in_future))
         stamp = latest.timestamp.date().isoformat() if latest.timestamp else "undated"
-        text = f"Allergy status (clinical note of {stamp}): {latest.text}"
+        of = f", {shown_date(stamp, True)}" if latest.date_in_future else f" of {stamp}"
+        text = f"Allergy status (clinical note{of}): {latest.text}"
     else:
         text = "Allergy status: no allergy or allergy statement is recorded in this chart."
     return Fragment("summary/allergies", subject, text, "Patient summary", newest, source="fhir")
@@ -187,15 +206,34 @@ def _day(r: Resource) -> str:
     return as_written(_raw_time(r))
 
 
-def _newest(found: list[tuple[datetime, str, str]]) -> tuple[datetime, str, str] | None:
-    return max(found, key=lambda item: item[0]) if found else None
+Dated = tuple[datetime, str, str]  # (time, "creatinine 88 umol/L", its date as shown: as written, or flagged)
 
 
-def _lab_facts(observations: Sequence[Resource], table: str = "fact") -> dict[str, tuple[datetime, str, str]]:
-    """Newest (time, "creatinine 88 umol/L", date as written) of each result of a vocabulary table: by LOINC
-    code, else by display name when the result has no LOINC coding at all (a local lab code)."""
-    newest: dict[str, tuple[datetime, str, str]] = {}
-    ranks: dict[str, tuple[datetime, bool]] = {}
+def _newest(found: list[Dated], today: Today) -> Dated | None:
+    """The newest by a trustworthy date; one dated in the future only when no other is."""
+    return max(found, key=lambda item: today.rank(item[0])) if found else None
+
+
+def _and_ahead(found: list[Dated], today: Today) -> list[Dated]:
+    """The newest, and after it the newest of those dated in the future when that is not the same: a mistyped
+    date is shown, flagged, and never replaces today's value."""
+    newest = _newest(found, today)
+    ahead = _newest([item for item in found if today.is_future(item[0])], today)
+    if newest is None:
+        return []
+    return [newest] if ahead is None or ahead is newest else [newest, ahead]
+
+
+def _shown(r: Resource, when: datetime, today: Today) -> str:
+    return shown_date(_day(r), today.is_future(when))
+
+
+def _lab_facts(observations: Sequence[Resource], today: Today, table: str = "fact") -> dict[str, list[Dated]]:
+    """Per result of a vocabulary table, the newest value (time, "creatinine 88 umol/L", date as shown) by a
+    trustworthy date, then the newest dated in the future, flagged, if any is newer: by LOINC code, else by
+    display name when the result has no LOINC coding at all (a local lab code)."""
+    newest: dict[str, tuple[tuple[bool, datetime, bool], Dated]] = {}
+    ahead: dict[str, tuple[tuple[bool, datetime, bool], Dated]] = {}
     for r in observations:
         when, value = _stamp(r), value_of(r)
         if when is None or not re.search(r"\d", value):  # "Test Not Performed U/L" is no result
@@ -205,35 +243,41 @@ def _lab_facts(observations: Sequence[Resource], table: str = "fact") -> dict[st
         for fact in _vocab()[table]:
             if loinc & fact["codes"] or (not loinc and fact["pattern"].search(name)):
                 preferred = fact["preferred"]
-                rank = (when, bool(preferred and preferred.search(" ".join([name, *sorted(loinc)]))))
-                if fact["name"] not in ranks or rank > ranks[fact["name"]]:  # a tie keeps the first
-                    ranks[fact["name"]] = rank
-                    newest[fact["name"]] = (when, f"{fact['name']} {value}", _day(r))
+                rank = (*today.rank(when), bool(preferred and preferred.search(" ".join([name, *sorted(loinc)]))))
+                item = (when, f"{fact['name']} {value}", _shown(r, when, today))
+                for chosen in (newest, ahead) if today.is_future(when) else (newest,):
+                    if fact["name"] not in chosen or rank > chosen[fact["name"]][0]:  # a tie keeps the first
+                        chosen[fact["name"]] = (rank, item)
                 break
-    return newest
+    return {name: [item] + ([ahead[name][1]] if name in ahead and ahead[name][1] is not item else [])
+            for name, (_, item) in newest.items()}
 
 
-def _pregnancy(observations: Sequence[Resource], conditions: Sequence[Resource]) -> list[str]:
-    """Pregnancy status (with the estimated due date) and lactation, newest first; an active pregnancy
-    Condition counts when no status was observed."""
+def _pregnancy(observations: Sequence[Resource], conditions: Sequence[Resource], today: Today) -> list[str]:
+    """Pregnancy status (with the estimated due date) and lactation, newest first (a status dated in the future,
+    flagged, after today's); an active pregnancy Condition counts when no status was observed."""
     vocab = _vocab()["pregnancy"]
     said: list[str] = []
-    status = _newest([(w, _answer(r, vocab), _day(r)) for r in observations if (w := _stamp(r)) is not None
-                      and (has_code(r.get("code"), "loinc", frozenset(vocab["status_loinc"]))
-                           or has_code(r.get("code"), "snomed", frozenset(vocab["status_snomed"])))])
+    statuses = _and_ahead([(w, _answer(r, vocab), _shown(r, w, today)) for r in observations
+                           if (w := _stamp(r)) is not None
+                           and (has_code(r.get("code"), "loinc", frozenset(vocab["status_loinc"]))
+                                or has_code(r.get("code"), "snomed", frozenset(vocab["status_snomed"])))], today)
+    status = statuses[0] if statuses else None
     if status is None:
         active = [r for r in conditions if has_code(r.get("code"), "snomed", frozenset(vocab["pregnant_conditions"]))
                   and next((code for _, code, _ in codings(r.get("clinicalStatus"))), "active") == "active"]
         if active:
+            written = as_written(active[0].get("onsetDateTime") or active[0].get("recordedDate"))
+            future = today.is_future(partial_timestamp(written))
             said.append(f"pregnant ({text_of(active[0].get('code'))}, recorded "
-                        f"{as_written(active[0].get('onsetDateTime') or active[0].get('recordedDate')) or 'undated'})")
+                        f"{shown_date(written, future) or 'undated'})")
     else:
-        said.append(f"pregnancy status {status[1]} ({status[2]})")
+        said += [f"pregnancy status {answer} ({day})" for _, answer, day in statuses]
     for key, label in (("due_date_loinc", "estimated due date"), ("gestational_age_loinc", "gestational age"),
                        ("lactation_loinc", "lactation")):
         found = _newest([(w, value_of(r), _day(r)) for r in observations if (w := _stamp(r)) is not None
                          and value_of(r)
-                         and has_code(r.get("code"), "loinc", frozenset(vocab[key]))])
+                         and has_code(r.get("code"), "loinc", frozenset(vocab[key]))], today)
         if found and (key == "lactation_loinc" or said):
             said.append(f"{label} {found[1]}")
     return said
@@ -256,38 +300,39 @@ def _dated(found: Sequence[tuple[datetime, str, str]]) -> str:
     return ": " + ", ".join(f"{value} ({day})" for _, value, day in found)
 
 
-def pregnancy_status(results: Sequence[Resource], conditions: Sequence[Resource]) -> str:
+def pregnancy_status(results: Sequence[Resource], conditions: Sequence[Resource], today: Today) -> str:
     """"pregnancy status pregnant (2022-08-24), estimated due date 2020-02-18" for the face sheet's first
     line (every question about a pregnant or lactating patient must know it), or "" when none is recorded."""
-    return ", ".join(_pregnancy(results, conditions))
+    return ", ".join(_pregnancy(results, conditions, today))
 
 
-def drug_facts(subject: str, results: Sequence[Resource]) -> Fragment | None:
+def drug_facts(subject: str, results: Sequence[Resource], today: Today) -> Fragment | None:
     """One line with the results a drug choice or dose turns on (renal and hepatic function, weight), each
     dated; pregnancy and lactation are on the patient's line of the face sheet."""
-    labs = _lab_facts(results)
+    labs = _lab_facts(results, today)
     groups: list[str] = []
     for group, title in (("renal", "Renal"), ("hepatic", "Hepatic"), ("body", "Body")):
-        found = [labs[f["name"]] for f in _vocab()["fact"] if f["group"] == group and f["name"] in labs]
+        found = [item for f in _vocab()["fact"] if f["group"] == group for item in labs.get(f["name"], [])]
         if found:
             groups.append(title + _dated(found))
     if not groups:
         return None
-    stamps = [when for when, _, _ in labs.values()]
     return Fragment("summary/drug-facts", subject, "Drug decision facts: " + "; ".join(groups) + ".",
-                    "Drug decision facts", max(stamps) if stamps else None, source="fhir")
+                    "Drug decision facts", today.newest(when for found in labs.values() for when, _, _ in found),
+                    source="fhir")
 
 
-def latest_results(subject: str, results: Sequence[Resource]) -> Fragment | None:
-    """The newest value of other key results (sodium, hemoglobin, platelets, HbA1c, glucose), one dated line."""
-    newest = _lab_facts(results, "other")
+def latest_results(subject: str, results: Sequence[Resource], today: Today) -> Fragment | None:
+    """The newest value of other key results (sodium, hemoglobin, platelets, HbA1c, glucose), one dated line:
+    trustworthy dates first, newest first, then any dated in the future (flagged)."""
+    newest = _lab_facts(results, today, "other")
     if not newest:
         return None
-    by_day: dict[tuple[date, str], list[str]] = {}
+    by_day: dict[tuple[bool, date, str], list[str]] = {}
     for fact in _vocab()["other"]:
-        if fact["name"] in newest:
-            when, value, day = newest[fact["name"]]
-            by_day.setdefault((when.date(), day), []).append(value)
-    groups = [f"{'; '.join(values)} ({day})" for (_, day), values in sorted(by_day.items(), reverse=True)]
+        for when, value, day in newest.get(fact["name"], []):
+            by_day.setdefault((not today.is_future(when), when.date(), day), []).append(value)
+    groups = [f"{'; '.join(values)} ({day})" for (_, _, day), values in sorted(by_day.items(), reverse=True)]
     return Fragment("summary/latest-results", subject, "Latest results: " + "; ".join(groups) + ".",
-                    "Latest results", max(when for when, _, _ in newest.values()), source="fhir")
+                    "Latest results", today.newest(when for found in newest.values() for when, _, _ in found),
+                    source="fhir")

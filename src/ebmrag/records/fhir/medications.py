@@ -11,6 +11,8 @@ so each medication record gets a state, with the reason a reader can check:
 - a record without a status is "status unknown" (listed apart, never as active);
 - an active record older than `stale_after` with no newer record of the drug stays current but is marked
   "not recently confirmed".
+A record or list dated after the present (records.dates.Today) is never "the newest": a mistyped year cannot stop
+today's orders or make them stale.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import re
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 
-from ebmrag.records.dates import as_written, partial_timestamp
+from ebmrag.records.dates import Today, as_written, partial_timestamp
 from ebmrag.records.fhir.coding import codings, obj, objects, states_absence, text_of
 from ebmrag.records.fhir.index import ChartIndex, Resource
 from ebmrag.records.fhir.resources import drug_name, started
@@ -34,21 +36,23 @@ ACTIVE, NOT_ACTIVE, UNKNOWN = "active", "not active", "status unknown"
 
 
 def reconcile(resources: Sequence[Resource], lists: Sequence[Resource], index: ChartIndex,
-              as_of: datetime | None, stale_after: timedelta) -> None:
-    """Fill `index.medication_state` for every medication record of the chart."""
+              as_of: datetime | None, stale_after: timedelta, *, today: Today | None = None) -> None:
+    """Fill `index.medication_state` for every medication record of the chart; `today`: the present dates are
+    read against (default: the wall clock now)."""
+    today = today or Today.wall_clock()
     by_drug: dict[str, list[Resource]] = {}
     for r in resources:
         index.medication_state[id(r)] = _by_status(r)
         by_drug.setdefault(drug_key(r, index), []).append(r)
     _replaced_orders(resources, index)
     for records in by_drug.values():
-        _newest_ends_older(records, index)
-    reconciled = _newest_list(lists)
+        _newest_ends_older(records, index, today)
+    reconciled = _newest_list(lists, today)
     if reconciled is not None:
         _apply_list(reconciled, resources, index)
     if as_of is not None:
         for records in by_drug.values():
-            _mark_stale(records, index, as_of - stale_after)
+            _mark_stale(records, index, as_of - stale_after, today)
 
 
 def _by_status(r: Resource) -> tuple[str, str]:
@@ -85,9 +89,11 @@ def _replaced_orders(resources: Iterable[Resource], index: ChartIndex) -> None:
             index.medication_state[id(prior)] = (NOT_ACTIVE, f"replaced by a newer order of {as_written(started(r))}")
 
 
-def _newest_ends_older(records: Sequence[Resource], index: ChartIndex) -> None:
-    """When the newest record of a drug says it ended, every older active record of that drug is not current."""
-    dated = sorted((r for r in records if _when(r) is not None), key=lambda r: _when(r))  # type: ignore[arg-type,return-value]
+def _newest_ends_older(records: Sequence[Resource], index: ChartIndex, today: Today) -> None:
+    """When the newest record of a drug says it ended, every older active record of that drug is not current (a
+    record dated in the future is never the newest)."""
+    dated = sorted((r for r in records if _when(r) is not None and not today.is_future(_when(r))),
+                   key=lambda r: _when(r))  # type: ignore[arg-type,return-value]
     if not dated:
         return
     newest = dated[-1]
@@ -111,8 +117,10 @@ def _is_medication_list(resource: Resource) -> bool:
     return bool(re.search(r"\bmedicat|\bdrug|\bmedikament|\bmédicament|\bfarmac|\bgenees", words, re.IGNORECASE))
 
 
-def _newest_list(lists: Sequence[Resource]) -> Resource | None:
-    candidates = [r for r in lists if _is_medication_list(r) and partial_timestamp(r.get("date")) is not None]
+def _newest_list(lists: Sequence[Resource], today: Today) -> Resource | None:
+    """The newest reconciled medication list by a trustworthy date (one dated in the future is not applied)."""
+    candidates = [r for r in lists if _is_medication_list(r) and partial_timestamp(r.get("date")) is not None
+                  and not today.is_future(partial_timestamp(r.get("date")))]
     return max(candidates, key=lambda r: partial_timestamp(r.get("date"))) if candidates else None  # type: ignore[arg-type,return-value]
 
 
@@ -136,9 +144,9 @@ def _apply_list(reconciled: Resource, resources: Sequence[Resource], index: Char
             index.medication_state[id(r)] = (NOT_ACTIVE, f"not on the reconciled medication list of {day}")
 
 
-def _mark_stale(records: Sequence[Resource], index: ChartIndex, cutoff: datetime) -> None:
+def _mark_stale(records: Sequence[Resource], index: ChartIndex, cutoff: datetime, today: Today) -> None:
     current = [r for r in records if index.medication_state[id(r)][0] == ACTIVE]
-    newest = max((w for r in records if (w := _when(r)) is not None), default=None)
+    newest = max((w for r in records if (w := _when(r)) is not None), key=today.rank, default=None)
     for r in current:
         made = _when(r)
         if made is not None and newest is not None and newest < cutoff and not index.medication_state[id(r)][1]:

@@ -18,7 +18,11 @@ reader first puts the resources in a canonical order that none of those packagin
 Resources equal in all three render the same text, so their remaining order (the delivered one) is invisible.
 Versions of one resource (a history Bundle holds several under one id) keep the places the three keys give them,
 newest version (`meta.lastUpdated`, then `meta.versionId`) first among them: the reader gives the plain id to the
-first, and the plain id must name the current version.
+first, and the plain id must name the current version. A version updated after the present (records.dates.Today:
+a server clock ahead, a mistyped year) is never the newest: it ranks below every version updated before it.
+
+A resource dated in the future keeps its place by its date (last, after today's): the order is a timeline, and the
+fragments made from it carry the flag that keeps it from being taken as the newest (records.fragment).
 """
 
 from __future__ import annotations
@@ -31,16 +35,18 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from itertools import groupby
 
-from ebmrag.records.dates import partial_timestamp
+from ebmrag.records.dates import Today, partial_timestamp
 from ebmrag.records.fhir.index import ChartIndex, Entry, Resource
 
 _PACKAGING = ("id", "meta")  # what a server assigns or rewrites at the top level of a resource
 _REFERENCE = re.compile(r'"reference": "([^"#][^"]*)"')  # a Reference's target, as json.dumps writes it
 
 
-def canonical_order(entries: Sequence[Entry], time_of: Callable[[Resource], datetime | None]) -> list[Entry]:
+def canonical_order(entries: Sequence[Entry], time_of: Callable[[Resource], datetime | None], *,
+                    today: Today | None = None) -> list[Entry]:
     """`entries` sorted by (time, type, content without ids or reference spellings): see the module doc. Content is
-    compared only within a run of equal time and type (most resources are told apart before it)."""
+    compared only within a run of equal time and type (most resources are told apart before it). `today`: the
+    present versions are ranked against (default: the wall clock now)."""
     ranked = sorted(((_time_and_type(e.resource, time_of), n, e) for n, e in enumerate(entries)),
                     key=lambda item: (item[0], item[1]))
     tie = _TieBreak(entries)
@@ -48,7 +54,7 @@ def canonical_order(entries: Sequence[Entry], time_of: Callable[[Resource], date
     for _, run in groupby(ranked, key=lambda item: item[0]):
         group = [entry for _, _, entry in run]
         ordered += sorted(group, key=tie.content) if len(group) > 1 else group
-    return _newest_version_first(ordered)
+    return _newest_version_first(ordered, today or Today.wall_clock())
 
 
 def _time_and_type(resource: Resource, time_of: Callable[[Resource], datetime | None]
@@ -71,7 +77,7 @@ def period_start(resource: Resource) -> datetime | None:
     return None
 
 
-def _newest_version_first(ordered: list[Entry]) -> list[Entry]:
+def _newest_version_first(ordered: list[Entry], today: Today) -> list[Entry]:
     """Entries sharing a (type, id) swapped among their own places so the newest version comes first."""
     places: dict[tuple[str, str], list[int]] = defaultdict(list)
     for place, entry in enumerate(ordered):
@@ -81,19 +87,21 @@ def _newest_version_first(ordered: list[Entry]) -> list[Entry]:
     result = list(ordered)
     for group in places.values():
         if len(group) > 1:
-            versions = sorted((ordered[p] for p in group), key=_version, reverse=True)
+            versions = sorted((ordered[p] for p in group), key=lambda e: _version(e, today), reverse=True)
             for place, entry in zip(group, versions, strict=True):
                 result[place] = entry
     return result
 
 
-def _version(entry: Entry) -> tuple[float, int]:
-    """(meta.lastUpdated, meta.versionId as a number): what tells a resource's versions apart."""
+def _version(entry: Entry, today: Today) -> tuple[bool, float, int]:
+    """(not updated in the future, meta.lastUpdated, meta.versionId as a number): what tells a resource's versions
+    apart."""
     meta = entry.resource.get("meta")
     meta = meta if isinstance(meta, Mapping) else {}
     updated = partial_timestamp(meta.get("lastUpdated"))
     version = str(meta.get("versionId") or "")
-    return (updated.timestamp() if updated else 0.0, int(version) if version.isdigit() and len(version) < 12 else 0)
+    return (not today.is_future(updated), updated.timestamp() if updated else 0.0,
+            int(version) if version.isdigit() and len(version) < 12 else 0)
 
 
 class _TieBreak:
