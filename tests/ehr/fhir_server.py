@@ -116,7 +116,8 @@ class FhirServer:
     def faults(self, **faults: Any) -> None:
         """Injects faults: token_ttl_seconds, rate_limit={count, retry_after}, fail_page={n, status},
         everything=False, export_polls, export_retry_after, expire_tokens=True, token_endpoint=url, bad_gzip=True,
-        next_link=url, drip_ms=n, manifest_file={url, requires_token} (README lists their effect)."""
+        next_link=url, drip_ms=n, manifest_file={url, requires_token}, no_patient_search=[types] (README lists their
+        effect)."""
         self._post("faults", faults)
 
     def requests(self) -> list[Json]:

@@ -70,8 +70,7 @@ def test_an_unknown_group_is_one_line(fhir: FhirServer, tmp_path: Path) -> None:
     connection = register(fhir, tmp_path)
     with pytest.raises(EhrError) as caught:
         export_group(SQLiteStore(tmp_path / "s.sqlite"), connection, "ward-8", params=QUICK)
-    assert str(caught.value) == ("bulk export kick-off: the FHIR server refused (404 Not Found): Group/ward-8 not "
-                                 "found")
+    assert str(caught.value) == "bulk export kick-off: the FHIR server refused (404 Not Found; issue not-found)"
 
 
 def test_a_store_id_that_is_not_free_is_reported_and_left_as_it_is(fhir: FhirServer, tmp_path: Path) -> None:

@@ -116,8 +116,8 @@ def test_a_refused_pull_is_one_line_and_stores_nothing(fhir: FhirServer, tmp_pat
     result = runner.invoke(app, ["pull", "--data-dir", str(tmp_path / "data"), "--patient", "nobody",
                                  "--config", str(_config(tmp_path, fhir, key)), "--connection", "hospital"])
     assert result.exit_code == 2 and "Traceback" not in result.output
-    assert " ".join(result.output.split()) == ("error: Patient $everything: the FHIR server refused (404 Not Found): "
-                                               "Patient/<patient> not found")
+    assert " ".join(result.output.split()) == ("error: Patient $everything: the FHIR server refused (404 Not Found; "
+                                               "issue not-found)")
     assert open_store(tmp_path / "data").record(TENANT, "nobody") is None
 
 

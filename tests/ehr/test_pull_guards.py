@@ -113,7 +113,8 @@ def test_a_slow_drip_stops_at_the_pulls_deadline(fhir: FhirServer, tmp_path: Pat
 
 
 @pytest.mark.parametrize(("fault", "expected"), [
-    ({"bad_gzip": True}, "Patient $everything: the FHIR server's answer could not be read (DecodingError)"),
+    ({"bad_gzip": True}, "Patient $everything: the FHIR server's answer could not be read: the gzip body does not "
+                         "decode (Error -3 while decompressing data: incorrect header check)"),
     ({"next_link": "http://[::1"}, "Patient $everything: the FHIR server's next link is not a valid URL; it is "
                                    "not followed"),
     ({"next_link": "http://127.0.0.1:notaport/fhir"}, "Patient $everything: the FHIR server's next link is not a "

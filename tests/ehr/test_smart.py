@@ -78,7 +78,7 @@ def test_an_unregistered_key_is_one_line_naming_the_servers_reason(fhir: FhirSer
         client.read("Patient", operation="search Patient")
     message = str(caught.value)
     assert "\n" not in message and message.startswith("token request: the authorization server refused (401)")
-    assert "invalid_client" in message and "kid names no key" in message
+    assert message.endswith(": invalid_client") and "kid" not in message, "the code, never the server's words"
 
 
 def test_discovery_falls_back_to_the_capability_statement(fhir: FhirServer) -> None:
@@ -120,8 +120,7 @@ def test_a_token_that_never_works_is_one_line_and_stores_nothing(fhir: FhirServe
     with pytest.raises(EhrError) as caught:
         pull_patient(store, connection, patient, params=QUICK)
     message = str(caught.value)
-    assert message == ("Patient $everything: the FHIR server refused (401 Unauthorized): access token unknown or "
-                       "expired")
+    assert message == "Patient $everything: the FHIR server refused (401 Unauthorized; issue login)"
     assert caught.value.status == 401 and patient not in message
     assert [r["path"] for r in fhir.requests() if r["status"] == 401] == [f"/fhir/Patient/{patient}/$everything"] * 2
     assert store.record(TENANT, patient) is None
@@ -157,7 +156,7 @@ def test_a_token_endpoint_on_another_origin_never_gets_the_assertion(fhir: FhirS
         assert elsewhere.received == [], "the signed assertion never left for the other origin"
 
 
-def test_a_listed_token_origin_is_used_and_its_refusal_is_a_clean_excerpt(fhir: FhirServer, tmp_path: Path) -> None:
+def test_a_listed_token_origin_is_used_and_its_refusal_relays_no_free_text(fhir: FhirServer, tmp_path: Path) -> None:
     load_one(fhir, NZ)
     connection = register(fhir, tmp_path)
     said = {"error": "invalid_client\r\nX-Injected: 1",
@@ -167,11 +166,8 @@ def test_a_listed_token_origin_is_used_and_its_refusal_is_a_clean_excerpt(fhir: 
         client, _ = connect(replace(connection, token_origins=(authorization.origin,)), QUICK)
         with pytest.raises(EhrError) as caught:
             client.read("Patient", operation="search Patient")
-    message = str(caught.value)
-    assert message.startswith("token request: the authorization server refused (400): invalid_client X-Injected: 1: "
-                              "line one line two [31mred [0m evil xxx")
-    assert len(message) < 250 and message.endswith("…")
-    assert not any(ord(c) < 32 or c in "\x7f\u202e" for c in message), "no control or bidi characters"
+    assert str(caught.value) == ("token request: the authorization server refused (400): an error code that is not "
+                                 "OAuth's"), "an error that is no OAuth code is not repeated, nor its description"
     assert [method for method, _, _ in authorization.received] == ["POST"]
 
 
@@ -199,7 +195,7 @@ def test_a_configured_token_endpoint_is_used_wherever_it_is(fhir: FhirServer, tm
     connection = register(fhir, tmp_path)
     with Bystander(200, b'{"access_token": "not-this-servers", "expires_in": 300}') as authorization:
         client, _ = connect(replace(connection, token_endpoint=f"{authorization.origin}/token"), QUICK)
-        with pytest.raises(EhrError, match=r"refused \(401 Unauthorized\)"):
+        with pytest.raises(EhrError, match=r"refused \(401 Unauthorized; issue login\)"):
             client.read("Patient", operation="search Patient")  # its token is not the FHIR server's: refused
     assert [method for method, _, _ in authorization.received] == ["POST", "POST"], "the first, then one refresh"
     assert not any(r["path"].endswith("smart-configuration") for r in fhir.requests())

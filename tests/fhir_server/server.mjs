@@ -44,7 +44,7 @@ function freshState() {
   return {
     auth: new SmartAuth(tokenUrl),
     faults: {
-      rateLimit: null, failPage: null, everything: true, exportPolls: 1, exportRetryAfter: 1,
+      rateLimit: null, failPage: null, everything: true, noPatientSearch: [], exportPolls: 1, exportRetryAfter: 1,
       tokenEndpoint: null, badGzip: false, nextLink: null, dripMs: 0, manifestFile: null,
     },
     pagingRequests: 0, // requests that followed a `next` link, since the last fail_page fault
@@ -344,6 +344,7 @@ function metadata() {
     type,
     interaction: [{ code: 'read' }, { code: 'search-type' }],
     searchParam: Object.values(globalSchema.types[type]?.searchParams ?? {})
+      .filter((param) => !(state.faults.noPatientSearch.includes(type) && ['patient', 'subject'].includes(param.code)))
       .map((param) => ({ name: param.code, type: param.type })),
     ...(type === 'Patient' && { operation: [...(state.faults.everything ? [EVERYTHING] : []), PATIENT_EXPORT] }),
     ...(type === 'Group' && { operation: [GROUP_EXPORT] }),
@@ -482,6 +483,7 @@ function setFaults(body) {
       f.failPage = { n: int(value?.n, 'fail_page.n'), status: int(value.status, 'fail_page.status') };
       state.pagingRequests = 0;
     } else if (key === 'everything') f.everything = Boolean(value);
+    else if (key === 'no_patient_search') f.noPatientSearch = Array.isArray(value) ? value.map(String) : [];
     else if (key === 'export_polls') f.exportPolls = int(value, key);
     else if (key === 'export_retry_after') f.exportRetryAfter = int(value, key);
     else if (key === 'token_endpoint') f.tokenEndpoint = value ? String(value) : null;

@@ -129,11 +129,11 @@ def test_what_the_ehr_refuses_is_a_502_naming_its_status(fhir: FhirServer, tmp_p
     with _service(store, _settings(hospital, nowhere, broken, error_retries=0)) as (url, _), \
             _client(url, store, "acme", "service") as feed:
         detail = _problem(feed.post("/v1/patients/nobody/pull", json={"connection": "hospital"}), 502, "ehr-refused")
-        assert detail == "Patient $everything: the FHIR server refused (404 Not Found): Patient/<patient> not found"
+        assert detail == "Patient $everything: the FHIR server refused (404 Not Found; issue not-found)"
         fhir.faults(fail_page={"n": 1, "status": 500})
         detail = _problem(feed.post(f"/v1/patients/{patient}/pull", json={"connection": "hospital"}), 502,
                           "ehr-refused")
-        assert "(500 Internal Server Error)" in detail
+        assert "(500 Internal Server Error; issue exception)" in detail
         detail = _problem(feed.post(f"/v1/patients/{patient}/pull", json={"connection": "nowhere"}), 502,
                           "ehr-unreachable")
         assert detail == "read CapabilityStatement: the FHIR server could not be reached (ConnectError)"
@@ -229,7 +229,8 @@ def test_a_second_source_is_a_409_until_replace(fhir: FhirServer, tmp_path: Path
 
 
 @pytest.mark.parametrize(("fault", "detail"), [
-    ({"bad_gzip": True}, "Patient $everything: the FHIR server's answer could not be read (DecodingError)"),
+    ({"bad_gzip": True}, "Patient $everything: the FHIR server's answer could not be read: the gzip body does not "
+                         "decode (Error -3 while decompressing data: incorrect header check)"),
     ({"next_link": "http://[::1"}, "Patient $everything: the FHIR server's next link is not a valid URL; it is not "
                                    "followed"),
 ])

@@ -28,15 +28,17 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import httpx
 
+from ebmrag.ehr.chart import WATCHED_TYPES, dropped_parts, has_nul
 from ebmrag.ehr.compartment import belongs_to, is_shared, named_patients, names_nobody
-from ebmrag.ehr.fhir import EhrError, FhirClient, Origin, origin, retry_after
+from ebmrag.ehr.fhir import EhrError, FhirClient, Origin, check_media, origin, retry_after
+from ebmrag.ehr.ids import fhir_id as checked_fhir_id
 from ebmrag.ehr.params import EhrConnection, EhrParams
 from ebmrag.ehr.pull import (
     Key,
@@ -44,12 +46,12 @@ from ebmrag.ehr.pull import (
     PullReport,
     Resource,
     StepRunner,
-    dropped_parts,
     inline,
     key_of,
     local_key,
     next_since,
     references_in,
+    server_instant,
     source_of,
     store_chart,
 )
@@ -93,12 +95,13 @@ def export_group(store: PatientStore, connection: EhrConnection, group: str, *, 
     is free or holds this source already); `on_stored` hears each patient's report right after its commit;
     `compute` runs the CPU-bound steps (reading the files, each patient's chart). A patient erased after the
     export began is not stored (reported as `patient-erased`)."""
-    valid_name(group, "group id")
+    checked_fhir_id(group, "group id")  # it goes into the URL: Group/<id>/$export
     erasures = store.erasure_mark(connection.tenant)
     with OwnedClient(params, http) as client_http, tempfile.TemporaryDirectory(prefix="ebmrag-export-") as spool:
         client, _ = connect(connection, params, http=client_http)
         client.sleep = sleep
         client.bound(params.max_export_mb, "max_export_mb", params.export_wait_seconds + params.pull_seconds)
+        started = datetime.now(UTC)
         status_url = kick_off(client, group, types)
         try:
             manifest = await_manifest(client, status_url, params, progress)
@@ -107,14 +110,19 @@ def export_group(store: PatientStore, connection: EhrConnection, group: str, *, 
         except BaseException:
             cancel(client, status_url)
             raise
-        since = next_since(str(manifest.get("transactionTime") or ""), params)
+        stamp = server_instant(str(manifest.get("transactionTime") or ""))
+        since = next_since(min(stamp or started, started), params)  # an EHR clock ahead would skip changes
         spooled = compute(lambda: SpooledExport.read(files, connection.base))
+        errors = manifest.get("error")
+        if isinstance(errors, list) and errors:  # which records failed, the error files would say: none is "none"
+            for kind in WATCHED_TYPES:
+                spooled.not_read(kind, f"may be incomplete (the server reported {len(errors)} error file(s) with "
+                                       "the export)")
         try:
             result = _store_each(store, connection, spooled, _Batch(since, stale_after, params.reference_depth,
                                                                     erasures, compute), progress, on_stored)
         finally:
             spooled.close()
-    errors = manifest.get("error")
     if isinstance(errors, list) and errors:
         result.problems.append(f"the server reported {len(errors)} error file(s) with the export (not downloaded)")
     outputs = manifest.get("output")
@@ -163,10 +171,12 @@ def await_manifest(client: FhirClient, status_url: str, params: EhrParams, progr
 
 
 def download(client: FhirClient, connection: EhrConnection, manifest: Mapping[str, Any], spool: Path,
-             progress: Progress) -> list[Path]:
+             progress: Progress) -> list[Spooled]:
     """Every output file streamed to `spool` (one file each, in the manifest's order). Every URL is checked
     before the first is fetched: one on another origin than the FHIR base's and the connection's
-    `bulk_file_origins` fails the export, nothing fetched."""
+    `bulk_file_origins` fails the export, nothing fetched. A file the server refuses, redirects, answers without
+    content or labels as something other than NDJSON is spooled empty with why: its kind is marked not read in
+    every chart of the export (never read as "none"); no answer at all, or the budget spent, fails the export."""
     token = manifest.get("requiresAccessToken") is not False
     outputs = [o for o in manifest["output"] if isinstance(o, Mapping) and isinstance(o.get("url"), str)]
     allowed = frozenset(origin(o) for o in connection.bulk_file_origins)
@@ -176,15 +186,36 @@ def download(client: FhirClient, connection: EhrConnection, manifest: Mapping[st
                        f"{f' and {len(refused) - 5} more' if len(refused) > 5 else ''} is not on the FHIR base's "
                        f"origin nor one of [ehr.connections.{connection.name}] bulk_file_origins; nothing fetched, "
                        "nothing stored", operation="bulk export download")
-    files: list[Path] = []
+    files: list[Spooled] = []
     for done, output in enumerate(outputs, 1):
         path = spool / f"{done:05d}.ndjson"
+        operation = f"bulk export download {_kind(output)}"
         with path.open("wb") as sink:
-            client.send("GET", str(output["url"]), operation=f"bulk export download {_kind(output)}",
-                        authorized=token, accept=NDJSON, origins=allowed, sink=sink)
-        files.append(path)
+            try:
+                answer = client.send("GET", str(output["url"]), operation=operation, authorized=token,
+                                     accept=NDJSON, origins=allowed, sink=sink)
+                if answer.status != 200:  # a redirect (not followed), 204: the file's records are not "none"
+                    raise EhrError(f"{operation}: the server answered {answer.status} "
+                                   f"{httpx.codes.get_reason_phrase(answer.status)}", status=answer.status)
+                check_media(answer, "ndjson", operation)
+            except EhrError as exc:
+                if exc.status is None:  # no answer, or the export's budget or time spent: the export fails
+                    raise
+                files.append(Spooled(path, _kind(output), f"could not be downloaded (the server answered "
+                                                          f"{exc.status})"))
+                continue
+        files.append(Spooled(path, _kind(output)))
         progress("files downloaded", done, len(outputs))
     return files
+
+
+@dataclass(frozen=True)
+class Spooled:
+    """One downloaded output file; `failed`: why it could not be downloaded (its kind is then not read)."""
+
+    path: Path
+    kind: str
+    failed: str = ""
 
 
 def _fetchable(client: FhirClient, url: str, allowed: frozenset[Origin]) -> bool:
@@ -219,7 +250,7 @@ def _never_stop() -> None:
 class SpooledExport:
     """Where each resource of the downloaded files is, grouped by whose it is (no resource held in memory)."""
 
-    files: list[Path]
+    files: list[Spooled]
     base: str
     patients: dict[str, Line] = field(default_factory=dict)  # server patient id -> its Patient's line
     owned: dict[str, list[Line]] = field(default_factory=dict)  # server patient id -> its resources' lines
@@ -228,17 +259,20 @@ class SpooledExport:
     adopted: set[Key] = field(default_factory=set)  # the nobody's some patient's chart took in
     dropped: Counter[str] = field(default_factory=Counter)  # resource type -> belonging to no patient here
     unreadable: int = 0  # lines that are not a JSON resource with a type and an id
+    unread: dict[str, str] = field(default_factory=dict)  # kinds no chart of the export holds whole: type -> why
     _open: dict[int, BinaryIO] = field(default_factory=dict)
 
     @classmethod
-    def read(cls, files: list[Path], base: str) -> SpooledExport:
+    def read(cls, files: list[Spooled], base: str) -> SpooledExport:
         spooled = cls(files, base)
-        for number, path in enumerate(files):
-            with path.open("rb") as text:
+        for number, spooled_file in enumerate(files):
+            if spooled_file.failed:
+                spooled.not_read(spooled_file.kind, spooled_file.failed)
+            with spooled_file.path.open("rb") as text:
                 offset = 0
                 for raw in text:
                     checkpoint()
-                    spooled._place(raw, (number, offset))
+                    spooled._place(raw, (number, offset), spooled_file.kind)
                     offset += len(raw)
         for patient in [p for p in spooled.owned if p not in spooled.patients]:  # a patient the export lacks
             for line in spooled.owned.pop(patient):
@@ -246,12 +280,19 @@ class SpooledExport:
         spooled.close()
         return spooled
 
-    def _place(self, raw: bytes, line: Line) -> None:
+    def not_read(self, kind: str, why: str) -> None:
+        """`kind` is not held whole by any chart of the export (a file of no named kind: every watched kind)."""
+        for each in (kind,) if kind != "file" else WATCHED_TYPES:
+            self.unread.setdefault(each, why)
+
+    def _place(self, raw: bytes, line: Line, kind: str) -> None:
         if not raw.strip():
             return
         resource = self._parse(raw)
-        if resource is None:
+        if resource is None or has_nul(resource):  # cut short, damaged, or unstorable: its kind is not "none"
             self.unreadable += 1
+            self.not_read(str(resource["resourceType"]) if resource else kind,
+                          "were not all read (a line of the export is cut short, damaged or holds a NUL character)")
             return
         if resource["resourceType"] == "Patient":
             self.patients.setdefault(resource["id"], line)
@@ -279,7 +320,7 @@ class SpooledExport:
 
     def resource(self, line: Line) -> Resource:
         number, offset = line
-        text = self._open.get(number) or self._open.setdefault(number, self.files[number].open("rb"))
+        text = self._open.get(number) or self._open.setdefault(number, self.files[number].path.open("rb"))
         text.seek(offset)
         found = self._parse(text.readline())
         if found is None:  # it was read before; the spool is ours
@@ -371,6 +412,7 @@ def _store_one(store: PatientStore, connection: EhrConnection, spooled: SpooledE
     source = source_of(connection, fhir_id)
     stored, written = store_chart(store, connection.tenant, fhir_id, source, held, held, batch.since,
                                   replace_all=True, origin=f"FHIR bulk export ({connection.name})",
-                                  stale_after=batch.stale_after, require_free=True, erased_after=batch.erased_after)
+                                  stale_after=batch.stale_after, require_free=True, erased_after=batch.erased_after,
+                                  unread=spooled.unread)
     return PullReport(fhir_id, connection.name, "bulk", False, 0, len(held), len(held), written, stored.skipped,
                       batch.since, tuple(f.id for f in stored.fragments), fhir_id)

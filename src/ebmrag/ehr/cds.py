@@ -31,12 +31,12 @@ from ebmrag.ehr.cds_cards import (
 from ebmrag.ehr.cds_facts import Chart, LabFact, allergy_facts, critical_facts, pregnancy_fact, renal_facts
 from ebmrag.ehr.cds_params import normal_base
 from ebmrag.ehr.drugs import DrugVocabulary
+from ebmrag.ehr.ids import is_fhir_id
 from ebmrag.errors import EbmragError, RecordError
 from ebmrag.records.fhir.coding import codings, obj, objects, text_of
 from ebmrag.records.fhir.index import ChartIndex, Entry, Resource, bundle_entries, type_id
 
 ORDER_HOOKS = ("order-select", "order-sign")
-_FHIR_ID = re.compile(r"^[A-Za-z0-9\-.]{1,64}$")
 _TOKEN = re.compile(r"\{\{\s*([A-Za-z][A-Za-z0-9.]*)\s*\}\}")
 _USER_TOKENS = {"userPractitionerId": "Practitioner", "userPractitionerRoleId": "PractitionerRole",
                 "userPatientId": "Patient", "userRelatedPersonId": "RelatedPerson"}
@@ -132,8 +132,8 @@ def parse_request(body: Any, service: ServiceDefinition) -> HookRequest:
     if not isinstance(context, Mapping):
         raise HookRequestError("context", "must be an object")
     patient = _text(context, "patientId", "context.patientId")
-    if not _FHIR_ID.match(patient):
-        raise HookRequestError("context.patientId", "must be a FHIR id (1-64 letters, digits, - or .)")
+    if not is_fhir_id(patient):
+        raise HookRequestError("context.patientId", "must be a FHIR id (1-64 letters, digits, - or ., not only dots)")
     _text(context, "userId", "context.userId")
     if hook in ORDER_HOOKS:
         _draft_orders(context, hook)

@@ -60,7 +60,7 @@ def fetch_missing(request: HookRequest, service: ServiceDefinition, keys: Sequen
     client: FhirClient | None = None
     try:
         client = FhirClient(request.fhir_server, patience, auth=HookToken(request.authorization.access_token),
-                            http=http, hide=(request.patient_id,))
+                            http=http)
         for key in keys:
             resources += _fetch(client, key, service, request, params)
     except PrefetchUnavailableError:

@@ -25,18 +25,22 @@ from __future__ import annotations
 
 import email.utils
 import logging
-import re
 import time
+import tomllib
 import unicodedata
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import cache
+from pathlib import Path
 from typing import IO, Any, Protocol
 from urllib.parse import urljoin, urlsplit
 
 import httpx
 
+from ebmrag.ehr.ids import safe_path
 from ebmrag.ehr.params import EhrParams
+from ebmrag.ehr.wire import AnswerTimeout, Exchange
 from ebmrag.errors import EbmragError, RecordError
 from ebmrag.protocols import checkpoint
 from ebmrag.records.limits import load_json
@@ -44,7 +48,7 @@ from ebmrag.records.limits import load_json
 log = logging.getLogger(__name__)
 FHIR_JSON = "application/fhir+json"
 FIRST_BACKOFF = 0.5  # seconds; doubled per retry up to [ehr] max_backoff_seconds
-_DIAGNOSTICS = 240  # characters of the server's diagnostics kept in an error line
+_EXCERPT = 240  # characters of a server's words (a media type, an origin) kept in an error line
 MB = 2**20
 Origin = tuple[str, str]
 
@@ -94,7 +98,7 @@ def origin(url: str) -> Origin:
     return parts.scheme.lower(), f"{(parts.hostname or '').lower()}:{port}"
 
 
-def excerpt(text: str, limit: int = _DIAGNOSTICS) -> str:
+def excerpt(text: str, limit: int = _EXCERPT) -> str:
     """A server's words as an error line may repeat them: no control or format characters (no terminal escapes,
     no bidi overrides), one line, at most `limit` characters."""
     kept = "".join(c if unicodedata.category(c)[0] != "C" else " " for c in text)
@@ -118,36 +122,51 @@ def retry_after(value: str | None, now: datetime | None = None) -> float | None:
     return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
 
 
-def diagnostics(body: Any, hide: Sequence[str] = ()) -> str:
-    """What an OperationOutcome (or an OAuth error body) says, on one line, without the words in `hide` (the
-    patient id a server may echo back)."""
+def diagnostics(body: Any) -> str:
+    """What may be repeated of a server's error, on one line: an OperationOutcome's issue codes, an OAuth error
+    body's error code: words of fixed vocabularies (data/answers.toml), never the server's free text, which may
+    echo what the request carried (the bearer token, the client assertion, the patient id)."""
+    relayed = _answers()["relayed"]
     said: list[str] = []
     if isinstance(body, Mapping) and body.get("resourceType") == "OperationOutcome":
         issues = body.get("issue")
-        for issue in issues[:3] if isinstance(issues, list) else []:
-            if not isinstance(issue, Mapping):
-                continue
-            details = issue.get("details")
-            text = issue.get("diagnostics") or (details.get("text") if isinstance(details, Mapping) else None)
-            said.append(str(text or issue.get("code") or ""))
+        codes = [str(i.get("code")) for i in (issues[:10] if isinstance(issues, list) else [])
+                 if isinstance(i, Mapping)]
+        said = [f"issue {code}" for code in dict.fromkeys(codes) if code in relayed["issue_codes"]]
     elif isinstance(body, Mapping) and isinstance(body.get("error"), str):
-        described = body.get("error_description")
-        said.append(excerpt(body["error"], 40) + (f": {excerpt(str(described), 120)}" if described else ""))
-    text = excerpt("; ".join(s for s in said if s), 10 * _DIAGNOSTICS)
-    for word in hide:
-        if word:  # as a whole id only: hiding "7" must not garble "HTTP 407"
-            text = re.sub(rf"(?<![\w.-]){re.escape(word)}(?![\w-])", "<patient>", text)
-    return excerpt(text)
+        said = [body["error"] if body["error"] in relayed["oauth_errors"] else "an error code that is not OAuth's"]
+    return ", ".join(said)
 
 
-def refusal(answer: Answer, operation: str, hide: Sequence[str] = ()) -> EhrError:
+def refusal(answer: Answer, operation: str) -> EhrError:
     try:
-        said = diagnostics(load_json(answer.body, operation), hide) if answer.body else ""
+        said = diagnostics(load_json(answer.body, operation)) if answer.body else ""
     except RecordError:
         said = ""
     reason = httpx.codes.get_reason_phrase(answer.status)
-    return EhrError(f"{operation}: the FHIR server refused ({answer.status} {reason})" + (f": {said}" if said else ""),
+    return EhrError(f"{operation}: the FHIR server refused ({answer.status} {reason}" + (f"; {said})" if said else ")"),
                     status=answer.status, operation=operation)
+
+
+@cache
+def _answers() -> dict[str, Any]:
+    with (Path(__file__).parent / "data" / "answers.toml").open("rb") as handle:
+        return tomllib.load(handle)
+
+
+def media_type(answer: Answer) -> str:
+    """The answer's media type, lower case, without parameters ("" when it names none)."""
+    return str(answer.headers.get("content-type", "")).split(";")[0].strip().lower()
+
+
+def check_media(answer: Answer, kind: str, operation: str) -> None:
+    """An answer labelled as something other than `kind` ("json", "ndjson": data/answers.toml) is refused unread:
+    a login page or an XML error read as a FHIR answer holds nothing, and its nothing would read as an absence."""
+    found = media_type(answer)
+    if found and found not in _answers()["media"][kind]:
+        raise EhrError(f"{operation}: the FHIR server answered {answer.status} with {excerpt(found, 60)}, not "
+                       f"{'FHIR JSON' if kind == 'json' else 'NDJSON'}; not read", status=answer.status,
+                       operation=operation)
 
 
 class FhirClient:
@@ -155,14 +174,12 @@ class FhirClient:
     `received` the bytes of every answer (the `[ehr] max_pull_mb` budget, `bound` sets another)."""
 
     def __init__(self, base: str, params: EhrParams, *, auth: Authorizer | None = None,
-                 http: httpx.Client | None = None, sleep: Callable[[float], None] = time.sleep,
-                 hide: Sequence[str] = ()) -> None:
-        """`auth`: None for an open server; `hide`: words never repeated from the server's diagnostics (the
-        patient id); `sleep`: how a wait is spent (tests count them). The pull's budget starts now."""
+                 http: httpx.Client | None = None, sleep: Callable[[float], None] = time.sleep) -> None:
+        """`auth`: None for an open server; `sleep`: how a wait is spent (tests count them). The pull's budget
+        starts now."""
         self.base, self.params, self.auth, self.sleep = base.rstrip("/"), params, auth, sleep
         self.origin = origin(self.base)
         self.http = http or httpx.Client(timeout=params.timeout_seconds, follow_redirects=False)
-        self.hide = tuple(hide)
         self.requests = 0
         self.received = 0
         self._limit, self._limit_mb, self._limit_key, self._deadline, self._seconds = 0, 0.0, "", 0.0, 0.0
@@ -189,6 +206,9 @@ class FhirClient:
         try:
             if "://" in path:
                 full = path
+            elif not safe_path(path):  # "Patient/..": the base itself, a search of every patient
+                raise EhrError(f"{said}refused to request a path with an empty, dot or encoded segment",
+                               operation=operation)
             else:  # "Patient/7" is under the base; "/fhir/$export-status/9" under the origin
                 full = urljoin(self.base, path) if path.startswith("/") else f"{self.base}/{path}"
             there = origin(full)
@@ -204,9 +224,17 @@ class FhirClient:
              authorized: bool = True) -> Any:
         """GET a JSON resource (a Bundle, a CapabilityStatement); an error OperationOutcome is an EhrError."""
         answer = self.send("GET", path, operation=operation, query=query, authorized=authorized)
+        if answer.status not in (200, 203):  # a redirect (not followed), 204 No Content, 202 Accepted: no resource
+            reason = httpx.codes.get_reason_phrase(answer.status)
+            raise EhrError(f"{operation}: the FHIR server answered {answer.status} {reason} where a resource was "
+                           "expected" + (" (redirects are not followed: the access token goes to the FHIR server "
+                                         "only)" if 300 <= answer.status < 400 else ""),
+                           status=answer.status, operation=operation)
+        check_media(answer, "json", operation)
         body = answer.json(operation)
         if isinstance(body, Mapping) and body.get("resourceType") == "OperationOutcome" and _is_error(body):
-            raise EhrError(f"{operation}: the FHIR server answered with an error: {diagnostics(body, self.hide)}",
+            said = diagnostics(body)
+            raise EhrError(f"{operation}: the FHIR server answered with an error" + (f" ({said})" if said else ""),
                            status=answer.status, operation=operation)
         return body
 
@@ -215,13 +243,20 @@ class FhirClient:
         url: str | None = path
         params: Mapping[str, str] | None = query
         seen: set[str] = set()
+        total, matched = None, 0
         while url is not None:
             bundle = self.read(url, params, operation=operation)
             if not isinstance(bundle, Mapping) or bundle.get("resourceType") != "Bundle":
                 raise EhrError(f"{operation}: the FHIR server answered with something other than a Bundle",
                                operation=operation)
+            said_total, count = page_count(bundle, operation)
+            total = said_total if total is None else total
+            matched += count
             yield bundle
             url, params = next_link(bundle), None
+            if url is None and total is not None and matched < total:  # a page left out: what it held is not "none"
+                raise EhrError(f"{operation}: the FHIR server's search says it matched {total} but its pages held "
+                               f"{matched}; the answer is incomplete and is not used", operation=operation)
             if url is not None:
                 try:
                     url = urljoin(self.base + "/", url)
@@ -253,13 +288,17 @@ class FhirClient:
             try:
                 answer = self._exchange(method, url, query, headers, authorized, accept, operation, origins, sink)
             except httpx.TransportError as exc:
+                self._check_time(operation)  # the pull's deadline cut the body: that, not the network, is why
                 if failed < self.params.error_retries:
                     failed += 1
                     self.wait(self._backoff(failed), operation, "unreachable")
                     continue
-                raise EhrError(f"{operation}: the FHIR server could not be reached ({type(exc).__name__})",
-                               operation=operation, unreachable=True) from None
-            except httpx.HTTPError as exc:  # a body that does not decode (a bad gzip), too many redirects, ...
+                raise EhrError(f"{operation}: {_unreachable(exc, self.params.timeout_seconds)}", operation=operation,
+                               unreachable=True) from None
+            except httpx.DecodingError as exc:  # ours (ehr.wire): an encoding not asked for, a cut or bad gzip
+                raise EhrError(f"{operation}: the FHIR server's answer could not be read: {exc}",
+                               operation=operation) from None
+            except httpx.HTTPError as exc:  # too many redirects, a stream read twice, ...
                 raise EhrError(f"{operation}: the FHIR server's answer could not be read ({type(exc).__name__})",
                                operation=operation) from None
             except (httpx.InvalidURL, ValueError) as exc:  # a URL httpx cannot send to
@@ -279,30 +318,36 @@ class FhirClient:
                 failed += 1
                 self.wait(self._backoff(failed), operation, str(answer.status))
                 continue
-            raise refusal(answer, operation, self.hide)
+            raise refusal(answer, operation)
 
     def _exchange(self, method: str, url: str, query: Mapping[str, str] | None, headers: Mapping[str, str] | None,
                   authorized: bool, accept: str, operation: str, origins: Collection[Origin],
                   sink: IO[bytes] | None) -> Answer:
+        """One exchange inside `ehr.wire`'s bounds: its head within `timeout_seconds`, its body by the pull's
+        deadline, inflated a bounded piece at a time and counted piece by piece (`_take`)."""
         sent = {"Accept": accept, **(headers or {})}
         if authorized and self.auth is not None:
             if origin(url) != self.origin and origin(url) not in origins:  # url() checked it; here too, at the token
                 raise EhrError(f"{operation}: refused to send the access token to another server")
             sent["Authorization"] = f"Bearer {self.auth.token()}"
         self.requests += 1
-        with self.http.stream(method, url, params=dict(query) if query else None, headers=sent) as reply:
+        request = self.http.build_request(method, url, params=dict(query) if query else None, headers=sent)
+        bounds = {"header_seconds": self.params.timeout_seconds, "until": self._deadline}
+        with Exchange(self.http, request, **bounds) as exchange:
+            reply = exchange.reply
             into = sink if sink is not None and reply.status_code < 300 else None
             if into is not None:  # a retry starts the file again
                 into.seek(0)
                 into.truncate()
             body, size = bytearray(), 0
-            for chunk in reply.iter_bytes():
-                size += len(chunk)
-                self._take(len(chunk), size, operation)
+            for piece in exchange.pieces():
+                size += len(piece)
+                self._take(len(piece), size, operation)
                 if into is not None:
-                    into.write(chunk)
+                    into.write(piece)
                 else:
-                    body += chunk
+                    body += piece
+            checkpoint()  # a stop that shut the socket may look like the end of a body: it is not taken as one
             return Answer(reply.status_code, reply.headers, bytes(body), str(reply.url), size)
 
     def _take(self, count: int, answer_size: int, operation: str) -> None:
@@ -345,6 +390,33 @@ class FhirClient:
             self._check_time(operation)
             self.sleep(min(left, 1.0))
             left -= 1.0
+
+
+def _unreachable(exc: httpx.TransportError, seconds: float) -> str:
+    if isinstance(exc, AnswerTimeout):
+        return (f"the FHIR server sent no complete answer within {seconds:g} s ([ehr] timeout_seconds); the "
+                "connection was closed")
+    return f"the FHIR server could not be reached ({type(exc).__name__})"
+
+
+def page_count(bundle: Mapping[str, Any], operation: str) -> tuple[int | None, int]:
+    """(the search's `total` where the page says it, the page's entries), or an EhrError where the page carries
+    an OperationOutcome of errors (a server saying it could not answer the search whole)."""
+    entries = bundle.get("entry")
+    matched = 0
+    for entry in entries if isinstance(entries, list) else []:
+        search = entry.get("search") if isinstance(entry, Mapping) else None
+        mode = search.get("mode") if isinstance(search, Mapping) else None
+        resource = entry.get("resource") if isinstance(entry, Mapping) else None
+        if mode == "outcome" or (isinstance(resource, Mapping) and resource.get("resourceType") == "OperationOutcome"):
+            if isinstance(resource, Mapping) and _is_error(resource):
+                said = diagnostics(resource)
+                raise EhrError(f"{operation}: the FHIR server's page carries an error" + (f" ({said})" if said else "")
+                               + "; the answer is incomplete and is not used", operation=operation)
+        else:  # include entries too: servers differ on whether `total` counts them; more received is never short
+            matched += 1
+    total = bundle.get("total")
+    return (total if isinstance(total, int) and not isinstance(total, bool) and total >= 0 else None), matched
 
 
 def next_link(bundle: Mapping[str, Any]) -> str | None:

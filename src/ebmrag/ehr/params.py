@@ -103,7 +103,7 @@ class EhrParams:
     them (`[ehr.connections.<name>]`); `connection(name)` gives the checked `EhrConnection`."""
 
     page_size: int = 100  # `_count` of every search and $everything page
-    timeout_seconds: float = 30.0  # one HTTP request: connect, send, wait for the answer
+    timeout_seconds: float = 30.0  # one HTTP request: connect, send and the answer head, in all (ehr.wire)
     retries: int = 3  # a 429 or 503 retried this often, waiting its Retry-After (or the backoff)
     error_retries: int = 1  # another 5xx or a network error retried this often (the backoff between)
     max_backoff_seconds: float = 30.0  # the backoff doubles from 0.5 s up to this

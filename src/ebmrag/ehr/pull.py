@@ -30,20 +30,23 @@ import json
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, TypeVar
 
 import httpx
 
+from ebmrag.ehr.chart import WATCHED_TYPES, as_patient, chart_record, has_nul
 from ebmrag.ehr.compartment import belongs_to, names_nobody
 from ebmrag.ehr.fhir import EhrError, FhirClient
+from ebmrag.ehr.ids import fhir_id as fhir_id_of
 from ebmrag.ehr.params import EhrConnection, EhrParams
+from ebmrag.ehr.scopes import scope_reads
 from ebmrag.ehr.smart import connect
 from ebmrag.protocols import Progress, checkpoint, no_progress
-from ebmrag.records.fhir.bundle import DEFAULT_STALE_AFTER, record_from_entries
-from ebmrag.records.fhir.index import Entry, type_id
-from ebmrag.records.fragment import Fragment, PatientRecord
+from ebmrag.records.fhir.bundle import DEFAULT_STALE_AFTER
+from ebmrag.records.fhir.index import type_id
+from ebmrag.records.fragment import PatientRecord
 from ebmrag.store.access import valid_name
 from ebmrag.store.patients import ChartSourceConflictError, PatientStore, PulledResource, PulledWrite
 
@@ -118,7 +121,7 @@ def pull_patient(store: PatientStore, connection: EhrConnection, patient: str, *
     key), RecordError (no chart) or PatientErasedError (the patient was erased meanwhile: nothing stored)."""
     valid_name(patient, "patient id")
     erasures = store.erasure_mark(connection.tenant)  # an erasure after this outlasts the pull (put_pulled)
-    fhir_id = valid_name(fhir_patient or patient, "FHIR patient id")
+    fhir_id = fhir_id_of(fhir_patient or patient, "FHIR patient id")  # it goes into the URL: Patient/<id>
     source = source_of(connection, fhir_id)
     if not replace_source and any(s != source for s in store.pulled_sources(connection.tenant, patient)):
         raise ChartSourceConflictError("the patient already holds a chart pulled from another source (another FHIR "
@@ -127,7 +130,7 @@ def pull_patient(store: PatientStore, connection: EhrConnection, patient: str, *
     state = None if full else store.pulled_state(connection.tenant, patient, source)
     started = datetime.now(UTC)
     with OwnedClient(params, http) as client_http:
-        client, capability = connect(connection, params, http=client_http, hide=(fhir_id, patient))
+        client, capability = connect(connection, params, http=client_http)
         fetcher = ChartFetcher(client, capability, fhir_id, params, progress)
         fetched, server_time = fetcher.compartment(state.since if state else None)
         kept = compute(lambda: _kept(store, connection.tenant, patient, source)) if state else {}
@@ -141,11 +144,11 @@ def pull_patient(store: PatientStore, connection: EhrConnection, patient: str, *
         merged.update(extra)
         changed.update(extra)
     checkpoint()  # the last moment a stopped pull leaves the store untouched
-    since = next_since(server_time or started, params)
+    since = next_since(min(server_instant(server_time) or started, started), params)  # an EHR clock ahead: ours
     record, written = compute(lambda: store_chart(
         store, connection.tenant, patient, source, merged, changed, since, replace_all=state is None,
         origin=f"FHIR pull ({connection.name})", stale_after=stale_after, dropped=fetcher.dropped_in_all(),
-        replace_source=replace_source, erased_after=erasures))
+        replace_source=replace_source, erased_after=erasures, unread=fetcher.unread_in_all()))
     mode = "$everything" if fetcher.everything else "search"
     report = PullReport(patient, connection.name, mode, state is not None, client.requests,
                         len(fetched) + len(extra), len(merged), written, record.skipped, since,
@@ -186,6 +189,11 @@ class ChartFetcher:
         self.dropped: Counter[str] = Counter()  # resource type -> how many were not this patient's
         self.refused: set[Key] = set()  # dropped ones: never asked for again by reference
         self.orphans: dict[Key, Resource] = {}  # naming nobody: kept only where the patient's resources refer to them
+        self.unread: dict[str, str] = {}  # the kinds of record the chart cannot hold whole: type -> why
+        if not self.everything:  # a kind the server holds but cannot search by patient is not "none"
+            listed = _listed_types(capability)
+            self.unread.update((kind, "are not searchable by patient on this FHIR server, so none were read")
+                               for kind in WATCHED_TYPES if kind in listed and kind not in self.searchable)
 
     def compartment(self, since: str | None) -> tuple[dict[Key, Resource], str]:
         """The patient's resources (changed after `since`, when given), and the server's time of the first page
@@ -260,6 +268,10 @@ class ChartFetcher:
         if not isinstance(resource.get("id"), str) or not isinstance(resource.get("resourceType"), str):
             self.dropped["(a resource without id or type)"] += 1
             return False
+        if has_nul(resource):  # no store can hold it (PostgreSQL text), and it is not the patient's "none"
+            self.unread[str(resource["resourceType"])] = "were not all read (one holds a NUL character)"
+            self.refused.add(key_of(resource))
+            return False
         if belongs_to(resource, self.fhir_id, self.client.base) is not False:
             return True
         if names_nobody(resource):
@@ -281,6 +293,16 @@ class ChartFetcher:
             adopted.update((k, self.orphans.pop(k)) for k in found)
             following = [adopted[k] for k in found]
         return adopted
+
+    def unread_in_all(self) -> dict[str, str]:
+        """The kinds not read whole: as found, and those the access token's granted scopes leave out (a server
+        may answer $everything with only what the token may see, the rest silently missing)."""
+        granted = str(getattr(self.client.auth, "scope", "") or "")
+        unread = dict(self.unread)
+        for kind in WATCHED_TYPES:
+            if granted and kind not in unread and not scope_reads(granted, kind):
+                unread[kind] = "are outside the access token's granted scopes, so none could be read"
+        return unread
 
     def dropped_in_all(self) -> Counter[str]:
         """What was not kept, by type: the refused, and the resources naming nobody that nothing adopted."""
@@ -392,55 +414,19 @@ def merge(kept: Mapping[Key, Resource], fetched: Mapping[Key, Resource]) -> tupl
     return merged, changed
 
 
-def chart_record(resources: Iterable[Resource], patient: str, origin: str,
-                 stale_after: timedelta = DEFAULT_STALE_AFTER) -> PatientRecord:
-    """The chart of the pulled resources, read as a file of them would be, under the store's patient id."""
-    entries = [Entry(r, "", f"{r['resourceType']}/{r['id']}") for r in sorted(resources, key=key_of)]
-    return as_patient(record_from_entries(entries, origin, stale_after=stale_after), patient)
-
-
-def as_patient(record: PatientRecord, patient: str, dropped: Mapping[str, int] | None = None) -> PatientRecord:
-    """The record under the store's patient id (the server's `Patient/<id>` is not the store's key), with what
-    the pull dropped as not this patient's among its skipped parts."""
-    skipped = (*record.skipped, *dropped_parts(dropped or {}))
-    fragments = tuple(_flag_left_out(replace(f, patient_id=patient), dropped or {}) for f in record.fragments)
-    return PatientRecord(patient, fragments, record.origin, skipped, record.identifiers)
-
-
-# The face sheet's lists and the resource types they are made of: a list built without some of its records must
-# not read as the whole chart ("no allergy ... is recorded") when the server held records it could not attribute.
-FACE_SHEET_TYPES = {"summary/allergies": ("AllergyIntolerance",), "summary/active-problems": ("Condition",),
-                    "summary/active-medications": ("MedicationRequest", "MedicationStatement")}
-
-
-def _flag_left_out(fragment: Fragment, dropped: Mapping[str, int]) -> Fragment:
-    """The face-sheet line, with how many records of its kind the server handed over that were not read."""
-    left_out = sum(dropped.get(kind, 0) for kind in FACE_SHEET_TYPES.get(fragment.id, ()))
-    if not left_out:
-        return fragment
-    return replace(fragment, text=f"{fragment.text} Not read: {left_out} more record{'s' if left_out > 1 else ''} "
-                                  "of this kind on the FHIR server that do not name this patient by reference; "
-                                  "the chart may hold more than this line says.")
-
-
-def dropped_parts(dropped: Mapping[str, int]) -> tuple[str, ...]:
-    """The skipped-part lines of resources a server handed over that are not this patient's."""
-    return tuple(f"{kind} x{count}: not this patient's (another patient's, named by identifier or display only, "
-                 f"on another server, or naming no patient); not kept" for kind, count in sorted(dropped.items()))
-
-
 def store_chart(store: PatientStore, tenant: str, patient: str, source: str, resources: Mapping[Key, Resource],
                 changed: Mapping[Key, Resource], since: str, *, replace_all: bool, origin: str,
                 stale_after: timedelta = DEFAULT_STALE_AFTER, dropped: Mapping[str, int] | None = None,
-                replace_source: bool = False, require_free: bool = False,
-                erased_after: int | None = None) -> tuple[PatientRecord, PulledWrite]:
+                replace_source: bool = False, require_free: bool = False, erased_after: int | None = None,
+                unread: Mapping[str, str] | None = None) -> tuple[PatientRecord, PulledWrite]:
     """The chart, rebuilt from every held resource (`dropped`: what was not kept, by type, for its skipped
-    parts), then one store transaction (`PatientStore.put_pulled`, which checks the store id's source and, given
+    parts; `unread`: the kinds that could not be read, type -> why, said on the face sheet), then one store
+    transaction (`PatientStore.put_pulled`, which checks the store id's source and, given
     `erased_after`, that the patient was not erased since)."""
     if not any(k[0] == "Patient" for k in resources):
         raise EhrError("the FHIR server returned no Patient resource for this patient (unknown id, or not in the "
                        "access token's scopes)", status=404)
-    record = as_patient(chart_record(resources.values(), patient, origin, stale_after), patient, dropped)
+    record = as_patient(chart_record(resources.values(), patient, origin, stale_after), patient, dropped, unread)
     rows = [_row(r) for r in (resources if replace_all else changed).values()]
     return record, store.put_pulled(tenant, patient, source, record, rows, since, replace_all,
                                     replace_source=replace_source, require_free=require_free,
@@ -472,6 +458,15 @@ def _bundle_time(bundle: Mapping[str, Any]) -> str:
     meta = bundle.get("meta")
     stamp = meta.get("lastUpdated") if isinstance(meta, Mapping) else None
     return stamp if isinstance(stamp, str) else ""
+
+
+def server_instant(stamp: str) -> datetime | None:
+    """A server's instant as an aware datetime; None when it does not say one."""
+    try:
+        moment = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def next_since(moment: datetime | str, params: EhrParams) -> str:

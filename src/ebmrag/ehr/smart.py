@@ -18,7 +18,7 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ import jwt
 from ebmrag.ehr.fhir import EhrError, FhirClient, diagnostics, excerpt, origin
 from ebmrag.ehr.keys import SigningKey, load_signing_key
 from ebmrag.ehr.params import EhrConnection, EhrParams
+from ebmrag.ehr.wire import AnswerTimeout, Exchange
 from ebmrag.errors import RecordError
 from ebmrag.records.limits import load_json
 
@@ -148,21 +149,28 @@ class TokenSource:
                 "client_assertion": client_assertion(self.key, self.connection.client_id, self.endpoint)}
         started = self.clock()
         try:
-            with httpx.Client(timeout=self.timeout, follow_redirects=False) as http, \
-                    http.stream("POST", self.endpoint, data=form, headers={"Accept": "application/json"}) as reply:
-                raw = _bounded_body(reply)
+            with httpx.Client(timeout=self.timeout, follow_redirects=False) as http:
+                request = http.build_request("POST", self.endpoint, data=form, headers={"Accept": "application/json"})
+                with Exchange(http, request, header_seconds=self.timeout,
+                              until=time.monotonic() + self.timeout) as exchange:  # the whole exchange, not a read
+                    status, raw = exchange.reply.status_code, _bounded_body(exchange.pieces())
         except httpx.TransportError as exc:
-            raise EhrError(f"token request: the authorization server could not be reached ({type(exc).__name__})",
-                           operation="token request", unreachable=True) from None
-        except (httpx.HTTPError, httpx.InvalidURL, ValueError) as exc:  # a body that does not decode, a bad URL
+            why = f"no complete answer within {self.timeout:g} s" if isinstance(exc, AnswerTimeout) else \
+                f"could not be reached ({type(exc).__name__})"
+            raise EhrError(f"token request: the authorization server {why}", operation="token request",
+                           unreachable=True) from None
+        except httpx.DecodingError as exc:  # ours (ehr.wire)
+            raise EhrError(f"token request: the authorization server's answer could not be read: {exc}",
+                           operation="token request") from None
+        except (httpx.HTTPError, httpx.InvalidURL, ValueError) as exc:  # a bad URL, ...
             raise EhrError(f"token request: the authorization server's answer could not be read "
                            f"({type(exc).__name__})", operation="token request") from None
         body = _json_or_empty(raw)
         token = body.get("access_token") if isinstance(body, Mapping) else None
-        if reply.status_code != 200 or not isinstance(token, str) or not token:
-            said = diagnostics(body) or ("no access_token in the answer" if reply.status_code == 200 else "")
-            raise EhrError(f"token request: the authorization server refused ({reply.status_code})"
-                           + (f": {said}" if said else ""), status=reply.status_code, operation="token request")
+        if status != 200 or not isinstance(token, str) or not token:
+            said = diagnostics(body) or ("no access_token in the answer" if status == 200 else "")
+            raise EhrError(f"token request: the authorization server refused ({status})"
+                           + (f": {said}" if said else ""), status=status, operation="token request")
         lifetime = body.get("expires_in")
         seconds = float(lifetime) if isinstance(lifetime, int | float) and lifetime >= 0 else DEFAULT_TOKEN_SECONDS
         self._token, self._until = token, started + seconds - min(EXPIRY_MARGIN, seconds / 10)
@@ -172,11 +180,11 @@ class TokenSource:
         return token
 
 
-def _bounded_body(reply: httpx.Response) -> bytes:
+def _bounded_body(pieces: Iterator[bytes]) -> bytes:
     """The token answer, at most TOKEN_ANSWER_BYTES of it (a token answer is small; a bigger one is not read on)."""
     body = bytearray()
-    for chunk in reply.iter_bytes():
-        body += chunk
+    for piece in pieces:
+        body += piece
         if len(body) > TOKEN_ANSWER_BYTES:
             raise EhrError("token request: the authorization server's answer is too large",
                            operation="token request")
@@ -190,12 +198,12 @@ def _json_or_empty(raw: bytes) -> Any:
         return {}
 
 
-def connect(connection: EhrConnection, params: EhrParams, *, http: httpx.Client | None = None,
-            hide: tuple[str, ...] = ()) -> tuple[FhirClient, Mapping[str, Any]]:
+def connect(connection: EhrConnection, params: EhrParams, *,
+            http: httpx.Client | None = None) -> tuple[FhirClient, Mapping[str, Any]]:
     """A client of the connection's server, authorized when the connection has a client id, and the server's
     CapabilityStatement (read first: it also says where the token endpoint is, for servers without
     .well-known/smart-configuration)."""
-    client = FhirClient(connection.base, params, http=http, hide=hide)
+    client = FhirClient(connection.base, params, http=http)
     capability = client.read("metadata", operation="read CapabilityStatement", authorized=False)
     if not isinstance(capability, Mapping) or capability.get("resourceType") != "CapabilityStatement":
         raise EhrError("read CapabilityStatement: the FHIR server's /metadata is not a CapabilityStatement")

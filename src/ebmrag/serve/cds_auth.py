@@ -38,6 +38,7 @@ import httpx
 import jwt
 
 from ebmrag.ehr.cds_params import CdsParams, TrustedIssuer
+from ebmrag.ehr.wire import Exchange
 from ebmrag.serve.throttle import named
 
 ALGORITHMS = ("ES384", "RS384", "ES256", "ES512", "RS256", "RS512", "PS256", "PS384", "PS512")
@@ -193,17 +194,19 @@ class KeySets:
 
     def _fetch(self, url: str) -> dict[str, dict[str, Any]]:
         """GET the JWK Set, read up to MAX_JWKS_BYTES + 1 bytes (a larger set is refused, not buffered)."""
-        try:
-            with self.http.stream("GET", url, headers={"Accept": "application/json"}) as answer:
-                if answer.status_code != 200:
-                    raise CdsAuthError(f"the issuer's JWK Set could not be fetched ({answer.status_code})",
+        seconds = self.params.fetch_timeout_seconds
+        request = self.http.build_request("GET", url, headers={"Accept": "application/json"})
+        try:  # the whole exchange within the fetch timeout, its body inflated a bounded piece at a time (ehr.wire)
+            with Exchange(self.http, request, header_seconds=seconds, until=time.monotonic() + seconds) as exchange:
+                if exchange.reply.status_code != 200:
+                    raise CdsAuthError(f"the issuer's JWK Set could not be fetched ({exchange.reply.status_code})",
                                        client_fault=False)
                 body = bytearray()
-                for chunk in answer.iter_bytes():
-                    body += chunk
+                for piece in exchange.pieces():
+                    body += piece
                     if len(body) > MAX_JWKS_BYTES:
                         break
-        except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError):
+        except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError, ValueError):
             raise CdsAuthError("the issuer's JWK Set could not be fetched", client_fault=False) from None
         return _key_set(bytes(body))
 

@@ -84,7 +84,14 @@ class OutboundCall:
         return client
 
     def _traced(self, request: httpx.Request) -> None:
-        request.extensions["trace"] = self._connection_event
+        previous = request.extensions.get("trace")  # the exchange's own (ehr.wire: its deadline's sockets)
+
+        def trace(name: str, info: dict[str, Any]) -> None:
+            self._connection_event(name, info)
+            if previous is not None:
+                previous(name, info)
+
+        request.extensions["trace"] = trace
 
     def _connection_event(self, name: str, info: dict[str, Any]) -> None:
         """httpcore's trace: a connection opened (TCP, then TLS over it) hands us its socket."""
