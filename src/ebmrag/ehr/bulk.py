@@ -8,7 +8,8 @@ DELETE on the status URL, so the server stops working for nobody.
 
 The manifest's file URLs are the server's words: a file is fetched only from the FHIR base's origin or one the
 connection lists (`bulk_file_origins`), token or not; one elsewhere fails the export before anything is fetched.
-The files are streamed to a private temporary folder, not memory (`[ehr] max_export_mb` in all, `pull_seconds`
+The files are streamed to a private spool folder (ehr.spool: removed however the export ends, and at the next
+start when a killed process could not), not memory (`[ehr] max_export_mb` in all, `pull_seconds`
 for the downloads), indexed line by line, and each patient's chart is then read from its own lines only: the
 resources that belong to that patient (`ehr.compartment`) and the shared ones they refer to, and, as a pull does,
 the resources naming nobody that the patient's refer to. A resource that belongs to no patient of the export is
@@ -23,7 +24,6 @@ others.
 from __future__ import annotations
 
 import logging
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -56,6 +56,7 @@ from ebmrag.ehr.pull import (
     store_chart,
 )
 from ebmrag.ehr.smart import connect
+from ebmrag.ehr.spool import Spool, sweep_stale
 from ebmrag.errors import RecordError
 from ebmrag.protocols import Progress, checkpoint, checkpoints, no_progress
 from ebmrag.records.fhir.bundle import DEFAULT_STALE_AFTER
@@ -97,7 +98,8 @@ def export_group(store: PatientStore, connection: EhrConnection, group: str, *, 
     export began is not stored (reported as `patient-erased`)."""
     checked_fhir_id(group, "group id")  # it goes into the URL: Group/<id>/$export
     erasures = store.erasure_mark(connection.tenant)
-    with OwnedClient(params, http) as client_http, tempfile.TemporaryDirectory(prefix="ebmrag-export-") as spool:
+    sweep_stale()  # what an export killed before left behind: every exported patient's data
+    with OwnedClient(params, http) as client_http, Spool() as spool:
         client, _ = connect(connection, params, http=client_http)
         client.sleep = sleep
         client.bound(params.max_export_mb, "max_export_mb", params.export_wait_seconds + params.pull_seconds)
@@ -106,7 +108,7 @@ def export_group(store: PatientStore, connection: EhrConnection, group: str, *, 
         try:
             manifest = await_manifest(client, status_url, params, progress)
             client.bound(params.max_export_mb, "max_export_mb", params.pull_seconds)  # the downloads' own time
-            files = download(client, connection, manifest, Path(spool), progress)
+            files = download(client, connection, manifest, spool, progress)
         except BaseException:
             cancel(client, status_url)
             raise

@@ -21,6 +21,7 @@ from starlette.concurrency import run_in_threadpool
 from ebmrag.answer.engine import Engine
 from ebmrag.compose import Resources, build_engine_from, build_retriever, check_kb, open_resources
 from ebmrag.config import Settings
+from ebmrag.ehr.spool import sweep_stale
 from ebmrag.generate.staged import StageTrace
 from ebmrag.index.backend import KnowledgeStore
 from ebmrag.index.types import IngestReport
@@ -83,6 +84,7 @@ class Service:
         # of their own, so a tenant's long pulls never refuse its clinicians' hook calls.
         self.ehr_calls = OutboundLane(settings.serve.ehr_calls, settings.serve.tenant_ehr_calls, "ehr")
         self.cds_fetches = OutboundLane(settings.serve.ehr_calls, settings.serve.tenant_ehr_calls, "cds")
+        sweep_stale()  # the Bulk Data spools of an export killed before this start: patient data nobody would erase
         self._building = threading.RLock()  # one engine (and one packer, retriever per variant), built once
         self._kb_writes = threading.Lock()  # the knowledge base has one writer at a time (its lock is per process)
         self._in_use: Counter[tuple[str, str]] = Counter()  # work reading a record, by (tenant, patient): erasure
