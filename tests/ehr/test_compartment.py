@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
 
-from ebmrag.ehr.compartment import belongs_to, is_shared, named_patients, names_nobody
+from ebmrag.ehr.compartment import COMPARTMENT, belongs_to, is_shared, named_patients, names_nobody
 
 BASE = "https://ehr.example/fhir"
 OURS = {"reference": "Patient/p1"}
@@ -70,3 +71,43 @@ def test_the_candidates_of_an_export_are_this_servers_patients_only() -> None:
     assert named_patients(resource, BASE) == {"p1", "p2"}
     assert named_patients({"resourceType": "Patient", "id": "p9"}, BASE) == {"p9"}
     assert named_patients({"resourceType": "Medication", "id": "m"}, BASE) == set()
+
+
+OTHER = {"reference": "Patient/p2"}
+# one resource per FHIR version whose patient sits where R4's table does not look
+OLDER_AND_NEWER = [
+    {"resourceType": "MedicationOrder", "id": "m1", "status": "active"},  # DSTU2: `patient`
+    {"resourceType": "MedicationStatement", "id": "m2", "status": "active"},  # DSTU2: `patient`, R4: `subject`
+    {"resourceType": "Condition", "id": "c1", "verificationStatus": "confirmed"},  # DSTU2: `patient`
+    {"resourceType": "Encounter", "id": "e1", "status": "finished"},  # DSTU2: `patient`
+    {"resourceType": "ProcedureRequest", "id": "pr1", "status": "active"},  # DSTU2/STU3: `subject`
+    {"resourceType": "NutritionOrder", "id": "n1", "status": "active"},  # R5: `subject`, R4: `patient`
+    {"resourceType": "DeviceUsage", "id": "d1", "status": "active"},  # R5: `patient`
+]
+_ELEMENT = {"MedicationOrder": "patient", "MedicationStatement": "patient", "Condition": "patient",
+            "Encounter": "patient", "ProcedureRequest": "subject", "NutritionOrder": "subject",
+            "DeviceUsage": "patient"}
+
+
+@pytest.mark.parametrize("resource", OLDER_AND_NEWER, ids=lambda r: r["resourceType"])
+def test_every_fhir_versions_patient_element_says_whose_it_is(resource: dict[str, Any]) -> None:
+    """Read by R4's table alone, a DSTU2 MedicationStatement naming another patient in `patient` named nobody, and a
+    chart could take it in as this patient's active medication."""
+    element = _ELEMENT[resource["resourceType"]]
+    assert belongs_to({**resource, element: OURS}, "p1", BASE) is True
+    assert belongs_to({**resource, element: OTHER}, "p1", BASE) is False
+    assert not names_nobody({**resource, element: OTHER}), "it names someone: never adopted as nobody's"
+    assert named_patients({**resource, element: OTHER}, BASE) == {"p2"}
+    assert names_nobody(resource), "naming no one at all is still nobody"
+
+
+def test_the_compartment_table_holds_every_r4_type_and_only_dotted_element_names() -> None:
+    r4 = {"AllergyIntolerance": "patient", "Condition": "subject", "Encounter": "subject", "Observation": "subject",
+          "MedicationRequest": "subject", "MedicationStatement": "subject", "Immunization": "patient",
+          "Coverage": "beneficiary", "ResearchSubject": "individual", "EnrollmentRequest": "candidate",
+          "SupplyRequest": "deliverTo", "Person": "link.target", "AuditEvent": "agent.who"}
+    for kind, path in r4.items():
+        assert path in COMPARTMENT[kind], kind
+    for kind, paths in COMPARTMENT.items():
+        assert kind.isalpha() and kind[0].isupper() and paths
+        assert all(re.fullmatch(r"[a-z][A-Za-z]*(\.[a-z][A-Za-z]*)*", p) for p in paths), kind

@@ -1,4 +1,4 @@
-"""Whose resource it is: the FHIR R4 Patient compartment, read strictly, for what a server hands over.
+"""Whose resource it is: the FHIR Patient compartment of every version, read strictly, for what a server hands over.
 
 A server's `$everything` page, a Bulk Data file or a CDS prefetch may hold resources that are not this patient's:
 another patient's Observation, one whose subject is only an identifier or a display ("Other Person"), one that
@@ -12,90 +12,35 @@ refers to them; a shared type that does name a patient anyway (a Device's `patie
 patient's either; a chart may still take it in where the patient's own resources refer to it, as a file's reader
 would.
 
-The elements are the R4 CompartmentDefinition's, as element paths rather than search parameters, limited to the
-ones that name whose record it is (`Observation.subject`, not `Observation.performer`: a patient may perform
-another patient's measurement, which is still the other patient's).
+The elements (data/compartment.toml) are those of the DSTU2, STU3, R4 and R5 CompartmentDefinitions, as element
+paths rather than search parameters, limited to the ones that name whose record it is (`Observation.subject`, not
+`Observation.performer`: a patient may perform another patient's measurement, which is still the other
+patient's). A type is read by the union of its versions' paths, since a resource rarely says its version: a DSTU2
+MedicationOrder or MedicationStatement names its patient in `patient`, an R4 one in `subject`, and read by R4's
+table alone the DSTU2 one named nobody, so another patient's could be taken in as this one's (issue 43).
 """
 
 from __future__ import annotations
 
+import tomllib
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 __all__ = ["COMPARTMENT", "belongs_to", "is_shared", "named_patients", "names_nobody", "names_patient"]
 
-# resource type -> the element paths (dotted; lists walked) that say whose the resource is
-COMPARTMENT: Mapping[str, tuple[str, ...]] = {
-    "Account": ("subject",),
-    "AdverseEvent": ("subject",),
-    "AllergyIntolerance": ("patient",),
-    "Appointment": ("participant.actor",),
-    "AppointmentResponse": ("actor",),
-    "AuditEvent": ("agent.who", "entity.what"),
-    "Basic": ("subject",),
-    "BodyStructure": ("patient",),
-    "CarePlan": ("subject",),
-    "CareTeam": ("subject",),
-    "ChargeItem": ("subject",),
-    "Claim": ("patient",),
-    "ClaimResponse": ("patient",),
-    "ClinicalImpression": ("subject",),
-    "Communication": ("subject",),
-    "CommunicationRequest": ("subject",),
-    "Composition": ("subject",),
-    "Condition": ("subject",),
-    "Consent": ("patient",),
-    "Coverage": ("beneficiary",),
-    "CoverageEligibilityRequest": ("patient",),
-    "CoverageEligibilityResponse": ("patient",),
-    "DetectedIssue": ("patient",),
-    "DeviceRequest": ("subject",),
-    "DeviceUseStatement": ("subject",),
-    "DiagnosticReport": ("subject",),
-    "DocumentManifest": ("subject",),
-    "DocumentReference": ("subject",),
-    "Encounter": ("subject",),
-    "EnrollmentRequest": ("candidate",),
-    "EpisodeOfCare": ("patient",),
-    "ExplanationOfBenefit": ("patient",),
-    "FamilyMemberHistory": ("patient",),
-    "Flag": ("subject",),
-    "Goal": ("subject",),
-    "Group": ("member.entity",),
-    "ImagingStudy": ("subject",),
-    "Immunization": ("patient",),
-    "ImmunizationEvaluation": ("patient",),
-    "ImmunizationRecommendation": ("patient",),
-    "Invoice": ("subject",),
-    "List": ("subject",),
-    "MeasureReport": ("subject",),
-    "Media": ("subject",),
-    "MedicationAdministration": ("subject",),
-    "MedicationDispense": ("subject",),
-    "MedicationRequest": ("subject",),
-    "MedicationStatement": ("subject",),
-    "MolecularSequence": ("patient",),
-    "NutritionOrder": ("patient",),
-    "Observation": ("subject",),
-    "Person": ("link.target",),
-    "Procedure": ("subject",),
-    "Provenance": ("target",),
-    "QuestionnaireResponse": ("subject",),
-    "RelatedPerson": ("patient",),
-    "RequestGroup": ("subject",),
-    "ResearchSubject": ("individual",),
-    "RiskAssessment": ("subject",),
-    "Schedule": ("actor",),
-    "ServiceRequest": ("subject",),
-    "Specimen": ("subject",),
-    "SupplyDelivery": ("patient",),
-    "SupplyRequest": ("deliverTo",),
-    "VisionPrescription": ("patient",),
-}
-# shared types that may still name a patient (a Device implanted in one; a Binary's security context)
-NAMES_PATIENT_IF_SET: Mapping[str, tuple[str, ...]] = {"Device": ("patient",), "Binary": ("securityContext",)}
-# elements where several people may be named by design (a group appointment, a cohort, a provenance's targets)
-MANY_PEOPLE = frozenset({"Appointment", "AuditEvent", "Group", "Provenance", "Schedule"})
+
+def _load() -> tuple[dict[str, tuple[str, ...]], dict[str, tuple[str, ...]], frozenset[str]]:
+    with (Path(__file__).parent / "data" / "compartment.toml").open("rb") as handle:
+        table = tomllib.load(handle)
+    paths = {kind: tuple(elements) for kind, elements in table["types"].items()}
+    if_set = {kind: tuple(elements) for kind, elements in table["names_patient_if_set"].items()}
+    return paths, if_set, frozenset(table["many_people"]["types"])
+
+
+# resource type -> the element paths (dotted; lists walked) that say whose the resource is, in any FHIR version;
+# shared types that may still name a patient; types whose elements name several people by design
+COMPARTMENT, NAMES_PATIENT_IF_SET, MANY_PEOPLE = _load()
 _GENERIC = ("subject", "patient")  # a type this table does not know: checked when it names a patient here
 
 
