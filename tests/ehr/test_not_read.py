@@ -119,3 +119,6 @@ def test_a_resource_holding_a_nul_is_not_stored_and_its_kind_is_marked(fhir: Fhi
     assert record is not None and not any("\x00" in f.text for f in record.fragments)
     line = _allergy_line(any_store, patient)
     assert NONE_RECORDED not in line and "NUL character" in line
+    report = pull_patient(any_store, register(fhir, tmp_path), patient, params=QUICK)  # a refresh
+    assert report.incremental and report.fetched > 1, "what was not read is asked for again, not only changes"
+    assert "NUL character" in _allergy_line(any_store, patient)

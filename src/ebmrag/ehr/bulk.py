@@ -121,6 +121,7 @@ def export_group(store: PatientStore, connection: EhrConnection, group: str, *, 
                 spooled.not_read(kind, f"may be incomplete (the server reported {len(errors)} error file(s) with "
                                        "the export)")
         try:
+            since = "" if spooled.unread else since  # a later `_since` pull would not ask again for what was not read
             result = _store_each(store, connection, spooled, _Batch(since, stale_after, params.reference_depth,
                                                                     erasures, compute), progress, on_stored)
         finally:

@@ -1,8 +1,9 @@
 """A FHIR REST client for pulling charts: bearer auth, paging, and patience with a busy or failing server.
 
 What a server refuses becomes one `EhrError` line naming the operation ("search Observation", never the patient
-id or the URL, which holds it), the status and the server's own diagnostics (an OperationOutcome), so an
-operator can act without a traceback. Retries follow what the server says:
+id or the URL, which holds it), the status and the OperationOutcome's issue codes, so an operator can act without
+a traceback; never the server's free text, which may echo the bearer token to whoever the error reaches (a key
+limited to one patient). Retries follow what the server says:
 
 - 429 and 503 are retried (`[ehr] retries`) after their `Retry-After` (seconds or an HTTP date), or after an
   exponential backoff when it is absent; a server asking for more than `max_retry_after_seconds` is an error,
@@ -17,8 +18,13 @@ Data file may be on an origin the connection lists, `bulk_file_origins`, and now
 A pull is bounded as a whole, not only per answer: `[ehr] max_pull_mb` over every answer together and
 `pull_seconds` of wall clock (waits included), both checked between the chunks of an answer, where the service's
 request deadline can stop it too (`protocols.checkpoint`): a server that drips one byte per read cannot keep a
-worker past either. Whatever goes wrong in an exchange (a body that does not decode, a URL that does not parse)
-is an `EhrError` line, never a traceback.
+worker past either; each exchange has its own total deadline and a body inflated a bounded piece at a time
+(`ehr.wire`). Whatever goes wrong in an exchange (a body that does not decode, a URL that does not parse) is an
+`EhrError` line, never a traceback.
+
+Only a whole answer is used: a read takes a 200 of FHIR JSON and nothing else (a redirect with a body, a 204, a
+login page would otherwise read as a chart without allergies), and a search fails when its pages hold fewer
+entries than its `total`, or carry an OperationOutcome of errors.
 """
 
 from __future__ import annotations

@@ -145,10 +145,13 @@ def pull_patient(store: PatientStore, connection: EhrConnection, patient: str, *
         changed.update(extra)
     checkpoint()  # the last moment a stopped pull leaves the store untouched
     since = next_since(min(server_instant(server_time) or started, started), params)  # an EHR clock ahead: ours
+    unread = fetcher.unread_in_all()
+    if unread:  # a `_since` refresh would not ask again for what was not read: the next pull reads everything
+        since = ""
     record, written = compute(lambda: store_chart(
         store, connection.tenant, patient, source, merged, changed, since, replace_all=state is None,
         origin=f"FHIR pull ({connection.name})", stale_after=stale_after, dropped=fetcher.dropped_in_all(),
-        replace_source=replace_source, erased_after=erasures, unread=fetcher.unread_in_all()))
+        replace_source=replace_source, erased_after=erasures, unread=unread))
     mode = "$everything" if fetcher.everything else "search"
     report = PullReport(patient, connection.name, mode, state is not None, client.requests,
                         len(fetched) + len(extra), len(merged), written, record.skipped, since,
