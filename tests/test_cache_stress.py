@@ -92,6 +92,7 @@ def wait_for(*paths: Path) -> None:
     raise AssertionError(f"never appeared: {[p.name for p in paths if not p.exists()]}")
 
 
+@pytest.mark.integration
 def test_processes_reading_writing_erasing_and_one_killed_mid_write_leave_a_whole_erased_file(tmp_path: Path) -> None:
     path = tmp_path / "cache" / "embeddings.sqlite"
     spawn = multiprocessing.get_context("spawn")

@@ -199,6 +199,7 @@ def test_an_erasure_on_a_corrupt_file_deletes_it_and_every_moved_aside_copy(tmp_
     assert cache.get(keys[20]) is None  # the whole file went: a cache is disposable
 
 
+@pytest.mark.integration
 def test_a_cache_file_of_another_account_is_moved_aside(tmp_path: Path) -> None:
     """A cache left by `sudo ebmrag ...`: the process cannot read it, and must not fail on it."""
     if os.geteuid() != 0:

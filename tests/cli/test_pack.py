@@ -61,6 +61,7 @@ def test_pack_takes_a_bundled_demo_name_and_names_them_when_unknown() -> None:
     assert unknown.exit_code == 2 and "demo-colon" in unknown.output and "Traceback" not in unknown.output
 
 
+@pytest.mark.integration
 def test_version_from_the_cli_and_python_m() -> None:
     import subprocess
     import sys

@@ -90,6 +90,7 @@ def test_resources_are_shared_and_the_engine_round_trips(demo_voter: Any) -> Non
     assert rebuilt.voter is not None and str(rebuilt.voter.retriever.kb.root) == str(kb.root)
 
 
+@pytest.mark.integration
 def test_an_http_ask_that_sets_retrieval_keeps_the_query_rewriter(tmp_path: Path, demo_voter: Any) -> None:
     """The service's engine variant for another retrieval mode shares every part, the rewriter too: the model's
     rewording votes in an HTTP ask with "retrieval": "always"."""

@@ -28,6 +28,7 @@ EXPECTED = {"honest": "penicillin", "redirect-body": FAIL, "redirect-empty": FAI
             "accepted": FAIL, "html": FAIL, "next-500": FAIL, "next-truncated": FAIL, "next-cut": FAIL,
             "short-total": FAIL, "error-entry": FAIL, "nul": MARKED, "bomb": FAIL, "bomb-stacked": FAIL, "br": FAIL,
             "drip-headers": FAIL, "drip-body": FAIL, "search-without-allergy-search": MARKED,
+            "allergy-without-id": MARKED, "bulk-gzip-members": "penicillin", "bulk-identifier-only": MARKED,
             "bulk-honest": "penicillin", "bulk-redirect": MARKED, "bulk-204": MARKED, "bulk-html": MARKED,
             "bulk-403": MARKED, "bulk-truncated": MARKED, "bulk-nul": MARKED, "bulk-error-entry": MARKED}
 PARAMS = quick(timeout_seconds=1.0, pull_seconds=4.0, max_response_mb=8.0, error_retries=0, retries=0)
@@ -82,6 +83,14 @@ def test_a_bulk_file_that_cannot_be_read_marks_its_kind_in_every_chart(variant: 
     report = export_group(store, _connection(hostile), "g1", params=PARAMS, sleep=lambda _: None)
     assert [p.patient for p in report.patients] == [PATIENT], "the export still stores its patients"
     assert _outcome(store) == EXPECTED[variant]
+
+
+def test_an_export_that_did_not_ask_for_allergies_marks_them(hostile: HostileFhir, tmp_path: Path) -> None:
+    hostile.variant = "bulk-honest"
+    store = SQLiteStore(tmp_path / "s.sqlite")
+    export_group(store, _connection(hostile), "g1", params=PARAMS, types=("Patient", "Condition", "Observation"),
+                 sleep=lambda _: None)
+    assert _outcome(store) == MARKED
 
 
 def test_a_decompression_bomb_stops_at_the_limit_without_growing(hostile: HostileFhir, tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ebmrag.ehr.spool import GRACE_SECONDS, MARKER, PREFIX, Spool, sweep_stale
+from ebmrag.ehr.spool import GRACE_SECONDS, MARKER, OTHER_HOST_SECONDS, PREFIX, Spool, sweep_stale
 
 
 def test_a_spool_is_private_and_removed_on_success_and_on_failure(tmp_path: Path) -> None:
@@ -26,6 +27,7 @@ def test_a_spool_is_private_and_removed_on_success_and_on_failure(tmp_path: Path
     assert not folder.exists() and list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.integration
 def test_a_spool_left_by_a_killed_process_is_swept_and_a_live_ones_is_not(tmp_path: Path) -> None:
     child = subprocess.Popen([sys.executable, "-c", (
         "import sys, time\nfrom pathlib import Path\nfrom ebmrag.ehr.spool import Spool\n"
@@ -45,11 +47,19 @@ def test_a_spool_left_by_a_killed_process_is_swept_and_a_live_ones_is_not(tmp_pa
 
 
 def test_a_reused_pid_is_not_the_owner(tmp_path: Path) -> None:
+    folder = tmp_path / f"{PREFIX}{os.getpid()}-left"  # a marker of a dead process, its lock gone with it
+    folder.mkdir()
+    marker = {"pid": os.getpid(), "started": 1, "host": socket.gethostname(), "created": time.time()}
+    (folder / MARKER).write_text(json.dumps(marker))  # this pid, another process start
+    assert sweep_stale(tmp_path) == 1 and not folder.exists()
+
+
+def test_a_locked_marker_is_a_live_owner_whatever_pid_it_shows(tmp_path: Path) -> None:
+    """A process in another pid namespace sharing the temp folder: its pid means nothing here, its lock does."""
     with Spool(tmp_path) as folder:
         marker = json.loads((folder / MARKER).read_text())
-        marker["started"] = (marker["started"] or 0) + 1  # this pid, another process start
-        (folder / MARKER).write_text(json.dumps(marker))
-        assert sweep_stale(tmp_path) == 1 and not folder.exists()
+        (folder / MARKER).write_text(json.dumps({**marker, "pid": 4_000_000 - 7, "started": 1}))
+        assert sweep_stale(tmp_path) == 0 and folder.exists()
 
 
 def test_unmarked_and_older_folders_wait_out_the_grace_and_symlinks_are_never_followed(tmp_path: Path) -> None:
@@ -69,3 +79,16 @@ def test_unmarked_and_older_folders_wait_out_the_grace_and_symlinks_are_never_fo
     assert not legacy.exists() and unmarked.exists() and (target / "keep.txt").exists()
     assert sweep_stale(tmp_path, now=time.time() + GRACE_SECONDS + 60) == 1 and not unmarked.exists()
     assert (target / "keep.txt").exists() and (tmp_path / f"{PREFIX}2-link").is_symlink()
+
+
+@pytest.mark.parametrize("marker", [{"pid": 1, "started": None, "host": "another-node"},
+                                    {"pid": -1, "started": None, "host": None}, {"pid": 2**40, "host": None}])
+def test_a_marker_that_cannot_be_checked_here_waits(tmp_path: Path, marker: dict[str, object]) -> None:
+    folder = tmp_path / f"{PREFIX}9-marked"
+    folder.mkdir()
+    (folder / MARKER).write_text(json.dumps({**marker, "host": marker["host"] or socket.gethostname()}))
+    other_host = marker["host"] is not None
+    assert sweep_stale(tmp_path, now=time.time() + GRACE_SECONDS + 60) == (0 if other_host else 1)
+    if other_host:  # a shared temp folder: a live export on the other node must not lose its files
+        assert folder.exists() and sweep_stale(tmp_path, now=time.time() + OTHER_HOST_SECONDS + 60) == 1
+    assert not folder.exists()

@@ -180,3 +180,36 @@ def test_the_exchange_asks_only_for_what_it_can_bound(serve: Callable[[Behaviour
             seen.append(exchange.reply.request.headers["accept-encoding"].encode())
             b"".join(exchange.pieces())
     assert seen == [b"gzip, deflate"]
+
+
+def test_gzip_members_one_after_another_are_all_read_and_trailing_junk_is_an_error() -> None:
+    """RFC 1952 allows several members in one file; a Bulk Data file written in parts would lose its later lines."""
+    body = gzip.compress(b'{"a": 1}\n') + gzip.compress(b'{"b": 2}\n') + gzip.compress(b'{"c": 3}\n')
+    for cut in (5, len(body) // 2, len(body) - 3):
+        decoder = Decoder("gzip")
+        assert b"".join([*decoder.feed(body[:cut]), *decoder.feed(body[cut:])]) == b'{"a": 1}\n{"b": 2}\n{"c": 3}\n'
+        decoder.finish()
+    with pytest.raises(httpx.DecodingError, match="after its compressed stream"):
+        list(Decoder("gzip").feed(gzip.compress(b"x") + b"<html>"))
+
+
+def test_a_deflate_body_whose_first_chunk_is_one_byte_decodes() -> None:
+    body = zlib.compress(b"Condition " * 1000)
+    decoder = Decoder("deflate")
+    assert b"".join([*decoder.feed(body[:1]), *decoder.feed(body[1:])]) == b"Condition " * 1000
+    decoder.finish()
+
+
+def test_an_alarm_never_outlives_an_exchange_whose_send_failed(serve: Callable[[Behaviour], RawServer]) -> None:
+    """A refused connection used to leave its header alarm armed: a later healthy exchange on the same client was
+    cut when it rang."""
+
+    def slow_answer(conn: socket.socket, _: int) -> None:
+        time.sleep(1.5)
+        conn.sendall(_ok())
+
+    server = serve(slow_answer)
+    with httpx.Client(timeout=30) as http:
+        with pytest.raises(httpx.ConnectError):
+            _read(http, "http://127.0.0.1:9/", header_seconds=1.0)
+        assert _read(http, server.url, header_seconds=5.0) == b'{"resourceType": "Bundle"}'

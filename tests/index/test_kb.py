@@ -125,6 +125,7 @@ def test_a_second_writer_is_refused_and_configs_must_match(tmp_path: Path, embed
         KnowledgeBase(tmp_path / "empty", embedder=embedder).reader()
 
 
+@pytest.mark.integration
 def test_queries_cannot_be_embedded_by_another_model_than_the_chunks(tmp_path: Path,  # type: ignore[no-untyped-def]
                                                                     embedder) -> None:
     from ebmrag.models.adapters import save_delta
@@ -156,6 +157,7 @@ CRASHING_INGEST = textwrap.dedent("""
 """)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(("stage", "after"), [("documents", 64), ("indexing", 0)])
 def test_kill_9_mid_ingest_keeps_the_last_generation(tmp_path: Path, embedder, stage: str,  # type: ignore[no-untyped-def]
                                                      after: int) -> None:

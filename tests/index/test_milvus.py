@@ -19,7 +19,7 @@ from ebmrag.index.types import Filters
 from ebmrag.ingest.documents import Document
 from tests.engines import rrf_retriever
 
-pytestmark = pytest.mark.model
+pytestmark = [pytest.mark.model, pytest.mark.integration]  # a Milvus server process
 pymilvus = pytest.importorskip("pymilvus", reason="the 'milvus' extra is part of `make setup`")
 
 GUIDES = {

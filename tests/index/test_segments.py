@@ -156,6 +156,7 @@ def test_a_large_write_is_split_into_segments_of_bounded_size(tmp_path: Path, em
     assert [s.rows for s in tail.reader().segments] == [150]  # 22 left after 128: no tail segment of its own
 
 
+@pytest.mark.integration
 def test_format_1_knowledge_base_is_refused_then_converted(segmented, tmp_path: Path,  # type: ignore[no-untyped-def]
                                                            embedder) -> None:
     """A generation of the first on-disk format (kb.sqlite + vectors.npy in the generation folder) must open only
@@ -192,6 +193,7 @@ CRASHING_COMPACTION = textwrap.dedent("""
 """)
 
 
+@pytest.mark.integration
 def test_kill_9_mid_compaction_keeps_the_last_generation(segmented, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     kb, final = segmented
     before = {q: [h.chunk_id for h in rrf_retriever(kb).run(q, k=5)] for q in QUERIES}

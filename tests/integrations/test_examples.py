@@ -15,6 +15,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 @pytest.mark.parametrize(("script", "framework"), [("llamaindex_pack.py", "llama_index.core"),
                                                     ("langchain_pack.py", "langchain_classic"),
                                                     ("haystack_pack.py", "haystack")])
+@pytest.mark.integration
 def test_example_keeps_the_allergy(script: str, framework: str) -> None:
     pytest.importorskip(framework, reason=f"the extra providing {framework} is not installed")
     run = subprocess.run([sys.executable, str(EXAMPLES / script), "--budget", "420"], capture_output=True,

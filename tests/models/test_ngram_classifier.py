@@ -101,6 +101,7 @@ def test_cjk_runs_give_character_ngrams() -> None:
     assert {"c血", "c钾", "c高", "c血钾", "c钾高", "c血钾高"} <= set(features)
 
 
+@pytest.mark.integration
 def test_buckets_are_stable_across_processes() -> None:
     """crc32, not hash(): a fresh interpreter with another hash seed finds the same buckets, and the values are
     pinned, so a change to the features (which would silently break a shipped model) fails here."""

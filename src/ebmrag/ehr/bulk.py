@@ -55,6 +55,7 @@ from ebmrag.ehr.pull import (
     source_of,
     store_chart,
 )
+from ebmrag.ehr.scopes import scope_reads
 from ebmrag.ehr.smart import connect
 from ebmrag.ehr.spool import Spool, sweep_stale
 from ebmrag.errors import RecordError
@@ -120,6 +121,12 @@ def export_group(store: PatientStore, connection: EhrConnection, group: str, *, 
             for kind in WATCHED_TYPES:
                 spooled.not_read(kind, f"may be incomplete (the server reported {len(errors)} error file(s) with "
                                        "the export)")
+        granted = str(getattr(client.auth, "scope", "") or "")
+        for kind in WATCHED_TYPES:  # what was not asked for, or not granted, is not "none" either
+            if types and kind not in types:
+                spooled.not_read(kind, "were not asked for in this export (its _type list)")
+            elif granted and not scope_reads(granted, kind):
+                spooled.not_read(kind, "are outside the access token's granted scopes, so none could be read")
         try:
             since = "" if spooled.unread else since  # a later `_since` pull would not ask again for what was not read
             result = _store_each(store, connection, spooled, _Batch(since, stale_after, params.reference_depth,
@@ -237,7 +244,7 @@ def _kind(output: Mapping[str, Any]) -> str:
 
 def cancel(client: FhirClient, status_url: str) -> None:
     """DELETE the export (best effort: the reason it was given up is what the caller hears)."""
-    client.unbound()  # the budget spent or the time up may be why: the cancel goes out all the same
+    client.last_request()  # the budget spent or the time up may be why: the cancel goes out, bounded, all the same
     try:
         with checkpoints(_never_stop):  # sent even when a stopped request is why the export is given up
             client.send("DELETE", status_url, operation="bulk export cancel", accept="application/json")
@@ -416,6 +423,6 @@ def _store_one(store: PatientStore, connection: EhrConnection, spooled: SpooledE
     stored, written = store_chart(store, connection.tenant, fhir_id, source, held, held, batch.since,
                                   replace_all=True, origin=f"FHIR bulk export ({connection.name})",
                                   stale_after=batch.stale_after, require_free=True, erased_after=batch.erased_after,
-                                  unread=spooled.unread)
+                                  unread=spooled.unread, dropped=spooled.left_out())
     return PullReport(fhir_id, connection.name, "bulk", False, 0, len(held), len(held), written, stored.skipped,
                       batch.since, tuple(f.id for f in stored.fragments), fhir_id)

@@ -84,9 +84,12 @@ def _flag_left_out(fragment: Fragment, dropped: Mapping[str, int]) -> Fragment:
     left_out = sum(dropped.get(kind, 0) for kind in FACE_SHEET_TYPES.get(fragment.id, ()) if kind != "Observation")
     if not left_out:
         return fragment
-    return replace(fragment, text=f"{fragment.text} Not read: {left_out} more record{'s' if left_out > 1 else ''} "
-                                  "of this kind on the FHIR server that do not name this patient by reference; "
-                                  "the chart may hold more than this line says.")
+    records = f"{left_out} more record{'s' if left_out > 1 else ''} of this kind on the FHIR server that do not name " \
+              "this patient by reference"
+    if fragment.text.startswith(_NONE_RECORDED):  # "none recorded" over allergy records not read: not known
+        return replace(fragment, text=f"Allergy status: not known. Not read: {records}; this chart does not say "
+                                      "whether the patient has an allergy (it is not a statement that there is none).")
+    return replace(fragment, text=f"{fragment.text} Not read: {records}; the chart may hold more than this line says.")
 
 
 def _flag_unread(fragments: list[Fragment], patient: str, unread: Mapping[str, str]) -> list[Fragment]:

@@ -170,7 +170,8 @@ def check_media(answer: Answer, kind: str, operation: str) -> None:
     a login page or an XML error read as a FHIR answer holds nothing, and its nothing would read as an absence."""
     found = media_type(answer)
     if found and found not in _answers()["media"][kind]:
-        raise EhrError(f"{operation}: the FHIR server answered {answer.status} with {excerpt(found, 60)}, not "
+        shown = found if found in _answers()["media"]["named"] else "another media type"  # never its own words
+        raise EhrError(f"{operation}: the FHIR server answered {answer.status} with {shown}, not "
                        f"{'FHIR JSON' if kind == 'json' else 'NDJSON'}; not read", status=answer.status,
                        operation=operation)
 
@@ -200,9 +201,11 @@ class FhirClient:
         self._limit, self._limit_mb, self._limit_key = int(total_mb * MB), total_mb, key
         self._deadline, self._seconds = time.monotonic() + seconds, seconds
 
-    def unbound(self) -> None:
-        """No budget any more: a cancel must go out although the budget is why the work is given up."""
-        self._limit, self._deadline = 2**62, float("inf")
+    def last_request(self) -> None:
+        """A budget of its own for one last small request (a cancel must go out although the budget spent or the
+        time up is why the work is given up): one answer's worth of bytes, `timeout_seconds` of time."""
+        self._limit = self.received + int(self.params.max_response_mb * MB)
+        self._deadline = time.monotonic() + self.params.timeout_seconds
 
     def url(self, path: str, origins: Collection[Origin] = (), operation: str = "") -> str:
         """`path` under the base ("Patient/7/$everything", "/fhir/$export-status/9"), or an absolute URL the

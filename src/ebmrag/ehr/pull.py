@@ -193,10 +193,11 @@ class ChartFetcher:
         self.refused: set[Key] = set()  # dropped ones: never asked for again by reference
         self.orphans: dict[Key, Resource] = {}  # naming nobody: kept only where the patient's resources refer to them
         self.unread: dict[str, str] = {}  # the kinds of record the chart cannot hold whole: type -> why
-        if not self.everything:  # a kind the server holds but cannot search by patient is not "none"
-            listed = _listed_types(capability)
+        if not self.everything:  # a kind the server holds but cannot search by patient is not "none"; a server
+            listed = _listed_types(capability)  # that lists no type at all says nothing of what it holds
             self.unread.update((kind, "are not searchable by patient on this FHIR server, so none were read")
-                               for kind in WATCHED_TYPES if kind in listed and kind not in self.searchable)
+                               for kind in WATCHED_TYPES
+                               if kind not in self.searchable and (kind in listed or not listed))
 
     def compartment(self, since: str | None) -> tuple[dict[Key, Resource], str]:
         """The patient's resources (changed after `since`, when given), and the server's time of the first page
@@ -269,7 +270,10 @@ class ChartFetcher:
         """A resource of this patient (`ehr.compartment.belongs_to`) or of nobody (a Medication); anything else
         is not kept, even where a server's $everything or a reference hands it over, and is counted."""
         if not isinstance(resource.get("id"), str) or not isinstance(resource.get("resourceType"), str):
-            self.dropped["(a resource without id or type)"] += 1
+            kind = resource.get("resourceType")
+            self.dropped[kind if isinstance(kind, str) else "(a resource without id or type)"] += 1
+            if isinstance(kind, str):  # an allergy without an id is still an allergy the chart does not hold
+                self.unread[kind] = "were not all read (one has no id)"
             return False
         if has_nul(resource):  # no store can hold it (PostgreSQL text), and it is not the patient's "none"
             self.unread[str(resource["resourceType"])] = "were not all read (one holds a NUL character)"

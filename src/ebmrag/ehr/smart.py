@@ -174,9 +174,9 @@ class TokenSource:
         lifetime = body.get("expires_in")
         seconds = float(lifetime) if isinstance(lifetime, int | float) and lifetime >= 0 else DEFAULT_TOKEN_SECONDS
         self._token, self._until = token, started + seconds - min(EXPIRY_MARGIN, seconds / 10)
-        self.scope = str(body.get("scope") or "")
+        self.scope = str(body.get("scope") or self.connection.scope)  # none said: granted as asked (RFC 6749 5.1)
         self.issued += 1
-        log.info("connection %s: access token for %s, %.0f s", self.connection.name, self.scope or "-", seconds)
+        log.info("connection %s: access token for %s, %.0f s", self.connection.name, excerpt(self.scope, 200), seconds)
         return token
 
 

@@ -50,11 +50,15 @@ class AnswerTimeout(httpx.TimeoutException):
         self.phase, self.seconds = phase, seconds
 
 
+KNOWN_CODINGS = frozenset({"gzip", "x-gzip", "deflate", "identity", "br", "zstd", "compress", "x-compress"})
+
+
 class UnaskedEncoding(httpx.DecodingError):
     """The answer's Content-Encoding is not one that was asked for (or is several stacked)."""
 
     def __init__(self, encoding: str) -> None:
-        shown = "".join(c for c in encoding if c.isprintable())[:40]
+        codings = [c.strip().lower() for c in encoding.split(",")]
+        shown = ", ".join(c if c in KNOWN_CODINGS else "an unknown coding" for c in codings)  # never its own words
         super().__init__(f"Content-Encoding {shown!r} was not asked for (gzip or deflate, once)")
 
 
@@ -69,6 +73,7 @@ class Decoder:
         self.coding = {"x-gzip": "gzip"}.get(codings[0], codings[0]) if codings else ""
         self._inflater = self._new(raw=False)
         self._started = False
+        self._head = b""  # deflate: the first two bytes say whether it is zlib-wrapped or raw
 
     def _new(self, raw: bool) -> Any:
         if self.coding == "gzip":
@@ -81,14 +86,22 @@ class Decoder:
             for start in range(0, len(data), PIECE):
                 yield data[start:start + PIECE]
             return
-        if not self._started and data:
-            self._started = True
-            if self.coding == "deflate" and not _zlib_header(data):  # servers that send raw deflate (as httpx)
+        if not self._started:
+            data, self._head = self._head + data, b""
+            if self.coding == "deflate" and len(data) < 2:  # a first chunk of one byte cannot say which deflate
+                self._head = data
+                return
+            self._started = bool(data)
+            if self.coding == "deflate" and data and not _zlib_header(data):  # raw deflate, as httpx accepts
                 self._inflater = self._new(raw=True)
         yield from self._inflate(data)
 
     def _inflate(self, data: bytes) -> Iterator[bytes]:
-        while not self._inflater.eof:
+        while True:
+            if self._inflater.eof:  # a compressed stream ended: what follows it, if anything
+                data = self._next_member(self._inflater.unused_data + data)
+                if not data:
+                    return
             try:
                 piece = self._inflater.decompress(data, PIECE)
             except zlib.error as exc:
@@ -96,11 +109,24 @@ class Decoder:
             data = self._inflater.unconsumed_tail
             if piece:
                 yield piece
-            elif not data:
-                return
+            elif not data and not self._inflater.eof:
+                return  # more input needed
+
+    def _next_member(self, rest: bytes) -> bytes:
+        """After a gzip member another may follow (RFC 1952: a file may hold several, as storage services write
+        them): a fresh inflater reads it. Anything else after the end of the compressed data is an error, never
+        silently dropped: the lines after it would be lost."""
+        if not rest:
+            return b""
+        if self.coding == "gzip" and rest[:2] == b"\x1f\x8b":
+            self._inflater = self._new(raw=False)
+            return rest
+        raise httpx.DecodingError(f"the {self.coding} body holds data after its compressed stream")
 
     def finish(self) -> None:
         """The body ended: a compressed one must have ended its compressed stream too."""
+        if self._head:
+            raise httpx.DecodingError(f"the {self.coding} body is one byte long")
         if self.coding and self._started and not self._inflater.eof:
             raise httpx.DecodingError(f"the {self.coding} body ends before its compressed stream does (cut short)")
 
@@ -121,6 +147,7 @@ class Exchange:
         self._sockets = _sockets_of(http)
         request.extensions["trace"] = _recorder(self._sockets, request.extensions.get("trace"))
         self._alarm: list[Any] | None = None
+        self._token: object | None = None  # the armed alarm's: a ring of an earlier one is ignored
         self._rang = ""
         self._reply: httpx.Response | None = None
 
@@ -130,7 +157,11 @@ class Exchange:
         try:
             self._reply = self.http.send(self.request, stream=True)
         except httpx.TransportError:
+            self._disarm()  # __exit__ does not run when __enter__ raises: the alarm must not outlive the exchange
             self._raise_if_rang()
+            raise
+        except BaseException:
+            self._disarm()
             raise
         self._arm(self.until, "body")
         return self
@@ -153,18 +184,24 @@ class Exchange:
             raise
 
     def __exit__(self, *exc: object) -> None:
-        _WATCHDOG.cancel(self._alarm)
+        self._disarm()
         if self._reply is not None:
             with contextlib.suppress(httpx.HTTPError, OSError):
                 self._reply.close()
 
     def _arm(self, when: float, phase: str) -> None:
-        _WATCHDOG.cancel(self._alarm)
-        self._alarm = None
+        self._disarm()
         if when != float("inf"):
-            self._alarm = _WATCHDOG.call_at(when, lambda: self._ring(phase))
+            token = self._token = object()
+            self._alarm = _WATCHDOG.call_at(when, lambda: self._ring(token, phase))
 
-    def _ring(self, phase: str) -> None:
+    def _disarm(self) -> None:
+        _WATCHDOG.cancel(self._alarm)
+        self._alarm, self._token = None, None
+
+    def _ring(self, token: object, phase: str) -> None:
+        if self._token is not token:  # taken off the heap just as it was disarmed: that exchange is over
+            return
         self._rang = phase
         for sock in list(self._sockets):
             with contextlib.suppress(OSError):  # closed already; the plain socket's shutdown, also under TLS

@@ -120,7 +120,7 @@ class KeySets:
     def __init__(self, params: CdsParams, http: httpx.Client | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.params, self.clock = params, clock
-        self.http = http or httpx.Client(timeout=params.fetch_timeout_seconds, follow_redirects=False)
+        self.http = http  # None: a client of its own per fetch, so one issuer's deadline never cuts another's
         self._files: dict[str, tuple[Any, dict[str, dict[str, Any]]]] = {}  # path -> (stamp, keys)
         self._urls: dict[str, _Fetched] = {}
         self._locks: dict[str, threading.Lock] = {}
@@ -195,9 +195,10 @@ class KeySets:
     def _fetch(self, url: str) -> dict[str, dict[str, Any]]:
         """GET the JWK Set, read up to MAX_JWKS_BYTES + 1 bytes (a larger set is refused, not buffered)."""
         seconds = self.params.fetch_timeout_seconds
-        request = self.http.build_request("GET", url, headers={"Accept": "application/json"})
+        http = self.http or httpx.Client(timeout=seconds, follow_redirects=False)
+        request = http.build_request("GET", url, headers={"Accept": "application/json"})
         try:  # the whole exchange within the fetch timeout, its body inflated a bounded piece at a time (ehr.wire)
-            with Exchange(self.http, request, header_seconds=seconds, until=time.monotonic() + seconds) as exchange:
+            with Exchange(http, request, header_seconds=seconds, until=time.monotonic() + seconds) as exchange:
                 if exchange.reply.status_code != 200:
                     raise CdsAuthError(f"the issuer's JWK Set could not be fetched ({exchange.reply.status_code})",
                                        client_fault=False)
@@ -208,6 +209,9 @@ class KeySets:
                         break
         except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError, ValueError):
             raise CdsAuthError("the issuer's JWK Set could not be fetched", client_fault=False) from None
+        finally:
+            if http is not self.http:
+                http.close()
         return _key_set(bytes(body))
 
 

@@ -55,6 +55,7 @@ XML_TYPES = ("application/xml", "text/xml", "application/cda+xml", "application/
              "application/fhir+xml")
 NDJSON_TYPES = ("application/fhir+ndjson", "application/x-ndjson", "application/ndjson")
 BACKGROUND_DEADLINES = 10  # a background job may wait, paused behind requests, this many request deadlines
+ERASE_GRACE = 30.0  # seconds an erasure waits, beyond a request's deadline, for work on the record to reach its end
 NO_OPERATOR_KB = ("no knowledge base is configured for changes: this server answers from the bundled demo knowledge "
                   "base, which is read-only; start serve with --kb DIR ([serve] kb)")
 
@@ -212,11 +213,13 @@ class Service:
         return release
 
     def _await_unused(self, tenant: str, patient: str) -> bool:
-        """Wait until no work reads (tenant, patient)'s record; whether any was running."""
+        """Wait until no work reads (tenant, patient)'s record; whether any was running. Such work ends at its
+        deadline, request_seconds from its start, once its thread reaches the next checkpoint: on a loaded machine
+        that checkpoint may come seconds later (a forward pass), so the wait allows `ERASE_GRACE` beyond."""
         with self._in_use_changed:
             busy = bool(self._in_use[(tenant, patient)])
             self._in_use_changed.wait_for(lambda: not self._in_use[(tenant, patient)],
-                                          timeout=self.settings.serve.request_seconds)
+                                          timeout=self.settings.serve.request_seconds + ERASE_GRACE)
         return busy
 
     def change_knowledge_base(self, documents: Sequence[Document], delete_ids: Sequence[str] = ()) -> IngestReport:
