@@ -29,7 +29,7 @@ from report import emit, machine  # bench/ is on sys.path when a script here run
 from serve import REPO, Variant, make_key, start, stop
 
 sys.path.insert(0, str(REPO))
-from tests.ehr.hostile_server import BULK_VARIANTS, PATIENT, PULL_VARIANTS, HostileFhir, bomb_gzip
+from tests.ehr.hostile_server import BULK_VARIANTS, PATIENT, PULL_VARIANTS, HostileFhir
 
 NONE_RECORDED = "no allergy or allergy statement is recorded"
 
@@ -68,7 +68,6 @@ def probe(limit_mb: float, timeout: float) -> tuple[list[dict[str, Any]], dict[s
         data = Path(folder)
         (data / "ebmrag.toml").write_text(config(fhir.base, limit_mb, timeout), encoding="utf-8")
         key = make_key(variant, data, "admin", "probe")  # it pulls, and erases the patient between variants
-        bomb_gzip()  # made before the server asks for it: its making is not the EHR's time
         server = start(variant, data, data / "ebmrag.toml")
         try:
             with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {key}"}, timeout=120) as http:

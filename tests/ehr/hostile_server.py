@@ -18,7 +18,6 @@ import threading
 import time
 import zlib
 from collections.abc import Iterable, Iterator
-from functools import cache
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -85,12 +84,6 @@ def bomb_chunks() -> Iterator[bytes]:
         if packed := squeeze.compress(zeros):
             yield packed
     yield squeeze.flush()
-
-
-@cache
-def bomb_gzip() -> bytes:
-    """The whole bomb at once, for whoever wants it made ahead (bench/probe_ehr.py); the server streams it."""
-    return b"".join(bomb_chunks())
 
 
 class HostileFhir:

@@ -4,10 +4,13 @@
 from __future__ import annotations
 
 import re
+import tomllib
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from ebmrag.ehr import compartment
 from ebmrag.ehr.compartment import COMPARTMENT, belongs_to, is_shared, named_patients, names_nobody
 
 BASE = "https://ehr.example/fhir"
@@ -83,10 +86,21 @@ OLDER_AND_NEWER = [
     {"resourceType": "ProcedureRequest", "id": "pr1", "status": "active"},  # DSTU2/STU3: `subject`
     {"resourceType": "NutritionOrder", "id": "n1", "status": "active"},  # R5: `subject`, R4: `patient`
     {"resourceType": "DeviceUsage", "id": "d1", "status": "active"},  # R5: `patient`
+    {"resourceType": "MedicationAdministration", "id": "ma1", "status": "completed"},  # DSTU2: `patient`
+    {"resourceType": "DiagnosticOrder", "id": "do1", "status": "requested"},  # DSTU2: `subject`
+    {"resourceType": "Account", "id": "ac1", "status": "active"},  # DSTU2 too
+    {"resourceType": "ImagingManifest", "id": "im1"},  # STU3: `patient`
+    {"resourceType": "DetectedIssue", "id": "di1", "status": "final"},  # R5: `subject`, R4: `patient`
+    {"resourceType": "Task", "id": "t1", "status": "requested", "intent": "order"},  # R5: `for`
+    {"resourceType": "GuidanceResponse", "id": "g1", "status": "success"},  # R5: `subject`
+    {"resourceType": "Provenance", "id": "pv1", "recorded": "2023-03-26T00:00:00Z"},  # R5: `patient`
+    {"resourceType": "AuditEvent", "id": "ae1", "action": "R"},  # R5: `patient`, R4: `agent.who`, `entity.what`
 ]
 _ELEMENT = {"MedicationOrder": "patient", "MedicationStatement": "patient", "Condition": "patient",
             "Encounter": "patient", "ProcedureRequest": "subject", "NutritionOrder": "subject",
-            "DeviceUsage": "patient"}
+            "DeviceUsage": "patient", "MedicationAdministration": "patient", "DiagnosticOrder": "subject",
+            "Account": "subject", "ImagingManifest": "patient", "DetectedIssue": "subject", "Task": "for",
+            "GuidanceResponse": "subject", "Provenance": "patient", "AuditEvent": "patient"}
 
 
 @pytest.mark.parametrize("resource", OLDER_AND_NEWER, ids=lambda r: r["resourceType"])
@@ -101,13 +115,78 @@ def test_every_fhir_versions_patient_element_says_whose_it_is(resource: dict[str
     assert names_nobody(resource), "naming no one at all is still nobody"
 
 
-def test_the_compartment_table_holds_every_r4_type_and_only_dotted_element_names() -> None:
-    r4 = {"AllergyIntolerance": "patient", "Condition": "subject", "Encounter": "subject", "Observation": "subject",
-          "MedicationRequest": "subject", "MedicationStatement": "subject", "Immunization": "patient",
-          "Coverage": "beneficiary", "ResearchSubject": "individual", "EnrollmentRequest": "candidate",
-          "SupplyRequest": "deliverTo", "Person": "link.target", "AuditEvent": "agent.who"}
-    for kind, path in r4.items():
-        assert path in COMPARTMENT[kind], kind
-    for kind, paths in COMPARTMENT.items():
-        assert kind.isalpha() and kind[0].isupper() and paths
-        assert all(re.fullmatch(r"[a-z][A-Za-z]*(\.[a-z][A-Za-z]*)*", p) for p in paths), kind
+def test_an_acting_element_naming_the_patient_is_not_whose_record_it_is() -> None:
+    """A DSTU2 MedicationStatement told by the patient (`informationSource`) about nobody, or a MedicationOrder whose
+    prescriber is the patient, names no one whose record it is: not this patient's, and not someone else's either."""
+    told = {"resourceType": "MedicationStatement", "id": "m3", "status": "active", "informationSource": OURS}
+    prescribed = {"resourceType": "MedicationOrder", "id": "m4", "prescriber": {"reference": "Patient/p1"}}
+    for resource in (told, prescribed):
+        assert belongs_to(resource, "p1", BASE) is False
+        assert names_nobody(resource) and named_patients(resource, BASE) == set()
+
+
+# The R4 table compartment.py held before issue 43 (R4 4.0.1 CompartmentDefinition, whose-record elements only)
+R4_BEFORE = {
+    "Account": ("subject",), "AdverseEvent": ("subject",), "AllergyIntolerance": ("patient",),
+    "Appointment": ("participant.actor",), "AppointmentResponse": ("actor",),
+    "AuditEvent": ("agent.who", "entity.what"), "Basic": ("subject",), "BodyStructure": ("patient",),
+    "CarePlan": ("subject",), "CareTeam": ("subject",), "ChargeItem": ("subject",), "Claim": ("patient",),
+    "ClaimResponse": ("patient",), "ClinicalImpression": ("subject",),
+    "Communication": ("subject",), "CommunicationRequest": ("subject",), "Composition": ("subject",),
+    "Condition": ("subject",), "Consent": ("patient",), "Coverage": ("beneficiary",),
+    "CoverageEligibilityRequest": ("patient",), "CoverageEligibilityResponse": ("patient",),
+    "DetectedIssue": ("patient",), "DeviceRequest": ("subject",), "DeviceUseStatement": ("subject",),
+    "DiagnosticReport": ("subject",), "DocumentManifest": ("subject",), "DocumentReference": ("subject",),
+    "Encounter": ("subject",), "EnrollmentRequest": ("candidate",), "EpisodeOfCare": ("patient",),
+    "ExplanationOfBenefit": ("patient",), "FamilyMemberHistory": ("patient",), "Flag": ("subject",),
+    "Goal": ("subject",), "Group": ("member.entity",), "ImagingStudy": ("subject",), "Immunization": ("patient",),
+    "ImmunizationEvaluation": ("patient",), "ImmunizationRecommendation": ("patient",), "Invoice": ("subject",),
+    "List": ("subject",), "MeasureReport": ("subject",), "Media": ("subject",),
+    "MedicationAdministration": ("subject",), "MedicationDispense": ("subject",), "MedicationRequest": ("subject",),
+    "MedicationStatement": ("subject",), "MolecularSequence": ("patient",), "NutritionOrder": ("patient",),
+    "Observation": ("subject",), "Person": ("link.target",), "Procedure": ("subject",), "Provenance": ("target",),
+    "QuestionnaireResponse": ("subject",), "RelatedPerson": ("patient",), "RequestGroup": ("subject",),
+    "ResearchSubject": ("individual",), "RiskAssessment": ("subject",), "Schedule": ("actor",),
+    "ServiceRequest": ("subject",), "Specimen": ("subject",), "SupplyDelivery": ("patient",),
+    "SupplyRequest": ("deliverTo",), "VisionPrescription": ("patient",),
+}
+_TABLE = tomllib.loads((Path(compartment.__file__).parent / "data" / "compartment.toml").read_text(encoding="utf-8"))
+_DOTTED = re.compile(r"[a-z][A-Za-z]*(\.[a-z][A-Za-z]*)*")
+
+
+def test_every_r4_type_of_the_old_table_keeps_its_r4_paths_and_they_are_marked_r4() -> None:
+    for kind, paths in R4_BEFORE.items():
+        assert set(paths) <= set(COMPARTMENT[kind]), kind
+    marked_r4 = {kind: {p for p, versions in elements.items() if "R4" in versions}
+                 for kind, elements in _TABLE["types"].items()}
+    assert {kind: paths for kind, paths in marked_r4.items() if paths} == {k: set(v) for k, v in R4_BEFORE.items()}
+    assert compartment.NAMES_PATIENT_IF_SET == {"Device": ("patient",), "Binary": ("securityContext",)}
+    assert sorted(compartment.MANY_PEOPLE) == ["Appointment", "AuditEvent", "Group", "Provenance", "Schedule"]
+
+
+def test_every_type_of_the_data_file_loads_with_dotted_paths_and_known_versions() -> None:
+    assert dict(COMPARTMENT) == {kind: tuple(elements) for kind, elements in _TABLE["types"].items()}
+    assert {"MedicationOrder", "DiagnosticOrder", "DeviceUsage", "NutritionIntake"} <= COMPARTMENT.keys()
+    for section in ("types", "names_patient_if_set"):
+        for kind, elements in _TABLE[section].items():
+            assert kind.isalpha() and kind[0].isupper() and elements, kind
+            for path, versions in elements.items():
+                assert _DOTTED.fullmatch(path), (kind, path)
+                assert versions and set(versions) <= {"DSTU2", "STU3", "R4", "R5"}, (kind, path)
+                assert versions == sorted(versions, key=["DSTU2", "STU3", "R4", "R5"].index), (kind, path)
+    assert "Transport" not in COMPARTMENT, "R5 puts Transport outside the Patient compartment"
+
+
+@pytest.mark.parametrize(("entry", "complaint"), [
+    ('Observation = { "subject.reference[0]" = ["R4"] }', "dotted element name"),
+    ('Observation = { subject = ["R6"] }', "dotted element name"),
+    ("Observation = { subject = [] }", "dotted element name"),
+    ('Device = { patient = ["R4"] }', "names_patient_if_set"),
+])
+def test_a_table_entry_that_would_match_nothing_is_refused_at_load(tmp_path: Path, entry: str,
+                                                                     complaint: str) -> None:
+    table = tmp_path / "compartment.toml"
+    table.write_text(f'[types]\n{entry}\n[names_patient_if_set]\nDevice = {{ patient = ["R4"] }}\n'
+                     '[many_people]\ntypes = []\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=re.escape(complaint)):
+        compartment._load(table)

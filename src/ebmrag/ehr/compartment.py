@@ -12,16 +12,18 @@ refers to them; a shared type that does name a patient anyway (a Device's `patie
 patient's either; a chart may still take it in where the patient's own resources refer to it, as a file's reader
 would.
 
-The elements (data/compartment.toml) are those of the DSTU2, STU3, R4 and R5 CompartmentDefinitions, as element
-paths rather than search parameters, limited to the ones that name whose record it is (`Observation.subject`, not
-`Observation.performer`: a patient may perform another patient's measurement, which is still the other
-patient's). A type is read by the union of its versions' paths, since a resource rarely says its version: a DSTU2
-MedicationOrder or MedicationStatement names its patient in `patient`, an R4 one in `subject`, and read by R4's
-table alone the DSTU2 one named nobody, so another patient's could be taken in as this one's (issue 43).
+The elements (data/compartment.toml, which names its sources and each path's versions) are those of the Patient
+compartments of FHIR DSTU2, STU3, R4 and R5, as element paths rather than search parameters, limited to the ones
+that name whose record it is (`Observation.subject`, not `Observation.performer`: a patient may perform another
+patient's measurement, which is still the other patient's). A type is read by the union of its versions' paths,
+since a resource rarely says its version: a DSTU2 MedicationOrder or MedicationStatement names its patient in
+`patient`, an R4 one in `subject` (and an R5 DetectedIssue in `subject`, not R4's `patient`); read by R4's table
+alone, a DSTU2 MedicationStatement named nobody, so another patient's could be taken in as this one's (issue 43).
 """
 
 from __future__ import annotations
 
+import re
 import tomllib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -29,13 +31,32 @@ from typing import Any
 
 __all__ = ["COMPARTMENT", "belongs_to", "is_shared", "named_patients", "names_nobody", "names_patient"]
 
+_TABLE = Path(__file__).parent / "data" / "compartment.toml"
+_VERSIONS = frozenset({"DSTU2", "STU3", "R4", "R5"})
+_ELEMENT_PATH = re.compile(r"[a-z][A-Za-z]*(\.[a-z][A-Za-z]*)*")
 
-def _load() -> tuple[dict[str, tuple[str, ...]], dict[str, tuple[str, ...]], frozenset[str]]:
-    with (Path(__file__).parent / "data" / "compartment.toml").open("rb") as handle:
+
+def _load(source: Path = _TABLE) -> tuple[dict[str, tuple[str, ...]], dict[str, tuple[str, ...]], frozenset[str]]:
+    """The table, checked once at import: a misspelt path would match nothing, and a resource of its type would then
+    name nobody, the wrong reading a missing path gave (issue 43)."""
+    with source.open("rb") as handle:
         table = tomllib.load(handle)
-    paths = {kind: tuple(elements) for kind, elements in table["types"].items()}
-    if_set = {kind: tuple(elements) for kind, elements in table["names_patient_if_set"].items()}
-    return paths, if_set, frozenset(table["many_people"]["types"])
+    paths, if_set = _paths(source, table["types"]), _paths(source, table["names_patient_if_set"])
+    many = frozenset(table["many_people"]["types"])
+    if stray := sorted((many - paths.keys()) | (paths.keys() & if_set.keys())):
+        raise ValueError(f"{source.name}: {stray}: a many_people type must be in [types], and no type may be both "
+                         "in [types] and in [names_patient_if_set]")
+    return paths, if_set, many
+
+
+def _paths(source: Path, section: Mapping[str, Mapping[str, Any]]) -> dict[str, tuple[str, ...]]:
+    """resource type -> its element paths, from `Type = { "path" = ["R4", ...] }` (the versions are for a reader)."""
+    for kind, elements in section.items():
+        for path, versions in elements.items():
+            if not _ELEMENT_PATH.fullmatch(path) or not versions or not set(versions) <= _VERSIONS:
+                raise ValueError(f"{source.name}: {kind} {path!r} = {versions!r}: a dotted element name and a "
+                                 f"non-empty list of {sorted(_VERSIONS)} are expected")
+    return {kind: tuple(elements) for kind, elements in section.items()}
 
 
 # resource type -> the element paths (dotted; lists walked) that say whose the resource is, in any FHIR version;
