@@ -133,6 +133,7 @@ def pack(cache_home: Path) -> subprocess.CompletedProcess[str]:
                           env={**os.environ, "XDG_CACHE_HOME": str(cache_home)})
 
 
+@pytest.mark.slow
 @pytest.mark.model
 def test_pack_over_damaged_cache_files_gives_the_clean_caches_context(tmp_path: Path) -> None:
     clean = pack(tmp_path)

@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -90,12 +91,14 @@ def load_checked(data: Any, suffix: str = ".json") -> None:
             assert {f.patient_id for f in record.fragments} == {record.patient_id}, "one patient per record"
 
 
+@pytest.mark.slow
 @FUZZ
 @given(records)
 def test_ebmrag_json_records(data: Any) -> None:
     load_checked(data)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(bundles())
 def test_fhir_bundles(data: Any) -> None:
@@ -105,6 +108,7 @@ def test_fhir_bundles(data: Any) -> None:
 @FUZZ
 @given(st.lists(st.one_of(json_values.map(lambda v: json.dumps(v, ensure_ascii=False)), st.text(max_size=40)),
                 min_size=1, max_size=4))
+@pytest.mark.slow
 def test_jsonl_corpus_lines(lines: list[str]) -> None:
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "corpus.jsonl"

@@ -28,6 +28,7 @@ def colon() -> PatientRecord:
     return load_record(path)
 
 
+@pytest.mark.slow
 def test_brief_cites_only_packed_text_and_keeps_the_decisive_facts(make_engine: Callable[..., Engine]) -> None:
     result = make_engine(retrieval="always").ask(ANTIBIOTIC, colon(), prompt_window=900)
     data = json.loads(json.dumps(result.to_json()))
@@ -50,6 +51,7 @@ def test_brief_cites_only_packed_text_and_keeps_the_decisive_facts(make_engine: 
     assert data["unsupported"] == [] and trace["stages"] == []
 
 
+@pytest.mark.slow
 def test_gate_decides_retrieval_and_every_fragment_has_a_reason(make_engine: Callable[..., Engine]) -> None:
     engine = make_engine()
     path = demo_record_path("demo-zh")
@@ -156,6 +158,7 @@ def test_record_text_cannot_forge_context_lines_or_smuggle_instructions(make_eng
     assert "No known drug allergies" not in result.answer
 
 
+@pytest.mark.slow
 def test_a_real_chart_drug_question_retrieves_and_the_brief_answers_it(make_engine: Callable[..., Engine],
                                                                        shared_data: Path) -> None:
     """Issue 20: the Synthea chart scored complete, so no guideline came back, and the brief was 80 record

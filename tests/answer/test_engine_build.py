@@ -59,6 +59,7 @@ def test_one_embedder_serves_packer_gate_grounding_and_knowledge_base(config: Pa
     assert isinstance(engine.gate.labeller, ClassifierLabeller) and engine.gate.labeller.embedder is model
 
 
+@pytest.mark.slow
 def test_the_engine_round_trips_through_its_dict_with_a_trained_gate(config: Path,
                                                                       demo_voter: DocumentVoter) -> None:
     engine = build_engine(load_settings(config), kb=kb_root(demo_voter))

@@ -19,6 +19,7 @@ def config(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_ask_json_on_the_bundled_demo(config: Path) -> None:
     result = CliRunner().invoke(app, ["ask", "Which antibiotic is safe, given his allergy?", "--patient",
                                       "demo-colon", "--retrieval", "always", "--window", "1200", "--json",

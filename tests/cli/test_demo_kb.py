@@ -43,6 +43,7 @@ def answer_of(output: str) -> tuple[str, list[str], list[str]]:
     return data["answer"], [c["id"] for c in data["citations"]], [d["doc_id"] for d in data["trace"]["retrieved"]]
 
 
+@pytest.mark.slow
 def test_ask_answers_the_same_after_the_demo_kb_is_damaged(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     cache = tmp_path / "cache"
     config = tmp_path / "ebmrag.toml"

@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from typer.testing import CliRunner
 
 from ebmrag.cli import app
@@ -12,6 +13,7 @@ from ebmrag.text.sentences import split_sentences
 from tests.fake_openai import FakeOpenAI, serve
 
 
+@pytest.mark.slow
 def test_annotate_then_train_from_the_command_line(shared_data: Path, tmp_path: Path) -> None:
     cases = [c for c in load_cases("agentclinic", shared_data / "agentclinic", 2) if c.answer]
     first = {split_sentences(c.record.fragments[0].text)[0].text: c.answer for c in cases}

@@ -12,6 +12,7 @@ from ebmrag.cli import app
 runner = CliRunner()
 
 
+@pytest.mark.slow
 @pytest.mark.model
 def test_ingest_search_stats_delete(tmp_path: Path) -> None:
     docs = tmp_path / "docs"

@@ -50,6 +50,7 @@ def one_line_error(result: object, says: str) -> None:
     assert says in output and "Traceback" not in output and len(output.strip().splitlines()) == 1, output
 
 
+@pytest.mark.slow
 def test_an_older_kb_is_refused_then_converted_and_answers(tmp_path: Path) -> None:
     config = tmp_path / "ebmrag.toml"
     config.write_text(f'[models]\ncache_dir = "{tmp_path / "cache"}"\n')

@@ -77,6 +77,7 @@ def test_diagnosis_f1_averages_set_scores_and_survives_failures(tmp_path: Path) 
         assert (failed.f1, failed.failed) == (0.0, 1)
 
 
+@pytest.mark.slow
 def test_eval_packing_with_an_llm_caches_and_reports_spend(shared_data: Path, tmp_path: Path) -> None:
     config = tmp_path / "ebmrag.toml"
     config.write_text(f'[models]\ncache_dir = "{tmp_path / "cache"}"\n')

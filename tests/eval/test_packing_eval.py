@@ -64,6 +64,7 @@ def suite(embedder: Any) -> Suite:
     return Suite(CandidateBuilder(embedder, counter, NEUTRAL), counter, NoiseConfig(seed=1))
 
 
+@pytest.mark.slow
 def test_invariants_on_real_cases(suite: Suite, shared_data: Path) -> None:
     prepared = [*prepare_cases(suite, "agentclinic", load_cases("agentclinic", shared_data / "agentclinic", 4),
                                suite.noise),
@@ -98,6 +99,7 @@ def _with_allergies(dataset: str, folder: Path, noise: NoiseConfig, wanted: int)
     return found
 
 
+@pytest.mark.slow
 def test_every_allergy_of_signal_and_noise_is_packed_at_256_when_allergies_fit(suite: Suite,
                                                                             shared_data: Path) -> None:
     """Level 1 of the clinical order on real cases with the protocol's noise (other cases' allergies included)."""
@@ -117,6 +119,7 @@ def test_every_allergy_of_signal_and_noise_is_packed_at_256_when_allergies_fit(s
     assert checked >= 4
 
 
+@pytest.mark.slow
 def test_small_suite_writes_every_table_and_plot(suite: Suite, shared_data: Path, tmp_path: Path) -> None:
     seconds = run_suite(suite, shared_data, tmp_path, limit=2, sweep_cases=2)
     assert set(seconds) == {"measure", "windows", "sweeps", "noise"}
@@ -131,6 +134,7 @@ def test_small_suite_writes_every_table_and_plot(suite: Suite, shared_data: Path
     assert dataset_dir(shared_data, "cmb") == shared_data / "cmb_clin"
 
 
+@pytest.mark.slow
 def test_eval_packing_command_writes_results_json(shared_data: Path, tmp_path: Path) -> None:
     config = tmp_path / "ebmrag.toml"
     config.write_text(f'[models]\ncache_dir = "{tmp_path / "cache"}"\n')

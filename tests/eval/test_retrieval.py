@@ -39,6 +39,7 @@ def test_liveqa_queries_use_the_consumer_text_and_graded_gains(shared_data: Path
     assert all(message[q.query_id] in q.text for q in queries)
 
 
+@pytest.mark.slow
 @pytest.mark.data
 @pytest.mark.model
 def test_pubmedqa_slice_end_to_end(shared_data: Path, tmp_path: Path, embedder) -> None:  # type: ignore[no-untyped-def]

@@ -26,6 +26,7 @@ def test_text_only_tiering_reports_per_tier_precision_and_recall(shared_data: Pa
     assert {"agentclinic-medqa", "agentclinic-nejm", "cmb-clin"} <= set(report["sources"])
 
 
+@pytest.mark.slow
 @pytest.mark.data
 def test_compression_check_lists_what_state_b_drops(shared_data: Path) -> None:
     result = CliRunner().invoke(app, ["eval", "compression", "--data-root", str(shared_data), "--json"])

@@ -55,6 +55,7 @@ def test_the_export_is_read_whole_and_whatever_is_left_out_is_counted(chart: Pat
     assert skipped["Observation x22"] == "read as part of their panel (DiagnosticReport or Observation.hasMember)"
 
 
+@pytest.mark.slow
 @pytest.mark.model
 def test_active_problems_medications_and_allergies(context_packer: ContextPacker, chart: Path) -> None:
     question = "What are this patient's active problems, current medications and allergies?"

@@ -39,6 +39,7 @@ def local() -> LlamaCppChatClient:
     return client
 
 
+@pytest.mark.slow
 def test_every_stage_schema_decodes_to_a_valid_reply(local: LlamaCppChatClient) -> None:
     """Each of the four stages' shapes, as the grammar holds the model to it, validates against the stage's model
     (the final assembler only runs in `ask` when the reviewer asks for a revision, so it is checked here too)."""
@@ -51,6 +52,7 @@ def test_every_stage_schema_decodes_to_a_valid_reply(local: LlamaCppChatClient) 
         check_citations(value, [3, 7])
 
 
+@pytest.mark.slow
 def test_schema_decoding_holds_a_tiny_model_to_the_shape(local: LlamaCppChatClient) -> None:
     assert isinstance(local, SchemaChatClient)
     schema = stage_schema("evidence_evaluator", [3, 7])
@@ -63,6 +65,7 @@ def test_schema_decoding_holds_a_tiny_model_to_the_shape(local: LlamaCppChatClie
                for f in value["findings"])
 
 
+@pytest.mark.slow
 def test_ask_runs_every_stage_with_schema_valid_replies(local: LlamaCppChatClient, resources: Any,
                                                         context_packer: Any, demo_voter: Any) -> None:
     engine = engine_from_parts(resources, packer=context_packer, voter=demo_voter, client=local)
@@ -80,6 +83,7 @@ def test_ask_runs_every_stage_with_schema_valid_replies(local: LlamaCppChatClien
     assert judged["context_relevancy"].method == "model" and judged["faithfulness"].method == "model"
 
 
+@pytest.mark.slow
 def test_the_relevance_filter_gets_a_verdict_per_document(local: LlamaCppChatClient, resources: Any,
                                                           context_packer: Any, demo_voter: Any) -> None:
     engine = engine_from_parts(resources, AnswerParams(retrieval="always", relevance_filter=True),

@@ -49,6 +49,7 @@ def corpus(root: Path) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_ray_ingest_equals_local_ingest(cluster: str, tmp_path: Path, embedder) -> None:  # type: ignore[no-untyped-def]
     from ebmrag.index.distributed import RayPipeline
 
@@ -76,6 +77,7 @@ def test_ray_ingest_equals_local_ingest(cluster: str, tmp_path: Path, embedder) 
     assert np.allclose(np.sort(ours.lexical.scores(terms)), np.sort(theirs.lexical.scores(terms)), atol=1e-6)
 
 
+@pytest.mark.slow
 def test_ray_ingest_writes_batched_upserts_to_milvus(cluster: str, tmp_path: Path, embedder) -> None:  # type: ignore[no-untyped-def]
     """The same pipeline feeding the Milvus backend: every document arrives once, searchable."""
     pytest.importorskip("pymilvus")

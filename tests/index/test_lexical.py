@@ -34,6 +34,7 @@ def assert_parity_with_rank_bm25(documents: list[list[str]], seed: int = 0) -> N
         assert np.allclose(ours.scores(query), reference.get_scores(query), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.data
 def test_robertson_scores_match_rank_bm25(abstracts: list[list[str]]) -> None:
     """Parity on real abstracts."""

@@ -106,6 +106,7 @@ def cross_encoder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_cross_encoder_reranker_loads_a_local_folder_and_orders_by_its_scores(
         kb: KnowledgeBase, cross_encoder_dir: Path) -> None:
     reranker = CrossEncoderReranker(cross_encoder_dir, batch_size=2)
@@ -122,6 +123,7 @@ def test_cross_encoder_reranker_loads_a_local_folder_and_orders_by_its_scores(
     assert HybridRetriever.from_dict(retriever.to_dict()).to_dict() == retriever.to_dict()
 
 
+@pytest.mark.slow
 def test_reranker_depth_rescores_only_the_head_and_mix_keeps_the_first_stage_in_play(
         kb: KnowledgeBase, cross_encoder_dir: Path) -> None:
     query = "kidney injury after contrast"

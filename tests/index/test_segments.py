@@ -144,6 +144,7 @@ def test_parallel_preparation_equals_in_process_preparation() -> None:
         assert a.counts.vocabulary == b.counts.vocabulary and np.array_equal(a.counts.tf, b.counts.tf)
 
 
+@pytest.mark.slow
 def test_a_large_write_is_split_into_segments_of_bounded_size(tmp_path: Path, embedder) -> None:  # type: ignore[no-untyped-def]
     kb = KnowledgeBase(tmp_path / "kb", CONFIG, embedder=embedder,
                        storage=StorageSettings(segment_rows=100, merge_factor=0, workers=1))

@@ -58,6 +58,7 @@ def reference(corpus: list[str]) -> np.ndarray:
     return torch_reference(corpus)
 
 
+@pytest.mark.slow
 def test_onnx_fp32_matches_torch_on_every_sentence(corpus: list[str], reference: np.ndarray,
                                                    onnx_cache: Path) -> None:
     embedder = SentenceEmbedder(runtime="onnx", precision="fp32", cache_dir=onnx_cache)
@@ -67,12 +68,14 @@ def test_onnx_fp32_matches_torch_on_every_sentence(corpus: list[str], reference:
     assert min_cosine(vectors, reference) >= 0.999
 
 
+@pytest.mark.slow
 def test_onnx_int8_stays_within_a_percent_of_torch(corpus: list[str], reference: np.ndarray,
                                                    onnx_cache: Path) -> None:
     vectors = SentenceEmbedder(runtime="onnx", precision="int8", cache_dir=onnx_cache).embed(corpus)
     assert min_cosine(vectors, reference) >= 0.99
 
 
+@pytest.mark.slow
 def test_a_delta_profile_is_merged_as_torch_merges_it(corpus: list[str], reference: np.ndarray,
                                                       onnx_cache: Path) -> None:
     adapted_reference = torch_reference(corpus[:80], "minilm-medquad")
@@ -93,6 +96,7 @@ def test_long_text_is_truncated_at_the_models_length(onnx_cache: Path) -> None:
     assert float(head[0] @ head[1]) > 0.99999
 
 
+@pytest.mark.slow
 def test_the_built_graph_is_reused_and_a_corrupt_one_rebuilt(tmp_path: Path, onnx_cache: Path) -> None:
     texts = ["Chest pain radiating to the left arm.", "Metformin held before contrast.", "Afebrile overnight."]
     expected = SentenceEmbedder(runtime="onnx", precision="fp32", cache_dir=onnx_cache).embed(texts)

@@ -96,6 +96,7 @@ def test_packer_round_trips(context_packer: ContextPacker) -> None:
         context_packer.with_params(PackingParams(strategy="random"))
 
 
+@pytest.mark.slow
 def test_bf16_and_int8_profiles_stay_close_to_fp32_and_cache_apart(tmp_path: Path) -> None:
     texts = ["Biopsy of the cervical node shows diffuse large B-cell lymphoma.", "Penicillin causes anaphylaxis."]
     fp32 = SentenceEmbedder(max_tokens=128, precision="fp32", cache_dir=tmp_path)

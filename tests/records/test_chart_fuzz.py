@@ -146,6 +146,7 @@ def report(bad: list[Outcome], total: int) -> str:
     return f"{len(bad)} of {total} mutations ({dict(kinds)}), e.g.:\n" + "\n".join(str(o) for o in bad[:12])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CHARTS))
 def test_a_broken_element_is_read_or_refused_never_a_crash(name: str) -> None:
     results = outcomes(name)
@@ -153,6 +154,7 @@ def test_a_broken_element_is_read_or_refused_never_a_crash(name: str) -> None:
     assert not crashes, report(crashes, len(results))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CHARTS))
 def test_only_the_patient_or_the_bundle_shape_may_refuse_a_chart(name: str) -> None:
     results = outcomes(name)

@@ -226,6 +226,7 @@ def test_every_chart_loads_and_says_what_it_left_out(chart_dir: Path, name: str)
         assert not unaccounted, f"{name}: read silently past {sorted(unaccounted)}; skipped = {record.skipped}"
 
 
+@pytest.mark.slow
 @pytest.mark.model
 @pytest.mark.parametrize("name", sorted(SUMMARY_FACTS))
 def test_summary_context_holds_the_decisive_facts(packed: Callable[[str, str, int], PackResult], name: str) -> None:
@@ -233,6 +234,7 @@ def test_summary_context_holds_the_decisive_facts(packed: Callable[[str, str, in
     assert not missing(SUMMARY_FACTS[name], context), f"{name}: {missing(SUMMARY_FACTS[name], context)}\n{context}"
 
 
+@pytest.mark.slow
 @pytest.mark.model
 @pytest.mark.parametrize("name", sorted(DRUG_FACTS))
 def test_drug_choice_context_holds_allergies_pregnancy_and_kidney(

@@ -110,6 +110,7 @@ def test_patient_record_tool_returns_packed_fragments_of_that_patient_only(make_
     assert any("anaphylaxis" in f.text for f in fragments)  # the contrast reaction: must-keep in any budget
 
 
+@pytest.mark.slow
 def test_observations_are_packed_into_a_small_window_with_reasons(make_agent: Build,
                                                                     context_packer: Any) -> None:
     queries = ["aspirin allergy", "contrast reaction", "colon cancer staging", "anticoagulation chest pain",

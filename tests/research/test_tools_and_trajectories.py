@@ -49,6 +49,7 @@ def test_kb_search_ranks_by_the_weighted_score_and_read_document_keeps_the_budge
     assert search.call('{"query": "x", "k": 99}').error  # outside the schema: k <= 20
 
 
+@pytest.mark.slow
 def test_icd10_lookup_both_ways() -> None:
     tool = Icd10LookupTool()
     code = tool.call('{"query": "j930"}')
@@ -98,6 +99,7 @@ def test_trajectory_log_survives_a_torn_line(tmp_path: Path) -> None:
     assert TrajectoryLog(tmp_path).path == log
 
 
+@pytest.mark.slow
 @pytest.mark.model
 def test_cli_research_logs_and_exports(tmp_path: Path) -> None:
     fake = FakeOpenAI()
