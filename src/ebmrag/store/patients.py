@@ -750,9 +750,11 @@ class PostgresStore(PatientStore):
         cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"ebmrag pulled chart {tenant}/{patient}",))
 
     def drop(self) -> None:
-        """Remove this schema and everything in it (tests)."""
+        """Remove this schema and everything in it (tests), and close the connection: a store dropped is done, and
+        one left open until the garbage collector finds it holds one of the server's `max_connections`."""
         with self.transaction() as cur:
             cur.execute(f"DROP SCHEMA IF EXISTS {self.schema} CASCADE")
+        self._db.close()
 
 
 def _without_password(url: str) -> str:
