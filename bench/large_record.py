@@ -19,13 +19,15 @@ import tracemalloc
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
-from ebmrag.compose import Resources, build_packer
+from ebmrag.compose import Resources, build_packer, build_tiering
 from ebmrag.config import Settings, with_overrides
+from ebmrag.evidence.tiering import Tiering
 from ebmrag.packing.packer import ContextPacker
 from ebmrag.packing.params import PackingParams
 from ebmrag.records.fragment import Fragment, PatientRecord
 from report import emit, machine  # bench/ is on sys.path when a script here runs
 
+Parts = tuple[Tiering, ContextPacker]  # the tiering step and the packer it feeds
 TEMPLATES = ("Potassium {a}.{b} mmol/L on the {w} panel.", "Creatinine {a}.{b} mg/dL, urea {c} mmol/L.",
              "Patient resting, observations stable, pain score {b} of 10.",
              "CT chest shows a {a} mm nodule in the {s} lobe.",
@@ -45,16 +47,19 @@ def record(n: int, seed: int = 3) -> PatientRecord:
     return PatientRecord("p", tuple(fragments))
 
 
-def packer_over(cache: str, prefilter_windows: float = PackingParams().prefilter_windows) -> ContextPacker:
-    """A packer as a new process builds it: new models over the cache directory `cache` (pre-filter windows
-    0: off, every fragment measured)."""
+def packer_over(cache: str, prefilter_windows: float = PackingParams().prefilter_windows) -> Parts:
+    """The tiering step and a packer as a new process builds them: new models over the cache directory `cache`
+    (pre-filter windows 0: off, every fragment measured)."""
     settings = with_overrides(Settings(), models={"cache_dir": cache}, packing={"prefilter_windows": prefilter_windows})
-    return build_packer(Resources(settings))
+    resources = Resources(settings)
+    return build_tiering(resources), build_packer(resources)
 
 
-def timed_pack(packer: ContextPacker, patient: PatientRecord, window: int) -> float:
+def timed_pack(parts: Parts, patient: PatientRecord, window: int) -> float:
+    """Seconds to tier and pack `patient` (the tier decisions are part of what a pack of a new chart costs)."""
+    tiering, packer = parts
     started = time.perf_counter()
-    packer.run(patient, "Which antibiotic is safe given his allergy and kidney function?", window)
+    packer.run(tiering.run(patient), "Which antibiotic is safe given his allergy and kidney function?", window)
     return time.perf_counter() - started
 
 
@@ -68,19 +73,19 @@ def main() -> None:
     for label, prefilter in (("pre-filter off (every fragment measured)", 0.0),
                              ("pre-filter on (the default)", PackingParams().prefilter_windows)):
         with tempfile.TemporaryDirectory() as cache:
-            cold_packer = packer_over(cache, prefilter)
-            cold_packer.warm_up()
-            cold = timed_pack(cold_packer, big, 2048)
-            stored_packer = packer_over(cache, prefilter)  # a new process: the cache on disk
-            stored_packer.warm_up()
-            stored = timed_pack(stored_packer, big, 2048)
+            cold_parts = packer_over(cache, prefilter)
+            cold_parts[1].warm_up()
+            cold = timed_pack(cold_parts, big, 2048)
+            stored_parts = packer_over(cache, prefilter)  # a new process: the cache on disk
+            stored_parts[1].warm_up()
+            stored = timed_pack(stored_parts, big, 2048)
             rows.append(f"| {label} | {cold:.1f} | {stored:.1f} |")
     with tempfile.TemporaryDirectory() as cache:
-        packer = packer_over(cache)
+        parts = packer_over(cache)
         medium = record(2000, seed=4)
-        packer.run(medium, "warm", 256)
+        parts[1].run(parts[0].run(medium), "warm", 256)
         tracemalloc.start()
-        wide = timed_pack(packer, medium, 200_000)
+        wide = timed_pack(parts, medium, 200_000)
         peak = tracemalloc.get_traced_memory()[1] / 2**20
         tracemalloc.stop()
     lines = [f"## Large records (`pack`), {date.today().isoformat()}", "",

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import date, timedelta
 from pathlib import Path
 
-from ebmrag.compose import Resources, build_packer
+from ebmrag.compose import Resources, build_packer, build_tiering
 from ebmrag.config import Settings, with_overrides
 from ebmrag.eval.cases import ENCOUNTER, EvalCase, load_cases
 from ebmrag.eval.packing_report import dataset_dir
@@ -115,11 +115,12 @@ def measure(args: argparse.Namespace, resources: Resources, chosen: list[EvalCas
     settings = resources.settings
     off = build_packer(resources, with_overrides(settings, packing={"prefilter_windows": 0}))
     off.warm_up()
-    decisions = off.classifier.classify_many([(f.text, f.section) for f in everything])
+    tiering = build_tiering(resources)  # the charts are tiered when built, outside the timings
+    decisions = tiering.decide([(f.text, f.section) for f in everything])
     pool = [f for f, d in zip(everything, decisions, strict=True) if not d.must_keep]
     critical = [f for f, d in zip(everything, decisions, strict=True) if d.must_keep]
     shared = tuple(Fragment(f"p{i}", "pool", f.text, f.section) for i, f in enumerate(everything))
-    off.prepare(PatientRecord("pool", shared))  # embed the shared history once, outside the timings
+    off.prepare(tiering.run(PatientRecord("pool", shared)))  # embed the shared history once, outside the timings
     lines = [f"## Pre-filter quality on long charts, {date.today().isoformat()}", "",
              f"{machine()}. Command: "
              "`python bench/prefilter_quality.py --data-root ../shared/data "
@@ -134,7 +135,7 @@ def measure(args: argparse.Namespace, resources: Resources, chosen: list[EvalCas
         on = build_packer(resources, with_overrides(settings, packing={"prefilter_windows": float(windows),
                                                                        "prefilter_min_fragments": int(minimum)}))
         for scenario in ("current", "past"):
-            charts = [(case, chart(case, pool, critical, args.history, random.Random(i), scenario))
+            charts = [(case, tiering.run(chart(case, pool, critical, args.history, random.Random(i), scenario)))
                       for i, case in enumerate(chosen)]
             for window in (int(w) for w in args.windows.split(",")):
                 lines.append(f"| {setting} " + row(scenario, window,

@@ -64,8 +64,8 @@ def main() -> None:
         answer = engine.ask(prompt(item), record).answer
         seconds["ask"] += time.perf_counter() - started
         correct["ask"] += parse_choice(answer, list(item["options"])) == item["answer"]
-        tools = [*base.tools.values(), PatientRecordTool(base.memory.packer, record)]
-        memory = ObservationMemory(base.memory.packer, r.window, r.output_reserve,
+        tools = [*base.tools.values(), PatientRecordTool(base.memory.packer, base.memory.tiering.run(record))]
+        memory = ObservationMemory(base.memory.packer, base.memory.tiering, r.window, r.output_reserve,
                                    token_counter=resources.token_counter)
         agent = ResearchAgent(client, tools, memory, args.max_steps, r.protocol)
         started = time.perf_counter()

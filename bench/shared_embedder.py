@@ -22,7 +22,11 @@ from ebmrag.eval.noise import NoiseConfig
 from ebmrag.eval.packing_eval import evaluate
 from ebmrag.eval.packing_report import dataset_dir
 from ebmrag.eval.packing_suite import NEUTRAL, Suite
+from ebmrag.evidence.entities import EntityCompressor, default_extractor
+from ebmrag.evidence.tiering import Tiering
+from ebmrag.evidence.tiers import BUNDLED_TIER_MODEL, TierClassifier
 from ebmrag.models.embeddings import SentenceEmbedder
+from ebmrag.models.text_classifier import load_text_classifier
 from ebmrag.models.tokens import make_token_counter
 from ebmrag.packing.packer import make_packer
 from ebmrag.packing.utility import CandidateBuilder, UtilityParams
@@ -38,7 +42,11 @@ def measure(dataset: str, data_root: Path, max_tokens: int | None, limit: int) -
     if folder is None:
         raise SystemExit(f"no {dataset} files under {data_root}")
     counter = make_token_counter("bundled")
-    suite = Suite(CandidateBuilder(SentenceEmbedder(max_tokens=max_tokens), counter, NEUTRAL), counter, NoiseConfig())
+    embedder = SentenceEmbedder(max_tokens=max_tokens)  # the profile under test, not the configured one
+    tiering = Tiering(TierClassifier(model=load_text_classifier(BUNDLED_TIER_MODEL, embedder)))
+    extractor = default_extractor()
+    suite = Suite(CandidateBuilder(embedder, counter, NEUTRAL, compressor=EntityCompressor(extractor)), tiering,
+                  extractor, counter, NoiseConfig())
     prepared = suite.prepare(load_cases(dataset, folder, limit))
     rows = evaluate(prepared, [make_packer(s, counter) for s in STRATEGIES], WINDOWS, UtilityParams())
     sims = [m.similarity for case in prepared for m in case.measured]

@@ -18,8 +18,9 @@ import time
 from datetime import date
 from pathlib import Path
 
-from ebmrag.compose import Resources, build_engine, build_packer, load_patient
+from ebmrag.compose import Resources, build_engine, build_packer, build_tiering, load_patient
 from ebmrag.config import Settings, with_overrides
+from ebmrag.evidence.tiering import Tiering
 from ebmrag.models.tokens import make_token_counter
 from ebmrag.packing.packer import ContextPacker
 from ebmrag.packing.utility import fragment_header
@@ -30,14 +31,15 @@ QUESTIONS = ("What are this patient's active problems, current medications and a
              "Which antibiotic would be safe for this patient if he developed pneumonia, and why?")
 
 
-def packer_over(cache: str, **models: str) -> ContextPacker:
-    """The default packer as a new process builds it, over the cache directory `cache`."""
-    return build_packer(Resources(with_overrides(Settings(), models={"cache_dir": cache, **models})))
+def packer_over(cache: str, **models: str) -> tuple[Tiering, ContextPacker]:
+    """The default tiering step and packer as a new process builds them, over the cache directory `cache`."""
+    resources = Resources(with_overrides(Settings(), models={"cache_dir": cache, **models}))
+    return build_tiering(resources), build_packer(resources)
 
 
 def header_tokens(chart: Path) -> tuple[float, float, int]:
     with tempfile.TemporaryDirectory() as cache:  # tiers by the rules alone (no tier model)
-        record = packer_over(cache, tier_model="").classify(load_record(chart))
+        record = packer_over(cache, tier_model="")[0].run(load_record(chart))
     counter = make_token_counter("bundled")
     old = counter.count_many([fragment_header(f, 0).replace("[0|", f"[{f.id}|", 1) for f in record.fragments])
     new = counter.count_many([fragment_header(f, n) for n, f in enumerate(record.fragments, 1)])
@@ -63,13 +65,15 @@ def main() -> None:
     old, new, count = header_tokens(chart)
     rows = []
     with tempfile.TemporaryDirectory() as cache:
-        packer_over(cache).run(load_record(chart), QUESTIONS[0], 1024)  # fill the on-disk cache
-        packer = packer_over(cache)
+        filling, first = packer_over(cache)
+        first.run(filling.run(load_record(chart)), QUESTIONS[0], 1024)  # fill the on-disk cache
+        tiering, packer = packer_over(cache)
         packer.warm_up()
         engine = build_engine(with_overrides(Settings(), models={"cache_dir": cache}))
         for question in QUESTIONS:
             for window in (256, 1024):
-                pack_ms = timed(lambda q=question, w=window: packer.run(load_record(chart), q, w), args.runs)
+                pack_ms = timed(lambda q=question, w=window: packer.run(tiering.run(load_record(chart)), q, w),
+                                args.runs)
                 rows.append(f"| {question[:48]}… | {window} | {pack_ms:.0f} |")
         ask_ms = timed(lambda: engine.ask(QUESTIONS[1], load_patient(chart), prompt_window=4096), args.runs)
     lines = [f"## A real chart: the Synthea FHIR export, {date.today().isoformat()}", "",

@@ -1,4 +1,4 @@
-"""Train the ADR model (src/ebmrag/evidence/rules/adr_model.npz): the second reader of evidence/adr.py.
+"""Train the ADR model (src/ebmrag/evidence/models/adr_model.npz): the second reader of evidence/adr.py.
 
 Run: python bench/train_adr_model.py --data-root ../shared/data [--report-check]
 

@@ -1,4 +1,4 @@
-"""Train the bundled n-gram tier model (src/ebmrag/evidence/rules/tier_ngram.npz), the fallback where no tier rule
+"""Train the bundled n-gram tier model (src/ebmrag/evidence/models/tier_ngram.npz), the fallback where no tier rule
 speaks.
 
 Run: python bench/train_tier_model.py --data-root ../shared/data   (or `make tier-model`)
@@ -31,10 +31,10 @@ from typing import Any, Protocol
 
 from ebmrag.eval.halves import half_of
 from ebmrag.eval.tier_agreement import MEASURED_SOURCES, labelled_case_texts
-from ebmrag.evidence.lexicon import drug_mentions
 from ebmrag.evidence.tiers import BUNDLED_TIER_MODEL, MODEL_T1_MIN, TierClassifier
 from ebmrag.models.ngram_classifier import NgramFeatures, fit_ngram_classifier
 from ebmrag.records.fragment import Tier, TierDecision
+from ebmrag.vocab.lexicon import drug_mentions
 from report import machine  # bench/ is on sys.path when a script here runs
 
 NGRAM_MODEL = BUNDLED_TIER_MODEL.with_name("tier_ngram.npz")
@@ -142,7 +142,7 @@ def _affirmed_allergy(item: dict[str, Any]) -> bool:
 
 
 def _reaction_to_a_named_drug(item: dict[str, Any]) -> bool:
-    """An adverse-reaction positive is T1 from its text only when the text names a drug (evidence/lexicon.py):
+    """An adverse-reaction positive is T1 from its text only when the text names a drug (vocab/lexicon.py):
     'Had a headache too.' or a bare symptom list is a patient report. Such items are dropped, not made negatives."""
     return item["label"] != "T1" or bool(drug_mentions(item["text"]))
 

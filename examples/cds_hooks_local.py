@@ -30,8 +30,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from jwt.algorithms import ECAlgorithm
 
+from ebmrag.cds.params import CdsParams
 from ebmrag.config import Settings
-from ebmrag.ehr.cds_params import CdsParams
 from ebmrag.serve.app import create_app
 from ebmrag.store.patients import SQLiteStore
 

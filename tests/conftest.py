@@ -70,6 +70,22 @@ def context_packer(resources):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(scope="session")
+def tiering(resources):  # type: ignore[no-untyped-def]
+    """The tiering step of the default settings: what every caller runs on a record before the packer packs it."""
+    from ebmrag.compose import build_tiering
+
+    return build_tiering(resources)
+
+
+@pytest.fixture(scope="session")
+def extractor():  # type: ignore[no-untyped-def]
+    """The entity extractor of the bundled lexicon, which components receive from the composition root."""
+    from ebmrag.evidence.entities import default_extractor
+
+    return default_extractor()
+
+
+@pytest.fixture(scope="session")
 def embedder(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     """The bundled model at the knowledge base's default profile, loaded once, with an on-disk cache."""
     from ebmrag.index.kb import kb_embedder

@@ -11,7 +11,7 @@ from ebmrag.answer.engine import Engine
 from ebmrag.answer.gate import GateParams, RetrievalGate, RuleLabeller
 from ebmrag.answer.params import AnswerParams
 from ebmrag.answer.relevance import RelevanceFilter
-from ebmrag.compose import Resources, build_packer
+from ebmrag.compose import Resources, build_packer, build_tiering
 from ebmrag.config import settings_to_dict
 from ebmrag.generate.grounding import GroundingChecker
 from ebmrag.index.backend import KnowledgeStore
@@ -46,8 +46,9 @@ def engine_from_parts(resources: Resources, params: AnswerParams | None = None, 
                                  GateParams(params.gate_alpha, params.gate_beta, params.gate_gamma,
                                             params.gate_theta1, params.gate_theta2), resources.questions)
     relevance = RelevanceFilter(client) if params.relevance_filter and client is not None else None
-    return Engine(params, packer=packer or build_packer(resources), gate=gate,
-                  grounding=GroundingChecker(resources.embedder, params.grounding_threshold, resources.extractor),
+    return Engine(params, tiering=build_tiering(resources), packer=packer or build_packer(resources), gate=gate,
+                  grounding=GroundingChecker(resources.embedder, params.grounding_threshold,
+                                             extractor=resources.extractor),
                   token_counter=resources.token_counter, questions=resources.questions,
                   tier_classifier=resources.tier_classifier, voter=voter, client=client, rewriter=rewriter,
                   relevance=relevance, configuration=settings_to_dict(replace(resources.settings, answer=params)))

@@ -30,15 +30,17 @@ PACKAGE_ROOT = "__init__"
 # where an edge may point, ALLOWED says which edges exist.
 LAYERS: dict[str, frozenset[str]] = {
     "foundation": frozenset({"errors", "protocols", "kvcache", PACKAGE_ROOT}),
+    "rules": frozenset({"rules"}),  # the rule files (rules/<subject>/*.toml) and their one loader
     "observe": frozenset({"observe"}),  # spans and metrics: every layer above reports through it
     "text": frozenset({"text"}),  # sentence splitting, language
+    "vocab": frozenset({"vocab"}),  # the drug vocabulary (names, classes, codes, Chinese names) and negation cues
     "data": frozenset({"records", "models"}),  # Fragment, PatientRecord, loaders, FHIR; embedder, tokens
-    "evidence": frozenset({"evidence"}),  # tier rules, question types, entities, lexicon
+    "evidence": frozenset({"evidence"}),  # tier rules, question types, entities, adverse drug reactions
     "stages": frozenset({"packing", "ingest", "llm"}),
     "index": frozenset({"index"}),  # knowledge-base storage
     "retrieve": frozenset({"retrieve", "ddx", "store", "demo"}),
-    "ehr": frozenset({"ehr"}),  # charts pulled from FHIR servers (SMART, paging, _since, Bulk Data) into the store;
-    # CDS Hooks cards from a chart (drug classes, renal list, the chart's facts cited)
+    "ehr": frozenset({"ehr"}),  # charts pulled from FHIR servers (SMART, paging, _since, Bulk Data) into the store
+    "cds": frozenset({"cds"}),  # CDS Hooks decisions: cards from one chart (its facts cited), fetched through ehr
     "generate": frozenset({"generate"}),
     "answer": frozenset({"answer"}),  # Engine, gate, relevance, result
     "research": frozenset({"research", "eval"}),
@@ -54,47 +56,52 @@ LAYERS: dict[str, frozenset[str]] = {
 # an entry no import uses fails test_allowed_edges_are_used.
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
+    "rules": {"errors"},
     "protocols": set(),
     "kvcache": {"protocols"},
     PACKAGE_ROOT: {"errors"},
     "observe": {"errors"},
-    "text": {"errors"},
-    "records": {"errors", "text"},
+    "text": {"errors", "rules"},
+    "vocab": {"errors", "rules"},
+    "records": {"errors", "rules", "text", "vocab"},
     "models": {"errors", "kvcache", "observe", "protocols"},
-    "evidence": {"errors", "kvcache", "models", "protocols", "records", "text"},
-    "packing": {"evidence", "models", "observe", "protocols", "records", "text"},
+    "evidence": {"errors", "kvcache", "models", "protocols", "records", "rules", "text", "vocab"},
+    "packing": {"errors", "evidence", "models", "observe", "protocols", "records", "text"},
     "ingest": {"errors", "protocols", "records", "text"},
     "llm": {"errors", "kvcache", "observe", "protocols"},
     "index": {"errors", "ingest", "models", "protocols"},
     "retrieve": {"errors", "index", "llm", "models", "observe", "protocols"},
-    "ddx": {"errors", "evidence", "protocols", "text"},
+    "ddx": {"errors", "evidence", "protocols", "text", "vocab"},
     "store": {"errors", "kvcache", "records"},
-    "ehr": {"errors", "evidence", "protocols", "records", "store"},
+    "ehr": {"errors", "protocols", "records", "rules", "store"},
+    "cds": {"ehr", "errors", "evidence", "records", "vocab"},
     "demo": {"errors", "index", "records"},
-    "generate": {"evidence", "index", "llm", "packing", "protocols", "records", "text"},
+    "generate": {"evidence", "index", "llm", "packing", "protocols", "records", "rules", "text"},
     # Neither "config" nor "compose": the composition root builds an Engine from settings (compose.build_engine),
     # the Engine does not build itself. Both edges existed and were removed; do not list them again.
     "answer": {
         "errors", "evidence", "generate", "index", "kvcache", "llm", "models", "observe", "packing", "protocols",
-        "records", "retrieve", "text",
+        "records", "retrieve", "rules", "text",
     },
     "research": {
-        "ddx", "errors", "evidence", "generate", "index", "llm", "packing", "protocols", "records", "retrieve",
+        "ddx", "errors", "evidence", "generate", "index", "llm", "packing", "protocols", "records", "retrieve", "rules",
     },
     "eval": {
-        "answer", "ddx", "demo", "errors", "evidence", "index", "llm", "models", "packing", "protocols", "records",
-        "retrieve", "text",
+        "answer", "ddx", "demo", "errors", "evidence", "index", "llm", "packing", "protocols", "records", "retrieve",
+        "text",
     },
     # Each component owns its params (answer.params, index.params, ...); config composes them into Settings.
-    "config": {"answer", "ehr", "errors", "index", "llm", "observe", "packing", "records", "research", "retrieve"},
+    "config": {
+        "answer", "cds", "ehr", "errors", "index", "llm", "observe", "packing", "records", "research", "retrieve",
+    },
     "compose": {
         "answer", "config", "ddx", "demo", "evidence", "generate", "index", "kvcache", "llm", "models", "packing",
-        "protocols", "records", "research", "retrieve", "text",
+        "protocols", "records", "research", "retrieve", "rules", "text",
     },
-    "integrations": {"compose", "config", "errors", "generate", "models", "packing", "records"},
+    "integrations": {"compose", "config", "errors", "evidence", "generate", "models", "packing", "records"},
     "serve": {
-        PACKAGE_ROOT, "answer", "compose", "config", "ddx", "ehr", "errors", "generate", "index", "ingest",
-        "observe", "packing", "protocols", "records", "retrieve", "store",
+        PACKAGE_ROOT, "answer", "cds", "compose", "config", "ddx", "ehr", "errors", "generate", "index", "ingest",
+        "observe", "packing", "protocols", "records", "retrieve", "store", "vocab",
     },
     "gateway": {"errors", "observe", "store"},
     "cli": {
@@ -107,7 +114,7 @@ ALLOWED: dict[str, set[str]] = {
     # scripts use today, not a licence to use the rest.
     "bench": {
         "answer", "compose", "config", "demo", "ehr", "errors", "eval", "evidence", "gateway", "index", "ingest",
-        "integrations", "models", "packing", "records", "research", "retrieve", "serve", "store", "text",
+        "integrations", "models", "packing", "records", "research", "retrieve", "serve", "store", "text", "vocab",
     },
 }
 
@@ -144,7 +151,8 @@ def imports_of(path: Path, module: str) -> set[str]:
             if node.level:
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join([*anchor, base] if base else anchor)
-            found.add(base)
+            if base != "ebmrag":  # `from ebmrag import rules` imports ebmrag.rules; `__version__` resolves to the root
+                found.add(base)
             found.update(f"{base}.{alias.name}" for alias in node.names)
     return {name for name in found if name == "ebmrag" or name.startswith("ebmrag.")}
 

@@ -5,7 +5,7 @@ Each table is the params dataclass of the component that reads it, and its field
 and `index.params.StorageSettings` (how it is stored), [retrieval] `retrieve.params.RetrievalParams`, [llm]
 `llm.params.LLMParams`, [answer] `answer.params.AnswerParams`, [research] `research.params.ResearchParams`,
 [chart] `records.params.ChartParams`, [observe] `observe.params.ObserveParams`, [ehr] `ehr.params.EhrParams`,
-[cds] `ehr.cds_params.CdsParams`;
+[cds] `cds.params.CdsParams`;
 [models] (the shared models the composition root builds) and [serve] (the HTTP service) are defined here.
 Every key, its default and its meaning: docs/configuration.md.
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ebmrag.answer.params import AnswerParams
-from ebmrag.ehr.cds_params import CdsParams
+from ebmrag.cds.params import CdsParams
 from ebmrag.ehr.params import EhrParams
 from ebmrag.errors import ConfigError
 from ebmrag.index.params import KnowledgeBaseConfig, StorageSettings, check_embedding

@@ -101,7 +101,8 @@ def test_empty_record_and_tiny_window_are_clear_errors(make_engine: Callable[...
         make_engine().ask(ANTIBIOTIC, colon(), prompt_window=40)
     engine = make_engine()
     with pytest.raises(ValueError, match="needs a knowledge base"):
-        Engine(AnswerParams(retrieval="always"), packer=engine.packer, gate=engine.gate, grounding=engine.grounding,
+        Engine(AnswerParams(retrieval="always"), tiering=engine.tiering, packer=engine.packer, gate=engine.gate,
+               grounding=engine.grounding,
                token_counter=engine.token_counter, questions=engine.questions,
                tier_classifier=engine.tier_classifier)
     with pytest.raises(ValueError, match="relevance filter needs an LLM"):

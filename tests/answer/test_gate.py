@@ -7,7 +7,19 @@ import pytest
 from ebmrag.answer.gate import Action, GateParams, Label, LabelledSentence, RetrievalGate, RuleLabeller
 from ebmrag.eval.cases import load_cases
 from ebmrag.eval.gate_report import gate_report, gate_runs
+from ebmrag.evidence.entities import default_extractor
+from ebmrag.evidence.tiers import TierClassifier
+from ebmrag.kvcache import KeyValueCache
 from ebmrag.records.fragment import Fragment, PatientRecord
+
+
+def _labeller(store: KeyValueCache | None = None) -> RuleLabeller:
+    """The rule labeller over the bundled tier rules and entity lexicon (the root hands these to the gate)."""
+    return RuleLabeller(TierClassifier(), default_extractor(), store)
+
+
+def _gate(params: GateParams | None = None) -> RetrievalGate:
+    return RetrievalGate(_labeller(), params)
 
 
 def _record(*texts: str, section: str | None = None) -> PatientRecord:
@@ -25,11 +37,11 @@ def _record(*texts: str, section: str | None = None) -> PatientRecord:
     ("病人既往体健。", "现病史", Label.C),
 ])
 def test_rule_labeller(text: str, section: str | None, label: Label) -> None:
-    assert RuleLabeller().label(text, section)[0] is label
+    assert _labeller().label(text, section)[0] is label
 
 
 def test_completeness_formula_and_thresholds() -> None:
-    gate = RetrievalGate(params=GateParams(theta1=0.35, theta2=0.25))
+    gate = _gate(GateParams(theta1=0.35, theta2=0.25))
 
     def decide(*labels: Label) -> tuple[float, Action]:
         decision = gate.decide([LabelledSentence("s", "f", label, "") for label in labels])
@@ -45,18 +57,18 @@ def test_completeness_formula_and_thresholds() -> None:
         GateParams(theta1=0.2, theta2=0.3)
     with pytest.raises(ValueError, match="weights"):
         GateParams(beta=2.0)
-    assert RetrievalGate.from_dict(gate.to_dict()).params == gate.params
+    assert RetrievalGate.from_dict(gate.to_dict(), extractor=default_extractor()).params == gate.params
 
 
 def test_only_a_and_b_sentences_become_queries() -> None:
-    decision = RetrievalGate().run(_record("Works as a teacher. Reports a painful swollen knee.",
+    decision = _gate().run(_record("Works as a teacher. Reports a painful swollen knee.",
                                            "Knee X-ray shows a joint effusion."))
     assert decision.queries == ["Reports a painful swollen knee.", "Knee X-ray shows a joint effusion."]
     assert [s.fragment_id for s in decision.sentences] == ["f0", "f0", "f1"]
 
 
 def test_full_records_answer_more_and_history_cuts_warn_more(shared_data: Path) -> None:
-    gate = RetrievalGate()
+    gate = _gate()
     for dataset, folder in (("agentclinic", "agentclinic"), ("cmb", "cmb_clin")):
         full, cut = gate_runs(gate, dataset, load_cases(dataset, shared_data / folder)[:30])
         assert full.actions()[Action.ANSWER] > cut.actions()[Action.ANSWER]
@@ -70,7 +82,7 @@ def test_a_complete_record_still_retrieves_for_a_question_it_cannot_answer() -> 
     """Issue 20.4: the Synthea chart scored complete, so a drug-choice question retrieved no guideline."""
     full = _record("Biopsy shows adenocarcinoma of the sigmoid colon.", "Serum creatinine 2.8 mg/dL.",
                    "Anaphylaxis to penicillin in 2014.")
-    gate = RetrievalGate()
+    gate = _gate()
     alone = gate.run(full)
     assert alone.action is Action.ANSWER and alone.question_type == "" and "θ1" in alone.reason
     drug = gate.run(full, "Which antibiotic is safe for his wound infection?")
@@ -87,19 +99,17 @@ def test_a_records_labels_are_stored_read_back_and_forgotten(tmp_path: Path, mon
     """Issue 33: the gate labels a stored chart once (when it is prepared) and reads the labels back on every ask;
     the sentences and labels are those computed without a store; another section is another key; erasure
     forgets them."""
-    from ebmrag.kvcache import KeyValueCache
-
     store = KeyValueCache(tmp_path / "derived.sqlite", "gate_labels")
     record = _record("Biopsy shows adenocarcinoma. She reports chest pain.", "Denies fever.", section="History")
-    plain = RetrievalGate(RuleLabeller()).run(record)
-    stored = RetrievalGate(RuleLabeller(store=store)).run(record)
+    plain = RetrievalGate(_labeller()).run(record)
+    stored = RetrievalGate(_labeller(store)).run(record)
     assert stored.sentences == plain.sentences and len(plain.sentences) == 3
     monkeypatch.setattr(RuleLabeller, "label", lambda *a: pytest.fail("labelled again"))
-    again = RetrievalGate(RuleLabeller(store=store)).run(record)
+    again = RetrievalGate(_labeller(store)).run(record)
     assert again.sentences == plain.sentences and again.completeness == plain.completeness
     moved = _record("Denies fever.", section="Social_History")
     with pytest.raises(pytest.fail.Exception, match="labelled again"):
-        RetrievalGate(RuleLabeller(store=store)).run(moved)
-    assert RuleLabeller(store=store).forget(record.fragments) == 2
+        RetrievalGate(_labeller(store)).run(moved)
+    assert _labeller(store).forget(record.fragments) == 2
     with pytest.raises(pytest.fail.Exception, match="labelled again"):
-        RetrievalGate(RuleLabeller(store=store)).run(record)
+        RetrievalGate(_labeller(store)).run(record)

@@ -102,11 +102,11 @@ def test_structured_ddxplus_validation_top1(shared_data: Path) -> None:
 
 
 @pytest.mark.model
-def test_free_text_findings_respect_negation_and_lists(embedder) -> None:  # type: ignore[no-untyped-def]
+def test_free_text_findings_respect_negation_and_lists(embedder, extractor) -> None:  # type: ignore[no-untyped-def]
     from ebmrag.ddx.findings import FindingMapper
 
     kb = load_kb()
-    mapped = {m.code: m.present for m in FindingMapper(kb, embedder).run(
+    mapped = {m.code: m.present for m in FindingMapper(kb, embedder, extractor=extractor).run(
         ["I have had a fever and a cough with yellow sputum.", "No chest pain at rest.", "I smoke.", "fatigue_extreme"]
     ) if m.code in ("fievre", "toux", "expecto", "angor_repos", "f17.210", "fatigue_extreme")}
     assert mapped.get("fievre") is True and mapped.get("toux") is True and mapped.get("f17.210") is True

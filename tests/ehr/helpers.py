@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from ebmrag.ehr.compartment import COMPARTMENT
+from ebmrag.ehr.compartment import compartment
 from ebmrag.ehr.keys import generate, public_jwk, write_private_key
 from ebmrag.ehr.params import EhrConnection, EhrParams
 from ebmrag.ehr.pull import references_in
@@ -92,7 +92,7 @@ def reachable_bundle(bundle: Mapping[str, Any]) -> tuple[dict[str, Any], list[st
 def _elsewhere(resource: Mapping[str, Any]) -> bool:
     """A compartment resource whose subject (or patient) is an absolute http(s) URL: a server holding the file
     keeps it as a reference to another server's patient."""
-    paths = COMPARTMENT.get(str(resource.get("resourceType")), ())
+    paths = compartment().types.get(str(resource.get("resourceType")), ())
     links = [resource.get(path.split(".")[0]) for path in paths]
     return any(isinstance(link, Mapping) and str(link.get("reference", "")).startswith(("http://", "https://"))
                for link in links)

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from ebmrag.ehr import compartment
-from ebmrag.ehr.compartment import COMPARTMENT, belongs_to, is_shared, named_patients, names_nobody
+from ebmrag.ehr.compartment import belongs_to, is_shared, named_patients, names_nobody
+from ebmrag.rules import RuleBook
 
 BASE = "https://ehr.example/fhir"
 OURS = {"reference": "Patient/p1"}
@@ -150,23 +151,25 @@ R4_BEFORE = {
     "ServiceRequest": ("subject",), "Specimen": ("subject",), "SupplyDelivery": ("patient",),
     "SupplyRequest": ("deliverTo",), "VisionPrescription": ("patient",),
 }
-_TABLE = tomllib.loads((Path(compartment.__file__).parent / "data" / "compartment.toml").read_text(encoding="utf-8"))
+_TABLE = tomllib.loads((Path(compartment.__file__).parents[1] / "rules" / "ehr" / "compartment.toml").read_text(
+    encoding="utf-8"))
+TABLE = compartment.compartment()
 _DOTTED = re.compile(r"[a-z][A-Za-z]*(\.[a-z][A-Za-z]*)*")
 
 
 def test_every_r4_type_of_the_old_table_keeps_its_r4_paths_and_they_are_marked_r4() -> None:
     for kind, paths in R4_BEFORE.items():
-        assert set(paths) <= set(COMPARTMENT[kind]), kind
+        assert set(paths) <= set(TABLE.types[kind]), kind
     marked_r4 = {kind: {p for p, versions in elements.items() if "R4" in versions}
                  for kind, elements in _TABLE["types"].items()}
     assert {kind: paths for kind, paths in marked_r4.items() if paths} == {k: set(v) for k, v in R4_BEFORE.items()}
-    assert compartment.NAMES_PATIENT_IF_SET == {"Device": ("patient",), "Binary": ("securityContext",)}
-    assert sorted(compartment.MANY_PEOPLE) == ["Appointment", "AuditEvent", "Group", "Provenance", "Schedule"]
+    assert TABLE.names_patient_if_set == {"Device": ("patient",), "Binary": ("securityContext",)}
+    assert sorted(TABLE.many_people) == ["Appointment", "AuditEvent", "Group", "Provenance", "Schedule"]
 
 
 def test_every_type_of_the_data_file_loads_with_dotted_paths_and_known_versions() -> None:
-    assert dict(COMPARTMENT) == {kind: tuple(elements) for kind, elements in _TABLE["types"].items()}
-    assert {"MedicationOrder", "DiagnosticOrder", "DeviceUsage", "NutritionIntake"} <= COMPARTMENT.keys()
+    assert dict(TABLE.types) == {kind: tuple(elements) for kind, elements in _TABLE["types"].items()}
+    assert {"MedicationOrder", "DiagnosticOrder", "DeviceUsage", "NutritionIntake"} <= TABLE.types.keys()
     for section in ("types", "names_patient_if_set"):
         for kind, elements in _TABLE[section].items():
             assert kind.isalpha() and kind[0].isupper() and elements, kind
@@ -174,7 +177,7 @@ def test_every_type_of_the_data_file_loads_with_dotted_paths_and_known_versions(
                 assert _DOTTED.fullmatch(path), (kind, path)
                 assert versions and set(versions) <= {"DSTU2", "STU3", "R4", "R5"}, (kind, path)
                 assert versions == sorted(versions, key=["DSTU2", "STU3", "R4", "R5"].index), (kind, path)
-    assert "Transport" not in COMPARTMENT, "R5 puts Transport outside the Patient compartment"
+    assert "Transport" not in TABLE.types, "R5 puts Transport outside the Patient compartment"
 
 
 @pytest.mark.parametrize(("entry", "complaint"), [
@@ -185,8 +188,9 @@ def test_every_type_of_the_data_file_loads_with_dotted_paths_and_known_versions(
 ])
 def test_a_table_entry_that_would_match_nothing_is_refused_at_load(tmp_path: Path, entry: str,
                                                                      complaint: str) -> None:
-    table = tmp_path / "compartment.toml"
+    table = tmp_path / "ehr" / "compartment.toml"
+    table.parent.mkdir()
     table.write_text(f'[types]\n{entry}\n[names_patient_if_set]\nDevice = {{ patient = ["R4"] }}\n'
                      '[many_people]\ntypes = []\n', encoding="utf-8")
     with pytest.raises(ValueError, match=re.escape(complaint)):
-        compartment._load(table)
+        compartment.compartment(RuleBook(tmp_path))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ebmrag.ehr.cds import SERVICES, HookRequestError, parse_request
+from ebmrag.cds.hooks import SERVICES, HookRequestError, parse_request
 from ebmrag.ehr.chart import as_patient
 from ebmrag.ehr.fhir import EhrError, FhirClient
 from ebmrag.ehr.ids import is_fhir_id, safe_path

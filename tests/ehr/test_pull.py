@@ -14,6 +14,7 @@ import pytest
 from ebmrag.ehr.chart import FACE_SHEET_TYPES, as_patient
 from ebmrag.ehr.fhir import EhrError, FhirClient, retry_after
 from ebmrag.ehr.pull import pull_patient, source_of
+from ebmrag.evidence.tiering import Tiering
 from ebmrag.packing.packer import ContextPacker
 from ebmrag.records.fragment import Fragment, PatientRecord
 from ebmrag.store.patients import PatientStore, PostgresStore, SQLiteStore
@@ -55,7 +56,7 @@ def packed(packer: ContextPacker, record: PatientRecord) -> tuple[list[tuple[Any
     """What a pack of the record is, without fragment ids (a server names id-less resources itself): each packed
     line as the context holds it (its number, tier and date, its text), its state and reason; each dropped
     fragment's text, tier and reason."""
-    result = packer.run(record, QUERY, WINDOW)
+    result = packer.run(record, QUERY, WINDOW)  # tiered by the caller
     text_of = {f.id: f.text for f in record.fragments}
     return ([(p.text, p.tier, p.state, p.reason, p.level, p.must_keep) for p in result.packed],
             [(text_of.get(d.fragment_id, d.fragment_id), d.tier, d.reason) for d in result.dropped])
@@ -64,7 +65,7 @@ def packed(packer: ContextPacker, record: PatientRecord) -> tuple[list[tuple[Any
 @pytest.mark.model
 @pytest.mark.parametrize("name", CHARTS)
 def test_a_pulled_chart_packs_exactly_as_its_file(fhir: FhirServer, tmp_path: Path, context_packer: ContextPacker,
-                                                  name: str) -> None:
+                                                  tiering: Tiering, name: str) -> None:
     patient = load_one(fhir, name)  # every chart of the folder carries exactly one patient
     store = SQLiteStore(tmp_path / "s.sqlite")
     pull_patient(store, register(fhir, tmp_path), patient, params=QUICK)
@@ -79,7 +80,7 @@ def test_a_pulled_chart_packs_exactly_as_its_file(fhir: FhirServer, tmp_path: Pa
         line for line, kinds in FACE_SHEET_TYPES.items() if set(kinds) & set(left_out) and line in lines}
     from_file = as_patient(from_file, from_file.patient_id, Counter(left_out))
     assert texts(pulled) == texts(from_file)
-    assert packed(context_packer, pulled) == packed(context_packer, from_file)
+    assert packed(context_packer, tiering.run(pulled)) == packed(context_packer, tiering.run(from_file))
 
 
 def test_small_pages_are_all_followed(fhir: FhirServer, tmp_path: Path) -> None:

@@ -12,7 +12,8 @@ import pytest
 from ebmrag.ehr.fhir import EhrError
 from ebmrag.ehr.pull import pull_patient, source_of
 from ebmrag.records.fragment import Fragment, PatientRecord
-from ebmrag.store.patients import ChartSourceConflictError, PatientStore, SQLiteStore
+from ebmrag.store.patients import PatientStore, SQLiteStore
+from ebmrag.store.pulled import ChartSourceConflictError
 from tests.ehr.fhir_server import FhirServer
 from tests.ehr.helpers import (
     QUICK,

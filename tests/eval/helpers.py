@@ -6,6 +6,7 @@ from dataclasses import replace
 
 from ebmrag.eval.cases import EvalCase
 from ebmrag.eval.packing_eval import PreparedCase, entity_keys
+from ebmrag.evidence.entities import default_extractor
 from ebmrag.packing.utility import MeasuredFragment
 from ebmrag.records.fragment import Fragment, PatientRecord, Tier, TierDecision
 
@@ -24,6 +25,7 @@ def measured(fid: str, tier: Tier, text: str, tokens: int, compressed: tuple[str
 def prepared_case(items: list[MeasuredFragment], gold: dict[str, Tier]) -> PreparedCase:
     record = PatientRecord("p", tuple(i.fragment for i in items))
     case = EvalCase("p", "toy", record, "q?", gold, "field")
-    keys = {fid: entity_keys(next(i.fragment.text for i in items if i.fragment.id == fid))
+    extractor = default_extractor()
+    keys = {fid: entity_keys(next(i.fragment.text for i in items if i.fragment.id == fid), extractor)
             for fid, tier in gold.items() if tier in (Tier.T1, Tier.T2)}
-    return PreparedCase(case, tuple(items), keys)
+    return PreparedCase(case, tuple(items), keys, extractor)

@@ -13,6 +13,7 @@ from ebmrag.eval.noise import NoiseConfig, noisy_cases
 from ebmrag.eval.packing_eval import entity_ceiling, evaluate, prepare, score_pack
 from ebmrag.eval.packing_report import dataset_dir, prepare_cases, run_suite
 from ebmrag.eval.packing_suite import NEUTRAL, Suite, split_of, tier_weight_grid
+from ebmrag.evidence.entities import EntityCompressor
 from ebmrag.evidence.tiers import TierClassifier
 from ebmrag.models.tokens import make_token_counter
 from ebmrag.packing.dedup import collapse_duplicates
@@ -59,9 +60,10 @@ def test_weight_grid_and_split_are_the_papers() -> None:
 
 
 @pytest.fixture(scope="module")
-def suite(embedder: Any) -> Suite:
+def suite(embedder: Any, tiering: Any, extractor: Any) -> Suite:
     counter = make_token_counter("bundled")
-    return Suite(CandidateBuilder(embedder, counter, NEUTRAL), counter, NoiseConfig(seed=1))
+    return Suite(CandidateBuilder(embedder, counter, NEUTRAL, compressor=EntityCompressor(extractor)), tiering,
+                 extractor, counter, NoiseConfig(seed=1))
 
 
 @pytest.mark.slow
@@ -107,7 +109,7 @@ def test_every_allergy_of_signal_and_noise_is_packed_at_256_when_allergies_fit(s
              *_with_allergies("agentclinic", shared_data / "agentclinic", suite.noise, 3)]
     assert len(cases) >= 4, "the slice must hold allergies, or the test proves nothing"
     checked = 0
-    for item in prepare(cases, suite.builder):
+    for item in prepare(cases, suite.builder, suite.tiering, suite.extractor):
         candidates, _ = collapse_duplicates(item.candidates(UtilityParams()))
         allergies = [c for c in candidates if is_allergy(c)]
         if sum(min(o.tokens for o in c.options) for c in allergies) > 256:
@@ -136,11 +138,12 @@ def test_small_suite_writes_every_table_and_plot(suite: Suite, shared_data: Path
 
 @pytest.mark.slow
 def test_eval_packing_command_writes_results_json(shared_data: Path, tmp_path: Path) -> None:
+    """--noise-ratio 2, not the paper's 12: the same steps on a sixth of the fragments to embed (issue 44)."""
     config = tmp_path / "ebmrag.toml"
     config.write_text(f'[models]\ncache_dir = "{tmp_path / "cache"}"\n')
     result = CliRunner().invoke(app, [
         "eval", "packing", "--dataset", "cmb", "--data-dir", str(shared_data / "cmb_clin"), "--limit", "2",
-        "--windows", "256,512", "--strategies", "fifo,ebm-exact", "--out", str(tmp_path / "out"),
+        "--windows", "256,512", "--strategies", "fifo,ebm-exact", "--noise-ratio", "2", "--out", str(tmp_path / "out"),
         "--config", str(config)])
     assert result.exit_code == 0, result.output
     rows = json.loads((tmp_path / "out" / "results.json").read_text())
@@ -157,8 +160,8 @@ def test_eval_packing_command_writes_results_json(shared_data: Path, tmp_path: P
     for half in ("tune", "check"):
         run = CliRunner().invoke(app, [
             "eval", "packing", "--dataset", "cmb", "--data-dir", str(shared_data / "cmb_clin"), "--limit", "6",
-            "--windows", "256", "--strategies", "fifo", "--half", half, "--out", str(tmp_path / half),
-            "--config", str(config)])
+            "--windows", "256", "--strategies", "fifo", "--noise-ratio", "2", "--half", half,
+            "--out", str(tmp_path / half), "--config", str(config)])
         assert run.exit_code == 0, run.output
         cases[half] = json.loads((tmp_path / half / "results.json").read_text())[0]["cases"]
     assert cases["tune"] + cases["check"] == 6, "the two halves split the cases"

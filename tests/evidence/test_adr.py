@@ -13,6 +13,7 @@ from ebmrag.errors import ConfigError
 from ebmrag.evidence.adr import adr_mentions, drug_spans, masked, reaction_spans, scan, vocabulary
 from ebmrag.evidence.tiers import TierClassifier
 from ebmrag.records.fragment import Tier
+from ebmrag.rules import RuleBook
 
 STATED = [
     # English, each link type
@@ -110,7 +111,8 @@ def test_filler_is_not_escalated() -> None:
 
 
 def test_a_broken_vocabulary_is_a_clear_error(tmp_path: Path) -> None:
-    bad = tmp_path / "adr.toml"
+    bad = tmp_path / "evidence" / "adr.toml"
+    bad.parent.mkdir()
     bad.write_text("version = 1\n[drugs]\ninn_stems_suffix = 3\n", encoding="utf-8")
     with pytest.raises(ConfigError, match="adr"):
-        vocabulary(bad)
+        vocabulary(RuleBook(tmp_path))

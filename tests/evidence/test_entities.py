@@ -9,7 +9,7 @@ from ebmrag.evidence.entities import EntityCompressor, EntityExtractor, EntityKi
 
 @pytest.fixture(scope="module")
 def compressor() -> EntityCompressor:
-    return EntityCompressor()
+    return EntityCompressor(default_extractor())
 
 
 @pytest.mark.parametrize(
@@ -76,7 +76,7 @@ def test_drug_allergen_names_found() -> None:
 def test_thousands_separators_never_split_a_value() -> None:
     """Before the fix, the clause cut at "1," and state B could read "100/mm3" for a count of 1,100/mm3."""
     text = "Laboratory studies show a leukocyte count of 1,100/mm3 with 20,000/mm3 platelets, and the family is here."
-    state_b = EntityCompressor().compress(text).text
+    state_b = EntityCompressor(default_extractor()).compress(text).text
     assert "1,100/mm3" in state_b and "20,000/mm3" in state_b
 
 
@@ -86,7 +86,7 @@ def test_state_b_is_stored_on_disk_and_read_back_without_computing(tmp_path: Pat
 
     texts = ["Patient seen. Creatinine 2.1 mg/dL, up from 1.2; no known drug allergies.", "Walked well today."]
     store = KeyValueCache(tmp_path / "derived.sqlite", "compressions")
-    first = EntityCompressor(store=store).compress_many(texts)
+    first = EntityCompressor(default_extractor(), store=store).compress_many(texts)
     monkeypatch.setattr(EntityCompressor, "_compress", lambda *a: pytest.fail("computed again"))
-    again = EntityCompressor(store=store)
+    again = EntityCompressor(default_extractor(), store=store)
     assert again.compress_many([texts[1], texts[0], texts[1]]) == [first[1], first[0], first[1]]

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from ebmrag.evidence.questions import QuestionClassifier
+from ebmrag.evidence.tiering import Tiering
 from ebmrag.evidence.tiers import TierClassifier
 from ebmrag.packing.packer import ContextPacker
 from ebmrag.packing.types import PackResult
@@ -23,8 +24,8 @@ def chart(shared_data: Path) -> Path:
     return shared_data / "synthea" / "synthea_sample_complete_patient.json"
 
 
-def pack(packer: ContextPacker, chart: Path, question: str, window: int) -> PackResult:
-    return packer.run(load_record(chart), question, window)
+def pack(packer: ContextPacker, tiering: Tiering, chart: Path, question: str, window: int) -> PackResult:
+    return packer.run(tiering.run(load_record(chart)), question, window)
 
 
 def test_the_export_is_read_whole_and_whatever_is_left_out_is_counted(chart: Path) -> None:
@@ -57,21 +58,23 @@ def test_the_export_is_read_whole_and_whatever_is_left_out_is_counted(chart: Pat
 
 @pytest.mark.slow
 @pytest.mark.model
-def test_active_problems_medications_and_allergies(context_packer: ContextPacker, chart: Path) -> None:
+def test_active_problems_medications_and_allergies(context_packer: ContextPacker, tiering: Tiering,
+        chart: Path) -> None:
     question = "What are this patient's active problems, current medications and allergies?"
-    wide = pack(context_packer, chart, question, 1024)
+    wide = pack(context_packer, tiering, chart, question, 1024)
     assert "Active problems (7):" in wide.context and "History of coronary artery bypass grafting" in wide.context
     assert "Body mass index 30+ - obesity" in wide.context
     assert "Active medications (12" in wide.context and "No Known Allergies" in wide.context
-    narrow = pack(context_packer, chart, question, 256)
+    narrow = pack(context_packer, tiering, chart, question, 256)
     assert "Active problems (7):" in narrow.context and "Active medications (12" in narrow.context
     assert "no conclusion recorded" not in wide.context + narrow.context
 
 
 @pytest.mark.model
 def test_a_drug_question_gets_age_kidney_and_allergy_status_and_no_room_is_wasted(
-        context_packer: ContextPacker, chart: Path) -> None:
-    result = pack(context_packer, chart, "Which antibiotic would be safe for this patient if he developed "
+        context_packer: ContextPacker, tiering: Tiering,
+        chart: Path) -> None:
+    result = pack(context_packer, tiering, chart, "Which antibiotic would be safe for this patient if he developed "
                                          "pneumonia, and why?", 1024)
     assert result.question_type == "drug_choice"
     assert re.search(r"Patient: \d+-year-old male", result.context)  # the age today (born 1950-10-24)
@@ -84,8 +87,9 @@ def test_a_drug_question_gets_age_kidney_and_allergy_status_and_no_room_is_waste
 
 
 @pytest.mark.model
-def test_context_lines_carry_short_numbers_not_resource_ids(context_packer: ContextPacker, chart: Path) -> None:
-    result = pack(context_packer, chart, "Any kidney problems?", 512)
+def test_context_lines_carry_short_numbers_not_resource_ids(context_packer: ContextPacker, tiering: Tiering,
+        chart: Path) -> None:
+    result = pack(context_packer, tiering, chart, "Any kidney problems?", 512)
     assert "Condition/" not in result.context and "Observation/" not in result.context
     numbers = dict(result.numbers)
     for packed in result.packed:

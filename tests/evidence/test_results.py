@@ -5,10 +5,9 @@ from pathlib import Path
 import pytest
 
 from ebmrag.errors import ConfigError
-from ebmrag.evidence.entities import EntityCompressor
+from ebmrag.evidence.entities import EntityCompressor, default_extractor
+from ebmrag.evidence.result_tables import DEFAULT_ANALYTES_PATH, DEFAULT_CRITICAL_PATH
 from ebmrag.evidence.results import (
-    DEFAULT_ANALYTES_PATH,
-    DEFAULT_CRITICAL_PATH,
     ResultMention,
     ResultVocabulary,
     critical_results,
@@ -191,7 +190,7 @@ def test_spans_survive_characters_that_expand_under_nfkc() -> None:
     ],
 )
 def test_compressed_state_keeps_the_analyte_and_its_value(text: str, kept: list[str]) -> None:
-    state_b = EntityCompressor().compress(text)
+    state_b = EntityCompressor(default_extractor()).compress(text)
     for piece in kept:
         assert piece.lower() in state_b.text.lower(), state_b.text
     assert state_b.entities_kept == state_b.entities_total
@@ -199,7 +198,7 @@ def test_compressed_state_keeps_the_analyte_and_its_value(text: str, kept: list[
 
 def test_compression_still_drops_what_holds_no_entity() -> None:
     text = "Labs this morning: potassium 6.8 mmol/L, the patient enjoyed his breakfast and asked about parking."
-    state_b = EntityCompressor().compress(text).text
+    state_b = EntityCompressor(default_extractor()).compress(text).text
     assert "6.8 mmol/L" in state_b and "parking" not in state_b
 
 
@@ -229,7 +228,7 @@ _ORIGINAL = DEFAULT_ANALYTES_PATH.read_text(encoding="utf-8")
 @pytest.mark.parametrize(
     ("analytes", "critical", "message"),
     [
-        ("[[analyte]\nname = 'x'", None, r"analytes\.toml: could not be read"),
+        ("[[analyte]\nname = 'x'", None, r"analytes\.toml is not valid TOML"),
         (_ORIGINAL.replace('range = [1.0, 12.0]', 'range = [12.0, 1.0]'), None, r"#\d+ \(potassium\): range"),
         (_ORIGINAL.replace('"2823-3"', '"2823-4"'), None, r"\(potassium\): '2823-4' is not a LOINC code"),
         (_ORIGINAL.replace('units = { "mmol/L" = 1.0, "mEq/L" = 1.0 }', 'units = { "mEq/L" = "one" }', 1), None,

@@ -5,8 +5,9 @@ from pathlib import Path
 import pytest
 
 from ebmrag.errors import ConfigError
-from ebmrag.evidence.tiers import DEFAULT_RULES_PATH, TierClassifier
+from ebmrag.evidence.tiers import TIER_RULES, TierClassifier
 from ebmrag.records.fragment import Tier
+from ebmrag.rules import bundled
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +78,7 @@ def test_rule_decisions_are_stored_on_disk_and_keyed_by_the_rule_file(tmp_path: 
     monkeypatch.setattr(TierClassifier, "rule_decision", lambda *a: pytest.fail("computed again"))
     assert TierClassifier(store=store).rule_decisions(items) == first
     edited = tmp_path / "tiers.toml"
-    edited.write_text(DEFAULT_RULES_PATH.read_text(encoding="utf-8") + "\n# a clinician's edit\n", encoding="utf-8")
+    edited.write_text(bundled().source(TIER_RULES) + "\n# a clinician's edit\n", encoding="utf-8")
     with pytest.raises(pytest.fail.Exception, match="computed again"):
         TierClassifier(edited, store=store).rule_decisions(items)
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from ebmrag.evidence.lexicon import drug_mentions
 from ebmrag.evidence.tiers import TierClassifier
 from ebmrag.records.fragment import Tier
+from ebmrag.vocab.lexicon import drug_mentions
 
 RULES = TierClassifier()
 
@@ -52,8 +52,8 @@ def test_drug_lexicon_knows_names_classes_and_chinese() -> None:
 
 
 @pytest.mark.model
-def test_the_bundled_model_speaks_only_where_rules_are_silent(context_packer) -> None:  # type: ignore[no-untyped-def]
-    classifier = context_packer.classifier
+def test_the_bundled_model_speaks_only_where_rules_are_silent(tiering) -> None:  # type: ignore[no-untyped-def]
+    classifier = tiering.classifier
     ruled = classifier.classify("Biopsy shows adenocarcinoma.")
     assert ruled.rule_id == "text.pathology.result"
     assert RULES.rule_decision("Findings: Enlarged left ventricle and left atrium") is None, "no rule speaks"

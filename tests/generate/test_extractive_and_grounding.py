@@ -48,8 +48,8 @@ def test_evidence_tiers_follow_the_authority_of_the_source() -> None:
 
 
 @pytest.fixture(scope="module")
-def checker(embedder: Any) -> GroundingChecker:
-    return GroundingChecker(embedder)
+def checker(embedder: Any, extractor: Any) -> GroundingChecker:
+    return GroundingChecker(embedder, extractor=extractor)
 
 
 def test_grounding_flags_invented_and_altered_claims(checker: GroundingChecker) -> None:
@@ -66,7 +66,7 @@ def test_grounding_flags_invented_and_altered_claims(checker: GroundingChecker) 
     assert [s.reason for s in altered] == ["number 4.5 is not in the context",
                                            "drug 'amoxicillin' is not in the context"]
     with pytest.raises(ValueError, match="threshold"):
-        GroundingChecker(checker.embedder, threshold=0)
+        GroundingChecker(checker.embedder, threshold=0, extractor=checker.extractor)
 
 
 def test_a_copied_sentence_is_supported_but_a_copied_piece_that_drops_a_negation_is_not(

@@ -86,7 +86,9 @@ def test_ask_runs_every_stage_with_schema_valid_replies(local: LlamaCppChatClien
 @pytest.mark.slow
 def test_the_relevance_filter_gets_a_verdict_per_document(local: LlamaCppChatClient, resources: Any,
                                                           context_packer: Any, demo_voter: Any) -> None:
-    engine = engine_from_parts(resources, AnswerParams(retrieval="always", relevance_filter=True),
+    """The filter runs at retrieval, before the answer's model budget starts: a budget spent at once skips the
+    four stages (test_ask_runs_every_stage_with_schema_valid_replies runs those), not the verdicts."""
+    engine = engine_from_parts(resources, AnswerParams(retrieval="always", relevance_filter=True, model_seconds=1e-6),
                                packer=context_packer, voter=demo_voter, client=local)
     result = engine.ask("Which antibiotic is safe for his wound infection?", load_patient("demo-colon"), 2048)
     verdicts = result.retrieval.verdicts

@@ -36,13 +36,17 @@ def cluster() -> Iterator[str]:
         nodes.shutdown()
 
 
+NOTES = 60
+
+
 def corpus(root: Path) -> Path:
-    """The bundled guidelines (one JSONL file) plus 150 generated notes: enough for several batches on both nodes."""
+    """The bundled guidelines (one JSONL file) plus NOTES generated notes, a few of two chunks: more than one batch
+    (prepare.BATCH_DOCUMENTS), so both nodes' actors embed; embedding is most of the test's time (issue 44)."""
     folder = root / "corpus"
     folder.mkdir()
     (folder / "guidelines.jsonl").write_bytes(Path(DEMO_CORPUS).read_bytes())
     rng = np.random.default_rng(3)
-    for i in range(150):
+    for i in range(NOTES):
         text = " ".join(rng.choice(WORDS, size=int(rng.integers(20, 300))))
         (folder / f"note-{i:03d}.txt").write_text(f"Note {i}. {text}.\n", encoding="utf-8")
     (folder / "broken.pdf").write_bytes(b"not a pdf")  # a read error must come back as one, from the cluster
@@ -63,7 +67,7 @@ def test_ray_ingest_equals_local_ingest(cluster: str, tmp_path: Path, embedder) 
         assert len({node["NodeID"] for node in ray.nodes() if node["Alive"]}) == 2
     finally:
         pipeline.close()
-    assert sorted(report.added) == sorted(expected.added) and len(report.added) >= 155
+    assert sorted(report.added) == sorted(expected.added) and len(report.added) >= NOTES + 5
     assert [e.where for e in report.errors] == [e.where for e in expected.errors] and report.errors
     assert report.chunks_written == expected.chunks_written and report.generation == 1  # one committed generation
     ours, theirs = distributed.reader(), local.reader()
@@ -96,7 +100,7 @@ def test_ray_ingest_writes_batched_upserts_to_milvus(cluster: str, tmp_path: Pat
             report = ingest_paths(milvus, [folder], cluster=pipeline)
         finally:
             pipeline.close()
-        assert len(report.added) >= 155 and report.chunks_total == report.chunks_written
+        assert len(report.added) >= NOTES + 5 and report.chunks_total == report.chunks_written
         documents = milvus.reader().documents()
         assert len(documents) == len(report.added)
         assert rrf_retriever(milvus).run("penicillin allergy", k=1)[0].doc_id in documents

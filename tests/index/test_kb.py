@@ -144,10 +144,10 @@ CRASHING_INGEST = textwrap.dedent("""
     import os, signal, sys
     from ebmrag.index.kb import KnowledgeBase
     from ebmrag.ingest.documents import Document
-    stage, after = sys.argv[3], int(sys.argv[4])
+    stage, after, count = sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
     words = "patient presented with fever cough and a rising creatinine after contrast".split()
     docs = [Document(f"bulk-{i}", " ".join(words[(i + j) % len(words)] for j in range(160)) + f" case {i}.",
-                     "bulk", "txt") for i in range(700)]
+                     "bulk", "txt") for i in range(count)]
 
     def die_at(name, done, total):  # a deterministic crash point: no race with a timer
         if name == stage and done >= after:
@@ -158,17 +158,18 @@ CRASHING_INGEST = textwrap.dedent("""
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize(("stage", "after"), [("documents", 64), ("indexing", 0)])
+@pytest.mark.parametrize(("stage", "after", "documents"), [("documents", 64, 700), ("indexing", 0, 80)])
 def test_kill_9_mid_ingest_keeps_the_last_generation(tmp_path: Path, embedder, stage: str,  # type: ignore[no-untyped-def]
-                                                     after: int) -> None:
+                                                     after: int, documents: int) -> None:
     """The writer is killed (SIGKILL, from its own progress callback) after the first batch of documents was
-    prepared (in worker processes) and embedded, or just before the new segment's indexes are written: the
-    previous generation must keep serving."""
+    prepared (in worker processes: 700 documents, over MIN_DOCUMENTS_FOR_WORKERS) and embedded, or just before the
+    new segment's indexes are written (80 documents: everything before that point is embedded, so fewer is faster
+    and the crash point the same): the previous generation must keep serving."""
     root = tmp_path / "kb"
     kb = KnowledgeBase(root, embedder=embedder)
     kb.apply([doc(k, v) for k, v in GUIDES.items()])
     process = subprocess.run([sys.executable, "-c", CRASHING_INGEST, str(root), str(tmp_path / "cache"), stage,
-                              str(after)], timeout=300, check=False)
+                              str(after), str(documents)], timeout=300, check=False)
     assert process.returncode == -signal.SIGKILL, "the ingest must die at the crash point, not finish"
     assert (root / "segments" / "seg-000002.partial").exists(), "the crash happened mid-write"
 

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import pytest
 
 from ebmrag.demo import demo_guidelines
+from ebmrag.evidence.tiering import Tiering
 from ebmrag.integrations.core import EvidencePacker, resolve_record
 from ebmrag.packing.packer import ContextPacker
 from ebmrag.records.fragment import PatientRecord
@@ -28,8 +29,8 @@ def record() -> PatientRecord:
 
 
 @pytest.fixture(scope="session")
-def evidence_packer(context_packer: ContextPacker, record: PatientRecord) -> EvidencePacker:
-    return EvidencePacker(BUDGET, record, packer=context_packer)
+def evidence_packer(context_packer: ContextPacker, tiering: Tiering, record: PatientRecord) -> EvidencePacker:
+    return EvidencePacker(BUDGET, record, packer=context_packer, tiering=tiering)
 
 
 def first_that_fit(texts: Sequence[str], packer: ContextPacker, budget: int = BUDGET) -> list[str]:

@@ -4,6 +4,7 @@ from typing import Any
 
 import pytest
 
+from ebmrag.evidence.tiering import Tiering
 from ebmrag.packing.packer import ContextPacker
 from ebmrag.records.fragment import PatientRecord
 from tests.integrations.conftest import ALLERGY, BUDGET, QUESTION, first_that_fit
@@ -31,13 +32,14 @@ def store(guidelines: list[dict[str, str]], record: PatientRecord, embedder: Any
 
 
 def test_the_allergy_survives_a_budget_the_plain_retriever_loses(
-        store: InMemoryVectorStore, record: PatientRecord, context_packer: ContextPacker) -> None:
+        store: InMemoryVectorStore, record: PatientRecord, context_packer: ContextPacker,
+        tiering: Tiering) -> None:
     plain_docs = store.as_retriever(search_kwargs={"k": 12}).invoke(QUESTION)
     allergy_text = next(f.text for f in record.fragments if f.id == ALLERGY)
     assert allergy_text not in first_that_fit([d.page_content for d in plain_docs], context_packer)
 
     guides_only = store.as_retriever(search_kwargs={"k": 8, "filter": lambda d: d.metadata.get("kind") != "chart"})
-    compressor = EbmPackCompressor(BUDGET, record="demo-colon", packer=context_packer)
+    compressor = EbmPackCompressor(BUDGET, record="demo-colon", packer=context_packer, tiering=tiering)
     pipeline = ContextualCompressionRetriever(base_compressor=compressor, base_retriever=guides_only)
     documents = pipeline.invoke(QUESTION)
     allergy = next(d for d in documents if d.id == f"patient:{ALLERGY}")
@@ -49,16 +51,16 @@ def test_the_allergy_survives_a_budget_the_plain_retriever_loses(
     assert {d.id for d in selection.dropped if d.kind == "evidence"} | evidence == {
         d.id for d in guides_only.invoke(QUESTION)}  # every retrieved document has a recorded fate
 
-    roomy = EbmPackCompressor(900, record="demo-colon", packer=context_packer).compress_documents(
-        guides_only.invoke(QUESTION), QUESTION)
+    roomy = EbmPackCompressor(900, record="demo-colon", packer=context_packer,
+                              tiering=tiering).compress_documents(guides_only.invoke(QUESTION), QUESTION)
     guideline = [d for d in roomy if d.metadata["ebmrag_kind"] == "evidence"]
     assert guideline and all(d.metadata["authority"] == "guideline" and d.metadata["ebmrag_tier"] == "T3"
                              for d in guideline)
     assert f"patient:{ALLERGY}" in [d.id for d in roomy]
 
 
-def test_documents_without_ids_are_tracked_by_position(context_packer: ContextPacker) -> None:
-    compressor = EbmPackCompressor(BUDGET, packer=context_packer)
+def test_documents_without_ids_are_tracked_by_position(context_packer: ContextPacker, tiering: Tiering) -> None:
+    compressor = EbmPackCompressor(BUDGET, packer=context_packer, tiering=tiering)
     documents = [Document(page_content="Cefazolin covers skin flora in surgical wound infection."),
                  Document(page_content="Vancomycin needs dose adjustment in kidney impairment.")]
     kept, selection = compressor.select(documents, QUESTION)

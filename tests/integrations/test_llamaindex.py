@@ -4,6 +4,7 @@ from typing import Any
 
 import pytest
 
+from ebmrag.evidence.tiering import Tiering
 from ebmrag.integrations.core import EvidencePacker
 from ebmrag.packing.packer import ContextPacker
 from ebmrag.records.fragment import PatientRecord
@@ -29,14 +30,15 @@ def index(guidelines: list[dict[str, str]], record: PatientRecord, embedder: Any
 
 
 def test_the_allergy_survives_a_budget_the_plain_retriever_loses(
-        index: VectorStoreIndex, context_packer: ContextPacker, evidence_packer: EvidencePacker) -> None:
+        index: VectorStoreIndex, context_packer: ContextPacker, tiering: Tiering,
+        evidence_packer: EvidencePacker) -> None:
     retrieved = index.as_retriever(similarity_top_k=12).retrieve(QUESTION)
     plain = first_that_fit([n.node.get_content() for n in retrieved], context_packer)
     allergy_text = next(f.text for f in evidence_packer.record.fragments if f.id == ALLERGY)  # type: ignore[union-attr]
     assert allergy_text not in plain  # LlamaIndex's own top-k cut at this budget loses it
 
     guideline_hits = [n for n in retrieved if n.node.metadata.get("kind") != "chart"]
-    postprocessor = EbmPackPostprocessor(BUDGET, packer=context_packer, record="demo-colon")
+    postprocessor = EbmPackPostprocessor(BUDGET, packer=context_packer, tiering=tiering, record="demo-colon")
     kept, selection = postprocessor.select(guideline_hits, QUESTION)
     assert f"patient:{ALLERGY}" in [n.node.node_id for n in kept]
     assert selection.tokens_used <= BUDGET
@@ -49,9 +51,9 @@ def test_the_allergy_survives_a_budget_the_plain_retriever_loses(
         assert "ebmrag_reason" not in node.node.get_content(metadata_mode="llm")  # type: ignore[attr-defined]
 
 
-def test_it_runs_inside_a_query_engine_as_a_node_postprocessor(index: VectorStoreIndex,
-                                                                  context_packer: ContextPacker) -> None:
-    postprocessor = EbmPackPostprocessor(BUDGET, packer=context_packer, record="demo-colon")
+def test_it_runs_inside_a_query_engine_as_a_node_postprocessor(index: VectorStoreIndex, context_packer: ContextPacker,
+                                                                  tiering: Tiering) -> None:
+    postprocessor = EbmPackPostprocessor(BUDGET, packer=context_packer, tiering=tiering, record="demo-colon")
     retriever = index.as_retriever(similarity_top_k=6)
     nodes = postprocessor.postprocess_nodes(retriever.retrieve(QUESTION), query_str=QUESTION)
     assert f"patient:{ALLERGY}" in [n.node.node_id for n in nodes]
@@ -61,10 +63,10 @@ def test_it_runs_inside_a_query_engine_as_a_node_postprocessor(index: VectorStor
         postprocessor.postprocess_nodes(nodes)
 
 
-def test_bad_arguments_are_clear_errors(context_packer: ContextPacker) -> None:
+def test_bad_arguments_are_clear_errors(context_packer: ContextPacker, tiering: Tiering) -> None:
     with pytest.raises(ValueError, match="window"):
-        EbmPackPostprocessor(0, packer=context_packer)
-    postprocessor = EbmPackPostprocessor(BUDGET, packer=context_packer)
+        EbmPackPostprocessor(0, packer=context_packer, tiering=tiering)
+    postprocessor = EbmPackPostprocessor(BUDGET, packer=context_packer, tiering=tiering)
     same = [NodeWithScore(node=TextNode(id_="x", text="a")), NodeWithScore(node=TextNode(id_="x", text="b"))]
     with pytest.raises(ValueError, match="unique"):
         postprocessor.postprocess_nodes(same, query_str=QUESTION)

@@ -8,19 +8,22 @@ from pathlib import Path
 import pytest
 
 from ebmrag.demo import demo_query, demo_record_paths
+from ebmrag.errors import RecordError
+from ebmrag.evidence.tiering import Tiering
 from ebmrag.models.embeddings import SentenceEmbedder
 from ebmrag.packing.packer import STRATEGIES, ContextPacker, make_packer
 from ebmrag.packing.params import PackingParams
-from ebmrag.packing.types import State
-from ebmrag.records.fragment import Tier
+from ebmrag.packing.types import EvidenceItem, State
+from ebmrag.records.fragment import PatientRecord, Tier
 from ebmrag.records.loaders import load_record
 
 pytestmark = pytest.mark.model
 COLON = next(p for p in demo_record_paths() if "colon" in p.name)
 
 
-def test_buried_allergy_and_biopsy_survive_256_while_fifo_loses_them(context_packer: ContextPacker) -> None:
-    record, query = load_record(COLON), demo_query(COLON)
+def test_buried_allergy_and_biopsy_survive_256_while_fifo_loses_them(context_packer: ContextPacker,
+                                                                     tiering: Tiering) -> None:
+    record, query = tiering.run(load_record(COLON)), demo_query(COLON)
     candidates = context_packer.candidates(record, query)
     exact = make_packer("ebm-exact").pack(candidates, 256)
     fifo = make_packer("fifo").pack(candidates, 256)
@@ -35,17 +38,17 @@ def test_buried_allergy_and_biopsy_survive_256_while_fifo_loses_them(context_pac
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("window", [64, 256, 1024])
 def test_every_strategy_respects_the_window_in_real_tokens(
-    context_packer: ContextPacker, strategy: str, window: int
+    context_packer: ContextPacker, tiering: Tiering, strategy: str, window: int
 ) -> None:
     for path in demo_record_paths():
-        candidates = context_packer.candidates(load_record(path), demo_query(path))
+        candidates = context_packer.candidates(tiering.run(load_record(path)), demo_query(path))
         result = make_packer(strategy, context_packer.token_counter).pack(candidates, window)
         assert context_packer.token_counter.count(result.context) <= window
         assert len(result.packed) + len(result.dropped) == len(candidates)
 
 
-def test_standing_facts_do_not_decay(context_packer: ContextPacker) -> None:
-    record, query = load_record(COLON), demo_query(COLON)
+def test_standing_facts_do_not_decay(context_packer: ContextPacker, tiering: Tiering) -> None:
+    record, query = tiering.run(load_record(COLON)), demo_query(COLON)
     now = context_packer.candidates(record, query)
     later = context_packer.candidates(record, query, as_of=datetime(2036, 3, 14, tzinfo=UTC))
     utility = {c.fragment.id: c.full.utility for c in now}
@@ -55,9 +58,9 @@ def test_standing_facts_do_not_decay(context_packer: ContextPacker) -> None:
     assert aged["labs-2026-03-13"] < utility["labs-2026-03-13"] * 1e-6, "episodic labs fade over ten years"
 
 
-def test_compressed_state_only_for_objective_tiers(context_packer: ContextPacker) -> None:
+def test_compressed_state_only_for_objective_tiers(context_packer: ContextPacker, tiering: Tiering) -> None:
     for path in demo_record_paths():
-        for candidate in context_packer.candidates(load_record(path), demo_query(path)):
+        for candidate in context_packer.candidates(tiering.run(load_record(path)), demo_query(path)):
             states = [o.state for o in candidate.options]
             assert states[0] is State.FULL
             if State.COMPRESSED in states:
@@ -65,9 +68,26 @@ def test_compressed_state_only_for_objective_tiers(context_packer: ContextPacker
                 assert candidate.options[1].tokens < candidate.full.tokens
 
 
-def test_empty_query_is_an_error(context_packer: ContextPacker) -> None:
+def test_empty_query_is_an_error(context_packer: ContextPacker, tiering: Tiering) -> None:
     with pytest.raises(ValueError, match="query is empty"):
-        context_packer.run(load_record(COLON), "  ", 256)
+        context_packer.run(tiering.run(load_record(COLON)), "  ", 256)
+
+
+def test_the_packer_packs_what_it_is_given_and_refuses_untiered_input(context_packer: ContextPacker,
+                                                                       tiering: Tiering) -> None:
+    """Tiering is the step before packing: a fragment or evidence item without a decision is an error naming it,
+    never tiered on the side."""
+    record = load_record(COLON)
+    for packs in (lambda: context_packer.run(record, "antibiotic?", 256),
+                  lambda: context_packer.candidates(record, "antibiotic?"), lambda: context_packer.prepare(record)):
+        with pytest.raises(RecordError, match=r"have no tier decision \('.+'.*\); .*Tiering"):
+            packs()
+    half = tiering.run(PatientRecord(record.patient_id, record.fragments[:2])).fragments + record.fragments[2:]
+    with pytest.raises(RecordError, match=rf"{len(record.fragments) - 2} of {len(record.fragments)} fragments"):
+        context_packer.run(PatientRecord(record.patient_id, half), "antibiotic?", 256)
+    with pytest.raises(ValueError, match="evidence items without a tier decision: 'kb:1'"):
+        context_packer.run(None, "antibiotic?", 256, evidence=[EvidenceItem("kb:1", "Amoxicillin is first line.")])
+    assert context_packer.run(tiering.run(record), "antibiotic?", 256).packed
 
 
 def test_embedding_cache_persists(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ebmrag.cli import app
-from ebmrag.evidence.entities import EntityCompressor
+from ebmrag.evidence.entities import EntityCompressor, default_extractor
 from ebmrag.packing.utility import MeasuredFragment, UtilityParams, current_encounter_id, is_current
 from ebmrag.records.fragment import Fragment, Tier, TierDecision
 from ebmrag.records.loaders import load_record
@@ -43,7 +43,7 @@ def test_encounter_ids_are_read_from_ebmrag_json(tmp_path: Path) -> None:
 def test_compression_keeps_grade_receptors_side_score_and_pending() -> None:
     text = ("The core biopsy of the left breast, taken after a long wait in clinic, shows invasive ductal carcinoma, "
             "grade 3, ER positive, HER2 negative. Gleason 4+3 on the prostate cores; repeat PSA pending.")
-    state_b = EntityCompressor().compress(text).text
+    state_b = EntityCompressor(default_extractor()).compress(text).text
     for kept in ("left", "grade 3", "ER positive", "HER2 negative", "Gleason 4+3", "pending"):
         assert kept in state_b, kept
     assert "long wait" not in state_b

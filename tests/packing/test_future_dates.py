@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ebmrag.evidence.tiering import Tiering
 from ebmrag.packing.dedup import collapse_duplicates
 from ebmrag.packing.overflow import allergy_overflow
 from ebmrag.packing.packer import ContextPacker
@@ -91,14 +92,15 @@ def test_the_prefilter_does_not_protect_a_future_dated_lab_as_current() -> None:
 
 
 @pytest.mark.model
-def test_a_typo_year_neither_decays_todays_chart_nor_joins_todays_visit(context_packer: ContextPacker) -> None:
+def test_a_typo_year_neither_decays_todays_chart_nor_joins_todays_visit(context_packer: ContextPacker,
+                                                                        tiering: Tiering) -> None:
     """Before issue 43 the 2062 fragment was the record's newest: as_of moved 36 years ahead, every fragment of
     today decayed to nothing and the current encounter was the typo's."""
-    record = PatientRecord("p", (
+    record = tiering.run(PatientRecord("p", (
         Fragment("note", "p", "Seen today for fatigue; metformin considered.", "Note", NOW - timedelta(hours=3)),
         Fragment("cr", "p", "Creatinine 2.4 mg/dL (high).", "Laboratory", NOW - timedelta(hours=2)),
         Fragment("cr-typo", "p", "Creatinine 0.9 mg/dL.", "Laboratory", TYPO),  # its reader did not flag it
-    ))
+    )))
     query = "Is metformin safe for her kidneys?"
     candidates = {c.fragment.id: c for c in context_packer.candidates(record, query, today=Today(NOW))}
     today, typo = candidates["cr"], candidates["cr-typo"]

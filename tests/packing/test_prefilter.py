@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ebmrag.evidence.tiering import Tiering
 from ebmrag.packing.packer import ContextPacker
 from ebmrag.packing.params import PackingParams
 from ebmrag.packing.prefilter import Prefilter, estimated_tokens
@@ -71,11 +72,13 @@ def test_bad_settings_are_refused() -> None:
 
 
 @pytest.mark.model
-def test_the_packer_traces_every_fragment_of_a_prefiltered_record(context_packer: ContextPacker) -> None:
+def test_the_packer_traces_every_fragment_of_a_prefiltered_record(context_packer: ContextPacker,
+                                                                   tiering: Tiering) -> None:
     history = [Fragment(f"n{i}", "p", f"Nursing round {i}: comfortable, walked {i % 40} metres.", "Notes",
                         NOW - timedelta(days=30 + i)) for i in range(1500)]
     allergy = Fragment("allergy", "p", "Anaphylaxis to penicillin in 2009.", "Allergies", NOW - timedelta(days=3000))
-    record = PatientRecord("p", (allergy, *history, Fragment("today", "p", "Fever 39.1 C, cough.", "Notes", NOW)))
+    record = tiering.run(PatientRecord("p", (allergy, *history, Fragment("today", "p", "Fever 39.1 C, cough.", "Notes",
+                                                                         NOW))))
     packer = context_packer.with_params(PackingParams(prefilter_min_fragments=100))
     headers = [f"[{n}]" for n in range(len(record.fragments))]
     result = packer.run(record, "Which antibiotic is safe for his pneumonia?", 256, headers=headers)

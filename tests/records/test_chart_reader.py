@@ -6,6 +6,7 @@ import base64
 import gzip
 import json
 import re
+from datetime import date, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -191,6 +192,18 @@ def test_an_order_replaced_or_ended_by_a_newer_record_is_not_active(tmp_path: Pa
     assert "stopped per a newer record of 2021-06-01" in texts["MedicationRequest/m3"]
 
 
+def test_a_brand_order_is_ended_by_a_newer_record_of_its_generic(tmp_path: Path) -> None:
+    """"Lipitor" and "atorvastatin" are one drug to the drug vocabulary (vocab.drugs): the newer stopped record of
+    the generic ends the old active order of the brand, as it would an old order written with the generic."""
+    brand = _medication("m1", "Lipitor 20 mg", "active", "2015-01-01")
+    generic = _medication("m2", "atorvastatin 20 MG Oral Tablet", "stopped", "2023-06-01")
+    other = _medication("m3", "Lisinopril 10 MG Oral Tablet", "active", "2015-01-01")
+    texts = _texts(_write(tmp_path, _bundle(PATIENT, brand, generic, other)))
+    assert "Lipitor" not in texts["summary/active-medications"]
+    assert "stopped per a newer record of 2023-06-01" in texts["MedicationRequest/m1"]
+    assert "Lisinopril" in texts["summary/active-medications"]
+
+
 def test_old_active_orders_are_marked_and_the_age_is_a_setting(tmp_path: Path) -> None:
     old = _medication("m1", "Nizatidine 15 MG/ML Oral Solution", "active", "2008-04-05")
     recent = _medication("m2", "Ondansetron 4 MG Oral Tablet", "active", "2024-01-01")
@@ -218,8 +231,9 @@ def test_drug_decision_facts_are_found_by_loinc_with_units_and_pregnancy_joins_t
                  "code": {"coding": [{"system": "http://loinc.org", "code": "82810-3"}]},
                  "valueCodeableConcept": {"coding": [{"system": "http://snomed.info/sct", "code": "77386006",
                                                        "display": "Pregnant"}]}}
+    expected = (date.today() + timedelta(days=60)).isoformat()  # ahead of today: the pregnancy is current
     due = {"resourceType": "Observation", "id": "edd", "status": "final", "subject": ME,
-           "effectiveDateTime": "2026-02-01", "valueDateTime": "2026-09-10",
+           "effectiveDateTime": "2026-02-01", "valueDateTime": expected,
            "code": {"coding": [{"system": "http://loinc.org", "code": "11778-8"}]}}
     intent = {**pregnancy, "id": "intent", "code": {"coding": [{"system": "http://loinc.org", "code": "86645-9"}],
                                                     "text": "Pregnancy intent"}}
@@ -229,7 +243,7 @@ def test_drug_decision_facts_are_found_by_loinc_with_units_and_pregnancy_joins_t
             result("k", "6298-4", "Kalium", 4.7, "mmol/L", "2026-01-10"),
             result("w", "29463-7", "Body weight", 61.5, "kg", "2026-02-01")]
     texts = _texts(_write(tmp_path, _bundle(PATIENT, pregnancy, due, intent, *labs)))
-    assert texts["Patient/p1"].endswith("pregnancy status pregnant (2026-02-01), estimated due date 2026-09-10.")
+    assert texts["Patient/p1"].endswith(f"pregnancy status pregnant (2026-02-01), estimated due date {expected}.")
     assert texts["summary/drug-facts"] == ("Drug decision facts: Renal (2026-01-10): creatinine 88 umol/L, "
                                            "eGFR 78 mL/min/1.73m2, potassium 4.7 mmol/L; Body (2026-02-01): "
                                            "weight 61.5 kg.")

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from ebmrag.evidence.tiering import Tiering
 from ebmrag.packing.packer import ContextPacker
 from ebmrag.packing.types import PackResult
 from ebmrag.records.fragment import Fragment, PatientRecord
@@ -190,12 +191,13 @@ def _load(path: Path) -> PatientRecord:
 
 
 @pytest.fixture(scope="module")
-def packed(context_packer: ContextPacker, chart_dir: Path) -> Callable[[str, str, int], PackResult]:
+def packed(context_packer: ContextPacker, tiering: Tiering, chart_dir: Path) -> Callable[[str, str, int], PackResult]:
     results: dict[tuple[str, str, int], PackResult] = {}
 
     def pack(name: str, question: str, window: int) -> PackResult:
         if (name, question, window) not in results:
-            results[name, question, window] = context_packer.run(_load(chart_dir / name), question, window)
+            results[name, question, window] = context_packer.run(tiering.run(_load(chart_dir / name)), question,
+                                                                 window)
         return results[name, question, window]
     return pack
 

@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ebmrag.cli import app
+from ebmrag.evidence.entities import default_extractor
 from ebmrag.index.kb import KnowledgeBase
 from ebmrag.index.sync import ingest_paths
 from ebmrag.research.synthesis import EntityGraph, chain_coverage, synthesize
@@ -46,7 +47,7 @@ def small_kb(tmp_path_factory: pytest.TempPathFactory, embedder: Any) -> HybridR
 
 
 def test_longest_backed_path_becomes_a_question(small_kb: HybridRetriever) -> None:
-    graph = EntityGraph.from_kb(small_kb.kb)
+    graph = EntityGraph.from_kb(small_kb.kb, default_extractor())
     made = synthesize(graph, n=3, min_hops=3)
     assert made, "no path of three hops"
     best = max(made, key=lambda q: len(q.hops))
@@ -70,7 +71,7 @@ def test_longest_backed_path_becomes_a_question(small_kb: HybridRetriever) -> No
 
 
 def test_hubs_never_sit_inside_a_path(small_kb: HybridRetriever) -> None:
-    graph = EntityGraph.from_kb(small_kb.kb)
+    graph = EntityGraph.from_kb(small_kb.kb, default_extractor())
     busy = max(graph.frequency, key=lambda n: graph.frequency[n])
     path = graph.longest_path("alport syndrome", 6, hub_max=graph.frequency[busy] - 1, branch=6)
     assert busy not in [h.target for h in path]

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ebmrag.cli import app
-from ebmrag.research.params import DEFAULT_AUTHORITY
+from ebmrag.research.params import default_authority
 from ebmrag.research.tools import Icd10LookupTool, KbSearchTool, ReadDocumentTool, Tool
 from ebmrag.research.trajectory import TrajectoryLog, answer_correctness, export_run, read_runs, score_run
 from tests.fake_openai import FakeOpenAI, serve
@@ -22,12 +22,12 @@ def tool_named(tools: list[Tool], name: str) -> Any:
 
 def test_authority_weighting_follows_the_formula() -> None:
     tool = KbSearchTool.__new__(KbSearchTool)
-    tool.authority, tool.relevance_weight = dict(DEFAULT_AUTHORITY), 0.4
+    tool.authority, tool.relevance_weight = dict(default_authority()), 0.4
     assert tool.score(0.5, "guideline") == pytest.approx(0.4 * 0.5 + 0.6 * 1.0)
     assert tool.score(0.9, "other") == pytest.approx(0.4 * 0.9 + 0.6 * 0.2)
     assert tool.score(0.9, "unheard-of") == tool.score(0.9, "other")
     assert tool.score(1.7, "trial") == pytest.approx(0.4 + 0.6 * 0.7)  # Rel is clipped to [0, 1]
-    ordered = [DEFAULT_AUTHORITY[k] for k in ("guideline", "systematic_review", "trial", "cohort", "textbook",
+    ordered = [default_authority()[k] for k in ("guideline", "systematic_review", "trial", "cohort", "textbook",
                                               "other")]
     assert ordered == sorted(ordered, reverse=True)
 

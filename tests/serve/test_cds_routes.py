@@ -24,8 +24,8 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from jwt.algorithms import ECAlgorithm, RSAAlgorithm
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ebmrag.cds.params import CdsParams
 from ebmrag.config import Settings
-from ebmrag.ehr.cds_params import CdsParams
 from ebmrag.serve.app import create_app
 from ebmrag.serve.cds_auth import RETRY_FAILED_AFTER, CdsAuthError, KeySets
 from ebmrag.serve.throttle import FAILED_BURST
@@ -34,7 +34,7 @@ from tests.ehr.conftest import fhir, fhir_server  # noqa: F401 (the test FHIR se
 from tests.ehr.fhir_server import FhirServer
 from tests.serve.conftest import free_port, serving
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "ehr" / "data" / "cds"
+EXAMPLES = Path(__file__).resolve().parents[1] / "cds" / "data"
 ISS = "https://ehr.example.org/"
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from ebmrag.compose import ServiceParts
 from ebmrag.config import Settings
 from ebmrag.protocols import WorkCancelled, checkpoint
 from ebmrag.serve.problems import ProblemError
@@ -20,7 +21,7 @@ from ebmrag.store.patients import SQLiteStore
 def _service(tmp_path: Path, seconds: float) -> Service:
     settings = Settings()
     settings = replace(settings, serve=replace(settings.serve, request_seconds=seconds, prepare_charts=False))
-    return Service(SQLiteStore(tmp_path / "s.sqlite"), settings)
+    return Service(SQLiteStore(tmp_path / "s.sqlite"), settings, ServiceParts(settings))
 
 
 def test_the_threads_own_deadline_is_answered_504(tmp_path: Path) -> None:

@@ -7,7 +7,8 @@ import json
 from datetime import UTC, datetime
 
 from ebmrag.records.fragment import Fragment, PatientRecord
-from ebmrag.store.patients import PatientStore, fragment_from_json, fragment_to_json
+from ebmrag.store.charts import fragment_from_json, fragment_to_json
+from ebmrag.store.patients import PatientStore
 
 NOW = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 TYPO = datetime(2062, 3, 2, 9, 0, tzinfo=UTC)

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from ebmrag.answer.engine import Engine
-from ebmrag.compose import Resources
+from ebmrag.compose import Resources, ServiceParts
 from ebmrag.config import Settings
 from ebmrag.demo import load_patient
 from ebmrag.records.fragment import PatientRecord
@@ -59,7 +59,7 @@ def running_mcp(tmp_path: Path, engine: tuple[Engine, Resources],
                 settings: Settings) -> Iterator[tuple[str, SQLiteStore, str]]:
     """`engine`: an engine and the resources it was built from (`demo_engine`)."""
     store, key = seeded_store(tmp_path / "store.sqlite")
-    service = Service(store, settings, *engine)
+    service = Service(store, settings, ServiceParts(settings, engine[1], engine[0]))
     with serving(http_app(service)) as (url, _):
         yield f"{url}/mcp", store, key
 

@@ -37,6 +37,10 @@ from tests.serve.conftest import Live, demo_engine
 REDIS_URL = os.environ.get("EBMRAG_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")  # as tests/gateway's
 QUESTION = "What is the current treatment plan for this patient?"
 SECTIONS = ("Notes", "Labs", "Medications", "Allergies", "Assessment")
+# Chart sizes (issue 44: the smallest that still show the effect; each fragment costs ~0.06 s of embedding alone):
+# a cold ask of CHART fragments is many times a prepared one's; one of BACKGROUND fragments is still being prepared
+# after several asks beside it; one of TWO_BATCHES spans more than one preparation job (prepare.BATCH).
+CHART, BACKGROUND, TWO_BATCHES = 120, 200, 150
 
 
 def chart(patient: str, tag: str, n: int, start: int = 0) -> dict[str, Any]:
@@ -109,15 +113,26 @@ def timed_ask(client: Any, patient: str) -> float:
     return time.perf_counter() - started
 
 
+def _held_until(monkeypatch: pytest.MonkeyPatch, preparer: ChartPreparer, release: threading.Event) -> None:
+    """`preparer` starts no preparation before `release` is set (or a minute has passed): a PUT that waited for
+    its chart's preparation would come back after that minute, the chart prepared."""
+    prepare = preparer._prepare
+
+    def held(tenant: str, patient: str) -> None:
+        release.wait(60)
+        prepare(tenant, patient)
+    monkeypatch.setattr(preparer, "_prepare", held)
+
+
 def test_a_prepared_chart_is_asked_without_embedding_a_fragment(serve: Callable[..., Live],
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    """An ask on a prepared 500-fragment chart embeds none of its fragments and is at least 3x faster than a cold
-    ask on a chart of the same size on a server that does not prepare (the old behaviour)."""
+    """An ask on a prepared chart embeds none of its fragments and is at least 3x faster than a cold ask on a chart
+    of the same size on a server that does not prepare (the old behaviour)."""
     tag = uuid.uuid4().hex[:10]
     preparing, cold = serve(prepare_charts=True), serve(prepare_charts=False)
     encoded = Encoded(monkeypatch, embedders_of(preparing) + embedders_of(cold))
-    warm, prepared_chart, cold_chart = (chart("p0", f"warm{tag}", 3), chart("p1", f"prep{tag}", 500),
-                                        chart("p2", f"cold{tag}", 500))
+    warm, prepared_chart, cold_chart = (chart("p0", f"warm{tag}", 3), chart("p1", f"prep{tag}", CHART),
+                                        chart("p2", f"cold{tag}", CHART))
     with preparing.client(preparing.key("t", "service")) as feed, cold.client(cold.key("u", "service")) as other:
         for live, client in ((preparing, feed), (cold, other)):  # first asks pay the one-off costs
             assert client.put("/v1/patients/p0", json=warm).status_code == 200
@@ -125,15 +140,17 @@ def test_a_prepared_chart_is_asked_without_embedding_a_fragment(serve: Callable[
                 settle(live)
             timed_ask(client, "p0")
         assert other.put("/v1/patients/p2", json=cold_chart).status_code == 200
-        put_started = time.perf_counter()
+        release = threading.Event()
+        _held_until(monkeypatch, preparing.app.state.service.preparer, release)
         assert feed.put("/v1/patients/p1", json=prepared_chart).status_code == 200
-        assert time.perf_counter() - put_started < 5, "the PUT must not wait for the preparation"
+        assert prepared(preparing, feed, "p1") == 0, "the PUT must not wait for the preparation"
+        release.set()
         settle(preparing)
-        assert prepared(preparing, feed, "p1") == 500
+        assert prepared(preparing, feed, "p1") == CHART
         assert cold.app.state.service.preparer is None and prepared(cold, other, "p2") == 0
         encoded.texts.clear()
         cold_seconds = timed_ask(other, "p2")
-        assert len(encoded.of(texts_of(cold_chart))) >= 500, "the cold ask embeds its chart (what this measures)"
+        assert len(encoded.of(texts_of(cold_chart))) >= CHART, "the cold ask embeds its chart (what this measures)"
         encoded.texts.clear()
         warm_seconds = timed_ask(feed, "p1")
         assert encoded.of(texts_of(prepared_chart)) == []
@@ -209,8 +226,9 @@ def test_erasure_during_preparation_leaves_no_prepared_data(serve: Callable[...,
 
 
 def test_another_tenants_preparation_does_not_delay_an_ask(serve: Callable[..., Live]) -> None:
-    """One engine slot: tenant u's asks while tenant t's 500-fragment chart is being prepared take about as long as
-    without it (the preparation yields at its next embedding batch), not as long as the preparation."""
+    """One engine slot: tenant u's asks while tenant t's chart is being prepared take about as long as without it
+    (the preparation yields at its next checkpoint), not as long as the preparation. Measured as ratios to the
+    preparation's own time, so a loaded machine slows both sides alike."""
     tag = uuid.uuid4().hex[:10]
     live = serve(engine_slots=1, prepare_charts=True)
     service = live.app.state.service
@@ -220,14 +238,14 @@ def test_another_tenants_preparation_does_not_delay_an_ask(serve: Callable[..., 
         timed_ask(asker, "q1")
         alone = statistics.median(timed_ask(asker, "q1") for _ in range(3))
         started = time.perf_counter()
-        assert feed.put("/v1/patients/p1", json=chart("p1", f"big{tag}", 500)).status_code == 200
+        assert feed.put("/v1/patients/p1", json=chart("p1", f"big{tag}", BACKGROUND)).status_code == 200
         time.sleep(0.5)
         beside = [timed_ask(asker, "q1") for _ in range(3)]
         assert service.preparer.pending() == 1, "the preparation must still run during the asks"
         settle(live)
         preparation = time.perf_counter() - started
     assert service.scheduler.counts["paused"] >= 1, "the preparation never yielded its slot"
-    assert statistics.median(beside) <= alone + 0.75, (alone, beside, preparation)
+    assert statistics.median(beside) - alone < preparation / 10, (alone, beside, preparation)
     assert max(beside) < preparation / 2, (beside, preparation)
 
 
@@ -264,7 +282,7 @@ def test_a_chart_erased_by_another_process_during_preparation_is_forgotten(
     writing and forgets what it prepared for fragments that are gone."""
     create_key(store, "t", "service")
     tag = uuid.uuid4().hex[:12]
-    record = chart("p1", f"gone{tag}", 300)
+    record = chart("p1", f"gone{tag}", TWO_BATCHES)
     store.put_record("t", "p1", record_from_json(record, "<test>"))
     preparer = _standalone(store, resources, context_packer, demo_voter)
     preparer.enqueue("t", "p1")

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from ebmrag.compose import ServiceParts
 from ebmrag.config import Settings
 from ebmrag.serve.service import Service
 from ebmrag.store.access import create_key
@@ -118,7 +119,7 @@ def test_a_sample_of_every_class_finds_nothing(probe: ModuleType, store: Patient
     own = over_knowledge_base(resources, kb)
     settings = Settings()
     settings = replace(settings, serve=replace(settings.serve, **SERVE))
-    mcp_service = Service(store, settings, engine, own)
+    mcp_service = Service(store, settings, ServiceParts(settings, own, engine))
     with running(store, engine, own, **SERVE) as live, serving(http_app(mcp_service)) as (mcp_url, _):
         run = _kit(probe).Run(store.backend, 40.0, sample=2, huge_mb=12)
         probe.run_suite(_target(probe, live, store, settings, f"{mcp_url}/mcp", mcp_service), run)

@@ -83,7 +83,7 @@ def test_a_differential_has_bounded_input() -> None:
     import pytest
 
     from ebmrag.serve.mcp import MAX_FINDINGS, McpTools
-    from ebmrag.store.patients import ApiKey
+    from ebmrag.store.keys import ApiKey
 
     tools = McpTools.__new__(McpTools)  # the bound is checked before the tool touches its service
     key = ApiKey("k", "t", "clinician", (), "", "")

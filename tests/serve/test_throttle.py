@@ -29,7 +29,8 @@ from ebmrag.serve.guard import MAX_ID_CHARS
 from ebmrag.serve.throttle import FAILED_BURST, FailedCredentials, ThrottledAudit, address_block, key_credential
 from ebmrag.store import audit
 from ebmrag.store.access import create_key
-from ebmrag.store.patients import IDEMPOTENCY_SCHEME, IdempotencyConflictError, PatientStore
+from ebmrag.store.charts import IDEMPOTENCY_SCHEME, IdempotencyConflictError
+from ebmrag.store.patients import PatientStore
 from tests.serve.conftest import serving
 from tests.serve.test_service import RECORD, problem
 
@@ -300,12 +301,14 @@ def test_an_mcp_call_id_over_200_characters_is_a_json_rpc_error(store: PatientSt
     """Measured: a 20,000-character JSON-RPC id was stored as the audit's request id. Now the call is refused
     with a JSON-RPC error naming the field, before any check or audit row."""
     pytest.importorskip("mcp", reason="the [mcp] extra is not installed")
+    from ebmrag.compose import ServiceParts
     from ebmrag.serve.mcp import http_app
     from ebmrag.serve.service import Service
 
     key = create_key(store, "t", "clinician")[0]
     before = len(store.audit_rows())
-    with serving(http_app(Service(store, Settings()))) as (url, _), httpx.Client(timeout=30, headers={
+    service = Service(store, Settings(), ServiceParts(Settings()))
+    with serving(http_app(service)) as (url, _), httpx.Client(timeout=30, headers={
             "Authorization": f"Bearer {key}", "Accept": "application/json, text/event-stream"}) as http:
         opened = http.post(f"{url}/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
             "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "probe", "version": "1"}}})

@@ -1,8 +1,9 @@
 """The main job: a clinical question about one patient in, a cited answer and its full trace out.
 
-    gate (completeness, A/B sentences) -> [retrieve: chunk-to-document vote -> LLM relevance filter]
-    -> prompt budget -> assembler (dedup, per-source cap, sentence cut) -> EBM-Pack over patient
-    fragments + evidence chunks -> ordering -> staged LLM answer or extractive brief -> grounding
+    tiering (tier decisions and findings) -> gate (completeness, A/B sentences)
+    -> [retrieve: chunk-to-document vote -> LLM relevance filter] -> prompt budget -> assembler (dedup,
+    per-source cap, sentence cut) -> EBM-Pack over the tiered patient fragments + evidence chunks -> ordering
+    -> staged LLM answer or extractive brief -> grounding
 
 A thin pipeline: each step is a component called through its public `run()`, and typed values flow
 between them (nothing rendered is parsed back). The composition root builds it (`compose.build_engine`)
@@ -28,6 +29,7 @@ from ebmrag.answer.relevance import RelevanceFilter, RelevanceVerdict
 from ebmrag.answer.result import AskResult, RetrievalTrace
 from ebmrag.errors import RecordError
 from ebmrag.evidence.questions import QuestionClassifier, QuestionType
+from ebmrag.evidence.tiering import Tiering
 from ebmrag.evidence.tiers import TierClassifier
 from ebmrag.generate.assembler import AssembledContext, ContextAssembler
 from ebmrag.generate.budget import PromptBudget, extractive_budget, staged_budget
@@ -64,12 +66,14 @@ class Engine:
     """Pipeline: question + patient record -> `AskResult`. Built by the composition root (`compose.build_engine`),
     which hands it every part it uses; `params` are its [answer] settings, validated there."""
 
-    def __init__(self, params: AnswerParams | None = None, *, packer: ContextPacker, gate: RetrievalGate,
-                 grounding: GroundingChecker, token_counter: TokenCounter, questions: QuestionClassifier,
-                 tier_classifier: TierClassifier, voter: DocumentVoter | None = None, client: ChatClient | None = None,
-                 rewriter: QueryRewriter | None = None, relevance: RelevanceFilter | None = None,
-                 configuration: dict[str, Any] | None = None) -> None:
-        """`rewriter` (query expansion / HyDE, `[retrieval] query_variants`, `hyde`): its rewordings and passage
+    def __init__(self, params: AnswerParams | None = None, *, tiering: Tiering, packer: ContextPacker,
+                 gate: RetrievalGate, grounding: GroundingChecker, token_counter: TokenCounter,
+                 questions: QuestionClassifier, tier_classifier: TierClassifier, voter: DocumentVoter | None = None,
+                 client: ChatClient | None = None, rewriter: QueryRewriter | None = None,
+                 relevance: RelevanceFilter | None = None, configuration: dict[str, Any] | None = None) -> None:
+        """`tiering`: the step that gives the record's fragments their tier decisions, before the gate; the
+        packer packs the tiered record. `tier_classifier`: the rules the extractive brief reads knowledge sentences
+        with. `rewriter` (query expansion / HyDE, `[retrieval] query_variants`, `hyde`): its rewordings and passage
         vote beside the question and the record's sentences. `configuration`: the settings tables the root
         built this engine from, which `to_dict` returns (and `compose.engine_from_dict` reads back)."""
         self.settings = answer = params or AnswerParams()
@@ -77,7 +81,7 @@ class Engine:
             raise ValueError("retrieval 'always' needs a knowledge base")
         if answer.relevance_filter and relevance is None:
             raise ValueError("the relevance filter needs an LLM ([llm] backend)")
-        self.packer, self.voter, self.client, self.rewriter = packer, voter, client, rewriter
+        self.tiering, self.packer, self.voter, self.client, self.rewriter = tiering, packer, voter, client, rewriter
         self.gate, self.grounding, self.relevance = gate, grounding, relevance
         self.token_counter, self.questions, self.tier_classifier = token_counter, questions, tier_classifier
         self.configuration = configuration
@@ -89,7 +93,7 @@ class Engine:
     def with_retrieval(self, retrieval: str) -> Engine:
         """The same parts under another retrieval mode (an HTTP ask may set it): nothing is rebuilt or lost."""
         params = replace(self.settings, retrieval=retrieval)
-        return Engine(params, packer=self.packer, gate=self.gate, grounding=self.grounding,
+        return Engine(params, tiering=self.tiering, packer=self.packer, gate=self.gate, grounding=self.grounding,
                       token_counter=self.token_counter, questions=self.questions,
                       tier_classifier=self.tier_classifier, voter=self.voter, client=self.client,
                       rewriter=self.rewriter, relevance=self.relevance, configuration=self.configuration)
@@ -110,7 +114,7 @@ class Engine:
     def to_dict(self) -> dict[str, Any]:
         """The settings this engine was built from (the API key stays in the environment) and the parts'
         own descriptions; `compose.engine_from_dict` rebuilds it from the settings."""
-        return {"settings": self.configuration, "packer": self.packer.to_dict(),
+        return {"settings": self.configuration, "tiering": self.tiering.to_dict(), "packer": self.packer.to_dict(),
                 "voter": self.voter.to_dict() if self.voter else None,
                 "llm": self.client.to_dict() if isinstance(self.client, OpenAIChatClient) else None,
                 "gate": self.gate.to_dict(), "shared_embedder": self.shares_embedder,
@@ -120,7 +124,7 @@ class Engine:
         """Embed a record ahead of the first question (when a chart is opened): fragment texts, their
         compressed states and the gate's query sentences go into the embedding caches, so `ask`
         spends its time on the question only. Optional; `ask` gives the same result without it."""
-        record = self.packer.classify(patient)
+        record = self.tiering.run(patient)
         queries = list(self._queries("", self.gate.run(record))[1:]) if self._may_retrieve else []
         self.packer.prepare(record, queries if self.shares_embedder else ())
         if self.voter is not None and queries and not self.shares_embedder:
@@ -147,8 +151,8 @@ class Engine:
             raise RecordError(record.origin, f"patient {record.patient_id!r} has no fragments: nothing to answer from")
         asked = self.questions.classify(question)  # typed once, for the gate and the packer
         redactor = self._redactor(record)
-        with _timed(timings, "gate"):
-            record = self.packer.classify(record)
+        with _timed(timings, "gate"):  # the tiering step's time is the gate's (the stages traced: observe)
+            record = self.tiering.run(record)
             decision = self.gate.run(record, question, asked)
         with _timed(timings, "retrieval"):
             retrieval = self._retrieve(question, decision, record, redactor, language)

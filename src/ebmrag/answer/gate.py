@@ -27,25 +27,23 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import tomllib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
-from functools import cache
 from pathlib import Path
 from typing import Any, Protocol
 
 from ebmrag.answer.params import check_gate_params
-from ebmrag.errors import ConfigError
-from ebmrag.evidence.entities import EntityExtractor, EntityKind, default_extractor
+from ebmrag.evidence.entities import EntityExtractor, EntityKind
 from ebmrag.evidence.questions import QuestionClassifier, QuestionType, default_question_classifier
 from ebmrag.evidence.tiers import TierClassifier
 from ebmrag.kvcache import KeyValueCache, digest
 from ebmrag.protocols import CHECK_EVERY, checkpoint
 from ebmrag.records.fragment import Fragment, PatientRecord, Tier
+from ebmrag.rules import bundled, rule_file
 from ebmrag.text.sentences import split_sentences
 
-GATE_LEXICON = Path(__file__).parents[1] / "evidence" / "rules" / "gate.toml"
+GATE_LEXICON = "evidence/gate.toml"  # symptom words, in the rules folder
 _KEY_KINDS = (EntityKind.VALUE, EntityKind.TEST, EntityKind.FINDING, EntityKind.DRUG)
 
 
@@ -129,12 +127,9 @@ def label_each(labeller: SentenceLabeller, fragments: Sequence[Fragment]) -> lis
     return labelled
 
 
-@cache
-def _symptom_pattern(path: Path = GATE_LEXICON) -> re.Pattern[str]:
-    try:
-        terms = tomllib.loads(path.read_text(encoding="utf-8"))["symptoms"]
-    except (OSError, KeyError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"gate lexicon {path} could not be read: {exc}") from exc
+@rule_file(GATE_LEXICON)
+def _symptom_pattern(table: Mapping[str, Any]) -> re.Pattern[str]:
+    terms = table["symptoms"]
     english = sorted((t for t in terms if t.isascii()), key=len, reverse=True)
     chinese = sorted((t for t in terms if not t.isascii()), key=len, reverse=True)
     words = "|".join(re.escape(t) for t in english)
@@ -145,15 +140,15 @@ def _symptom_pattern(path: Path = GATE_LEXICON) -> re.Pattern[str]:
 class RuleLabeller:
     """Label-free A/B/C from tiers, clinical entities, symptom words and negation."""
 
-    def __init__(self, classifier: TierClassifier | None = None, extractor: EntityExtractor | None = None,
+    def __init__(self, classifier: TierClassifier, extractor: EntityExtractor,
                  store: KeyValueCache | None = None) -> None:
-        """`store`: each fragment's labelled sentences on disk (module doc), keyed by `fingerprint`."""
-        self.classifier = classifier or TierClassifier()
-        self.extractor = extractor or default_extractor()
+        """`classifier` and `extractor`: the composition root's (compose.Resources); `store`: each fragment's
+        labelled sentences on disk (module doc), keyed by `fingerprint`."""
+        self.classifier, self.extractor = classifier, extractor
         self.symptoms = _symptom_pattern()
         self.store = store
         self.fingerprint = digest("gate", self.classifier.fingerprint, self.extractor.fingerprint,
-                                  hashlib.sha256(GATE_LEXICON.read_bytes()).hexdigest(),
+                                  hashlib.sha256(bundled().source(GATE_LEXICON).encode()).hexdigest(),
                                   hashlib.sha256(Path(__file__).read_bytes()).hexdigest())
 
     def label(self, text: str, section: str | None) -> tuple[Label, str]:
@@ -211,9 +206,10 @@ def _sentences_from_json(blob: bytes, fragment_id: str) -> list[LabelledSentence
 class RetrievalGate:
     """Pipeline step: a patient record -> labelled sentences, completeness and the retrieval decision."""
 
-    def __init__(self, labeller: SentenceLabeller | None = None, params: GateParams | None = None,
+    def __init__(self, labeller: SentenceLabeller, params: GateParams | None = None,
                  questions: QuestionClassifier | None = None) -> None:
-        self.labeller = labeller or RuleLabeller()
+        """`labeller`: the root's (compose.Resources.gate_labeller), rules or a trained classifier."""
+        self.labeller = labeller
         self.params = params or GateParams()
         self.questions = questions or default_question_classifier()
 
@@ -249,12 +245,17 @@ class RetrievalGate:
         return {"params": asdict(self.params), "labeller": self.labeller.to_dict()}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], labeller: SentenceLabeller | None = None) -> RetrievalGate:
+    def from_dict(cls, data: dict[str, Any], labeller: SentenceLabeller | None = None,
+                  extractor: EntityExtractor | None = None) -> RetrievalGate:
         """`labeller` is built by the caller from `data["labeller"]` when it needs a model (a trained
-        classifier needs the embedder); a rule labeller is rebuilt here from its tier rules."""
+        classifier needs the embedder); a rule labeller is rebuilt here from its tier rules, with `extractor`
+        (the root's: compose.Resources.extractor)."""
         spec = data.get("labeller") or {"type": "rules"}
         if labeller is None:
             if spec.get("type") != "rules":
                 raise ValueError(f"a {spec.get('type')!r} labeller must be passed in built (it needs a model)")
-            labeller = RuleLabeller(TierClassifier(spec.get("tier_rules")))
+            if extractor is None:
+                raise ValueError("a rule labeller is rebuilt with the entity extractor: pass extractor= "
+                                 "(compose.Resources.extractor)")
+            labeller = RuleLabeller(TierClassifier(spec.get("tier_rules")), extractor)
         return cls(labeller, GateParams(**data.get("params", {})))

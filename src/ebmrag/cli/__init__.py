@@ -18,6 +18,7 @@ Commands are registered here, so no command module imports another's (or this on
 from __future__ import annotations
 
 import logging
+import os
 from typing import Annotated
 
 import typer
@@ -30,6 +31,13 @@ from ebmrag.cli.gate import gate_app
 from ebmrag.cli.gateway import gateway_app
 from ebmrag.cli.research import research_app
 from ebmrag.cli.synth import synth_app
+
+# What the model libraries (sentence-transformers, transformers, huggingface_hub) read from the environment when a
+# command first loads a torch model: never a hub, no progress bars, no load-time chatter. The library code passes
+# `local_files_only` itself and writes no environment; these are the command line process's settings, so they are
+# set here, before any model loads (a `serve` command's workers inherit them), and a variable the user set wins.
+MODEL_LIBRARY_ENVIRONMENT = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+                             "TRANSFORMERS_VERBOSITY": "error"}
 
 app = typer.Typer(help="Evidence-graded retrieval and context packing for medical LLMs.", no_args_is_help=True)
 
@@ -47,6 +55,8 @@ def main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log prog
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
+    for name, value in MODEL_LIBRARY_ENVIRONMENT.items():
+        os.environ.setdefault(name, value)
 
 
 app.command()(pack.pack)

@@ -32,6 +32,7 @@ from ebmrag.compose import (
     build_reranker,
     build_retriever,
     build_rewriter,
+    build_tiering,
     open_kb,
     require_openai,
 )
@@ -57,7 +58,8 @@ Seed = Annotated[int, typer.Option(help="Seed of the noise generator.")]
 def make_suite(settings: Settings, noise: NoiseConfig) -> Suite:
     """Measures with neutral utility parameters; each experiment applies its own when it scores."""
     r = Resources(settings)
-    return Suite(CandidateBuilder(r.embedder, r.token_counter, NEUTRAL, r.compressor), r.token_counter, noise)
+    return Suite(CandidateBuilder(r.embedder, r.token_counter, NEUTRAL, compressor=r.compressor), build_tiering(r),
+                 r.extractor, r.token_counter, noise)
 
 
 def _write_llm(out: Path, rows: list[dict[str, object]], client: OpenAIChatClient) -> None:
@@ -296,7 +298,7 @@ def eval_compression(
     from ebmrag.eval.compression_check import check_compression, compression_markdown
 
     with user_errors():
-        check = check_compression(data_root)
+        check = check_compression(data_root, Resources(Settings()).compressor)
     if as_json:
         typer.echo(json.dumps(check.to_json(), ensure_ascii=False, indent=1))
         return

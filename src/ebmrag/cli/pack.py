@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 
 from ebmrag.cli.common import ConfigOption, JsonOption, console, stderr, user_errors
-from ebmrag.compose import Resources, build_packer
+from ebmrag.compose import Resources, build_packer, build_tiering
 from ebmrag.config import load_settings, with_overrides
 from ebmrag.demo import demo_query, demo_record_paths, load_patient
 from ebmrag.packing.packer import STRATEGIES
@@ -67,8 +67,9 @@ def pack(
             raise ValueError(f"--objective must be 'critical' or 'paper', got {objective!r}")
         settings = with_overrides(load_settings(config),
                                   packing={"strategy": strategy, "k_min": k_min, "objective": objective})
-        packer = build_packer(Resources(settings))
-        patient = load_patient(record, patient_id, settings.chart)
+        resources = Resources(settings)
+        tiering, packer = build_tiering(resources), build_packer(resources)
+        patient = tiering.run(load_patient(record, patient_id, settings.chart))
         when: datetime | None = parse_timestamp(as_of, "--as-of") if as_of else None
         result = packer.run(patient, query, window if window is not None else settings.packing.window, when)
     if as_json:
@@ -88,12 +89,13 @@ def demo(
     """Pack the bundled synthetic patients with EBM-Pack and with FIFO truncation, side by side."""
     with user_errors():
         settings = with_overrides(load_settings(config), packing={"strategy": "ebm-exact"})
-        exact = build_packer(Resources(settings))
+        resources = Resources(settings)
+        tiering, exact = build_tiering(resources), build_packer(resources)
         fifo = exact.with_params(replace(settings.packing, strategy="fifo"))
         with stderr.status("loading the bundled embedding model..."):
             exact.warm_up()
         for path in demo_record_paths():
-            record, query = load_record(path), demo_query(path)
+            record, query = tiering.run(load_record(path)), demo_query(path)
             console.rule(f"[bold]{record.patient_id}[/]: {query}")
             results = [packer.run(record, query, window) for packer in (exact, fifo)]
             for result in results:

@@ -97,6 +97,7 @@ def mcp(
     """Expose pack, ask, search, ddx and a patient's fragments as MCP tools, with the service's keys and scopes."""
     with user_errors():
         require_extra("mcp", "mcp", "ebmrag mcp")
+        from ebmrag.compose import ServiceParts
         from ebmrag.serve.mcp import build_mcp_server, http_app
         from ebmrag.serve.service import Service
         from ebmrag.store.access import authenticate
@@ -104,7 +105,8 @@ def mcp(
         if transport not in ("stdio", "http"):
             raise ValueError(f"--transport must be stdio or http, got {transport!r}")
         settings = serve_settings(config, kb)
-        service = Service(open_store_for(data_dir, store_url, config), settings)  # checks the knowledge base
+        store = open_store_for(data_dir, store_url, config)
+        service = Service(store, settings, ServiceParts(settings))  # checks the knowledge base
         if transport == "stdio":
             stdio_key = key or os.environ.get("EBMRAG_API_KEY", "")
             authenticate(service.store, f"Bearer {stdio_key}")  # a wrong key fails now, in one line

@@ -51,7 +51,7 @@ def questions(
         retriever = build_retriever(resources)
         client = resources.chat_client
         with stderr.status("building the entity graph..."):
-            graph = EntityGraph.from_kb(retriever.kb)
+            graph = EntityGraph.from_kb(retriever.kb, resources.extractor)
         with stderr.status("searching paths..."):
             made = synthesize(graph, n, min_hops, max_hops, rare_max, hub_max, seed=seed, bridge_max=bridge_max,
                               client=client)

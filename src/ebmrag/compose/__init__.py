@@ -7,6 +7,7 @@ record readers take, or a bundled demo name) and handed to `Engine.ask` as a `Pa
 """
 
 from ebmrag.compose.build import (
+    ServiceParts,
     build_diagnoser,
     build_engine,
     build_engine_from,
@@ -17,6 +18,7 @@ from ebmrag.compose.build import (
     build_research_agent,
     build_retriever,
     build_rewriter,
+    build_tiering,
     build_voter,
     engine_from_dict,
     open_resources,
@@ -28,6 +30,7 @@ from ebmrag.demo import load_patient
 
 __all__ = [
     "Resources",
+    "ServiceParts",
     "build_diagnoser",
     "build_engine",
     "build_engine_from",
@@ -38,6 +41,7 @@ __all__ = [
     "build_research_agent",
     "build_retriever",
     "build_rewriter",
+    "build_tiering",
     "build_voter",
     "cache_dir_of",
     "check_kb",

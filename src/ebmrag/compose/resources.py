@@ -29,6 +29,7 @@ from ebmrag.models.text_classifier import load_text_classifier
 from ebmrag.models.tokens import make_token_counter
 from ebmrag.protocols import ChatClient, TokenCounter, checkpoint
 from ebmrag.records.fragment import Fragment
+from ebmrag.rules import bundled
 from ebmrag.text.sentences import split_sentences
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,8 @@ class Resources:
         """`chat_client`: one built already (a model loaded in this process, a test's fake); otherwise [llm]'s is
         built on first use. `demo_kb`: the knowledge base is the bundled demo one, a cache of the bundled corpus
         that nothing but its builder writes (`demo.ensure_demo_kb`)."""
+        self.rules = bundled()
+        self.rules.check()  # every rule file and every declared reader of one, now: a bad file stops start-up
         m = settings.models
         self.settings = settings
         self.cache_dir = cache_dir_of(settings)

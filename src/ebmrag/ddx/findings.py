@@ -19,13 +19,11 @@ from typing import Any
 import numpy as np
 
 from ebmrag.ddx.knowledge import ConditionKB
-from ebmrag.evidence.entities import default_extractor
+from ebmrag.evidence.entities import EntityExtractor
 from ebmrag.protocols import Embedder, Vectors
 from ebmrag.text.sentences import split_sentences
+from ebmrag.vocab.negation import negation
 
-FIRST_PERSON_NEGATION = re.compile(
-    r"\b(?:i\s+(?:do|did|have|had|am|was)\s*n[o']t|i\s+(?:don't|didn't|haven't|hadn't|wasn't)|i'm\s+not|"
-    r"never|nope|no\s+history\s+of|not\s+that\s+i\s+know)\b", re.IGNORECASE)
 _WORD = re.compile(r"[a-z][a-z'-]+")
 _CLAUSE = re.compile(r";|\bbut\b|\bhowever\b", re.IGNORECASE)
 _PART = re.compile(r",|\band\b|\bwith\b|\balso\b", re.IGNORECASE)
@@ -63,7 +61,8 @@ class FindingMapper:
     """`run(texts)` -> findings; `warm_up()` embeds the knowledge base's questions (once)."""
 
     def __init__(self, kb: ConditionKB, embedder: Embedder, threshold: float = 0.6, second_margin: float = 0.1,
-                 lexical_weight: float = 0.35) -> None:
+                 lexical_weight: float = 0.35, *, extractor: EntityExtractor) -> None:
+        """`embedder` and `extractor` (its negation cues mark an absent finding): the composition root's."""
         if not 0 < threshold < 1 or not 0 <= lexical_weight <= 1 or second_margin < 0:
             raise ValueError("threshold must be in (0, 1), lexical_weight in [0, 1], second_margin >= 0")
         self.kb, self.embedder = kb, embedder
@@ -71,7 +70,7 @@ class FindingMapper:
         self.codes = [c for c, e in kb.evidences.items() if not e.follow_up]
         self._stems = [_stems(kb.evidences[c].question) for c in self.codes]
         self._vectors: Vectors | None = None
-        self._negation = default_extractor()
+        self._negation = extractor
 
     def warm_up(self) -> None:
         if self._vectors is None:
@@ -106,7 +105,7 @@ class FindingMapper:
         return out
 
     def negated(self, clause: str) -> bool:
-        return bool(FIRST_PERSON_NEGATION.search(clause) or self._negation.negation_scopes(clause))
+        return bool(negation().patient.search(clause) or self._negation.negation_scopes(clause))
 
     def to_dict(self) -> dict[str, Any]:
         return {"kb": self.kb.name, "threshold": self.threshold, "second_margin": self.second_margin,
@@ -129,7 +128,8 @@ def _clauses(text: str) -> list[str]:
 
 
 def _carry_negation(clause: str, parts: list[str]) -> list[str]:
-    negated = FIRST_PERSON_NEGATION.search(clause) or re.match(r"(?i)\s*(no|denies|without)\b", clause)
+    cues = negation()  # a patient's "I don't" anywhere, any cue at the clause's start (rules/negation.toml)
+    negated = cues.patient.search(clause) or cues.leading.match(clause)
     if not negated:
         return parts
     cue = negated.group(0).strip()

@@ -63,7 +63,9 @@ from ebmrag.protocols import Progress, checkpoint, checkpoints, no_progress
 from ebmrag.records.fhir.bundle import DEFAULT_STALE_AFTER
 from ebmrag.records.limits import load_json
 from ebmrag.store.access import valid_name
-from ebmrag.store.patients import ChartSourceConflictError, PatientErasedError, PatientStore
+from ebmrag.store.erasures import PatientErasedError
+from ebmrag.store.patients import PatientStore
+from ebmrag.store.pulled import ChartSourceConflictError
 
 log = logging.getLogger(__name__)
 NDJSON = "application/fhir+ndjson"

@@ -12,7 +12,7 @@ refers to them; a shared type that does name a patient anyway (a Device's `patie
 patient's either; a chart may still take it in where the patient's own resources refer to it, as a file's reader
 would.
 
-The elements (data/compartment.toml, which names its sources and each path's versions) are those of the Patient
+The elements (rules/ehr/compartment.toml, which names its sources and each path's versions) are those of the Patient
 compartments of FHIR DSTU2, STU3, R4 and R5, as element paths rather than search parameters, limited to the ones
 that name whose record it is (`Observation.subject`, not `Observation.performer`: a patient may perform another
 patient's measurement, which is still the other patient's). A type is read by the union of its versions' paths,
@@ -24,44 +24,50 @@ alone, a DSTU2 MedicationStatement named nobody, so another patient's could be t
 from __future__ import annotations
 
 import re
-import tomllib
 from collections.abc import Iterator, Mapping
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["COMPARTMENT", "belongs_to", "is_shared", "named_patients", "names_nobody", "names_patient"]
+from ebmrag.rules import rule_file
 
-_TABLE = Path(__file__).parent / "data" / "compartment.toml"
+__all__ = ["Compartment", "belongs_to", "compartment", "is_shared", "named_patients", "names_nobody", "names_patient"]
+
 _VERSIONS = frozenset({"DSTU2", "STU3", "R4", "R5"})
 _ELEMENT_PATH = re.compile(r"[a-z][A-Za-z]*(\.[a-z][A-Za-z]*)*")
 
 
-def _load(source: Path = _TABLE) -> tuple[dict[str, tuple[str, ...]], dict[str, tuple[str, ...]], frozenset[str]]:
-    """The table, checked once at import: a misspelt path would match nothing, and a resource of its type would then
-    name nobody, the wrong reading a missing path gave (issue 43)."""
-    with source.open("rb") as handle:
-        table = tomllib.load(handle)
-    paths, if_set = _paths(source, table["types"]), _paths(source, table["names_patient_if_set"])
+@dataclass(frozen=True)
+class Compartment:
+    """`types`: resource type -> the element paths (dotted; lists walked) that say whose the resource is, in any FHIR
+    version; `names_patient_if_set`: shared types that may still name a patient; `many_people`: types whose elements
+    name several people by design."""
+
+    types: Mapping[str, tuple[str, ...]]
+    names_patient_if_set: Mapping[str, tuple[str, ...]]
+    many_people: frozenset[str]
+
+
+@rule_file("ehr/compartment.toml")
+def compartment(table: Mapping[str, Any]) -> Compartment:
+    """The table, checked when the rules are (start-up): a misspelt path would match nothing, and a resource of its
+    type would then name nobody, the wrong reading a missing path gave (issue 43)."""
+    paths, if_set = _paths(table["types"]), _paths(table["names_patient_if_set"])
     many = frozenset(table["many_people"]["types"])
     if stray := sorted((many - paths.keys()) | (paths.keys() & if_set.keys())):
-        raise ValueError(f"{source.name}: {stray}: a many_people type must be in [types], and no type may be both "
-                         "in [types] and in [names_patient_if_set]")
-    return paths, if_set, many
+        raise ValueError(f"{stray}: a many_people type must be in [types], and no type may be both in [types] and "
+                         "in [names_patient_if_set]")
+    return Compartment(paths, if_set, many)
 
 
-def _paths(source: Path, section: Mapping[str, Mapping[str, Any]]) -> dict[str, tuple[str, ...]]:
+def _paths(section: Mapping[str, Mapping[str, Any]]) -> dict[str, tuple[str, ...]]:
     """resource type -> its element paths, from `Type = { "path" = ["R4", ...] }` (the versions are for a reader)."""
     for kind, elements in section.items():
         for path, versions in elements.items():
             if not _ELEMENT_PATH.fullmatch(path) or not versions or not set(versions) <= _VERSIONS:
-                raise ValueError(f"{source.name}: {kind} {path!r} = {versions!r}: a dotted element name and a "
-                                 f"non-empty list of {sorted(_VERSIONS)} are expected")
+                raise ValueError(f"{kind} {path!r} = {versions!r}: a dotted element name and a non-empty list of "
+                                 f"{sorted(_VERSIONS)} are expected")
     return {kind: tuple(elements) for kind, elements in section.items()}
 
-
-# resource type -> the element paths (dotted; lists walked) that say whose the resource is, in any FHIR version;
-# shared types that may still name a patient; types whose elements name several people by design
-COMPARTMENT, NAMES_PATIENT_IF_SET, MANY_PEOPLE = _load()
 _GENERIC = ("subject", "patient")  # a type this table does not know: checked when it names a patient here
 
 
@@ -79,11 +85,12 @@ def belongs_to(resource: Mapping[str, Any], patient_id: str, fhir_base: str) -> 
         return resource.get("id") == patient_id
     if is_shared(resource):
         return None
-    references = list(_references(resource, COMPARTMENT.get(kind) or NAMES_PATIENT_IF_SET.get(kind, _GENERIC)))
+    table = compartment()
+    references = list(_references(resource, table.types.get(kind) or table.names_patient_if_set.get(kind, _GENERIC)))
     ours = [r for r in references if names_patient(r, patient_id, fhir_base)]
     if not ours:
         return False
-    if kind in MANY_PEOPLE:
+    if kind in table.many_people:
         return True
     # a single-valued element given as a list, or a second element, naming another patient: whose is it? not ours
     return not any(_is_patient_reference(r) and not names_patient(r, patient_id, fhir_base) for r in references)
@@ -93,9 +100,11 @@ def is_shared(resource: Mapping[str, Any]) -> bool:
     """Whether the resource belongs to nobody: its type is outside the Patient compartment (a Medication, a
     Practitioner) and it names no patient either (a Device's `patient`, a Binary's `securityContext`)."""
     kind = resource.get("resourceType")
-    if not isinstance(kind, str) or kind == "Patient" or kind in COMPARTMENT:
+    table = compartment()
+    if not isinstance(kind, str) or kind == "Patient" or kind in table.types:
         return False
-    return not any(_is_patient_reference(r) for r in _references(resource, NAMES_PATIENT_IF_SET.get(kind, _GENERIC)))
+    return not any(_is_patient_reference(r) for r in _references(resource,
+                                                                  table.names_patient_if_set.get(kind, _GENERIC)))
 
 
 def names_nobody(resource: Mapping[str, Any]) -> bool:
@@ -104,10 +113,11 @@ def names_nobody(resource: Mapping[str, Any]) -> bool:
     someone else's, but unlike someone else's it may be taken in where this patient's own resources refer to it
     (a chart does: ehr.pull). A reference by identifier or display only is someone, not nobody."""
     kind = resource.get("resourceType")
-    if not isinstance(kind, str) or kind not in COMPARTMENT:
+    types = compartment().types
+    if not isinstance(kind, str) or kind not in types:
         return False
     return not any((isinstance(r, Mapping) and any(k in r for k in ("reference", "identifier", "display")))
-                   or isinstance(r, str) for r in _references(resource, COMPARTMENT[kind]))
+                   or isinstance(r, str) for r in _references(resource, types[kind]))
 
 
 def names_patient(reference: Any, patient_id: str, fhir_base: str) -> bool:
@@ -123,7 +133,8 @@ def named_patients(resource: Mapping[str, Any], fhir_base: str) -> set[str]:
     kind = resource.get("resourceType")
     if kind == "Patient":
         return {resource["id"]} if isinstance(resource.get("id"), str) else set()
-    paths = COMPARTMENT.get(str(kind)) or NAMES_PATIENT_IF_SET.get(str(kind), _GENERIC)
+    table = compartment()
+    paths = table.types.get(str(kind)) or table.names_patient_if_set.get(str(kind), _GENERIC)
     return {found for r in _references(resource, paths) if (found := _local_patient(r, fhir_base))}
 
 

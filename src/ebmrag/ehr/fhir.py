@@ -32,13 +32,10 @@ from __future__ import annotations
 import email.utils
 import logging
 import time
-import tomllib
 import unicodedata
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from functools import cache
-from pathlib import Path
 from typing import IO, Any, Protocol
 from urllib.parse import urljoin, urlsplit
 
@@ -50,6 +47,7 @@ from ebmrag.ehr.wire import AnswerTimeout, Exchange
 from ebmrag.errors import EbmragError, RecordError
 from ebmrag.protocols import checkpoint
 from ebmrag.records.limits import load_json
+from ebmrag.rules import rule_file
 
 log = logging.getLogger(__name__)
 FHIR_JSON = "application/fhir+json"
@@ -130,7 +128,7 @@ def retry_after(value: str | None, now: datetime | None = None) -> float | None:
 
 def diagnostics(body: Any) -> str:
     """What may be repeated of a server's error, on one line: an OperationOutcome's issue codes, an OAuth error
-    body's error code: words of fixed vocabularies (data/answers.toml), never the server's free text, which may
+    body's error code: words of fixed vocabularies (rules/ehr/answers.toml), never the server's free text, which may
     echo what the request carried (the bearer token, the client assertion, the patient id)."""
     relayed = _answers()["relayed"]
     said: list[str] = []
@@ -154,10 +152,10 @@ def refusal(answer: Answer, operation: str) -> EhrError:
                     status=answer.status, operation=operation)
 
 
-@cache
-def _answers() -> dict[str, Any]:
-    with (Path(__file__).parent / "data" / "answers.toml").open("rb") as handle:
-        return tomllib.load(handle)
+@rule_file("ehr/answers.toml")
+def _answers(table: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Media types and error code lists (rules/ehr/answers.toml)."""
+    return table
 
 
 def media_type(answer: Answer) -> str:
@@ -166,7 +164,7 @@ def media_type(answer: Answer) -> str:
 
 
 def check_media(answer: Answer, kind: str, operation: str) -> None:
-    """An answer labelled as something other than `kind` ("json", "ndjson": data/answers.toml) is refused unread:
+    """An answer labelled as something other than `kind` ("json", "ndjson": rules/ehr/answers.toml) is refused unread:
     a login page or an XML error read as a FHIR answer holds nothing, and its nothing would read as an absence."""
     found = media_type(answer)
     if found and found not in _answers()["media"][kind]:

@@ -48,7 +48,8 @@ from ebmrag.records.fhir.bundle import DEFAULT_STALE_AFTER
 from ebmrag.records.fhir.index import type_id
 from ebmrag.records.fragment import PatientRecord
 from ebmrag.store.access import valid_name
-from ebmrag.store.patients import ChartSourceConflictError, PatientStore, PulledResource, PulledWrite
+from ebmrag.store.patients import PatientStore
+from ebmrag.store.pulled import ChartSourceConflictError, PulledResource, PulledWrite
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -30,8 +30,8 @@ class CompressionCheck:
                 "dropped": dict(self.dropped), "examples": [list(e) for e in self.examples[:20]]}
 
 
-def check_compression(data_root: Path, compressor: EntityCompressor | None = None) -> CompressionCheck:
-    compressor = compressor or EntityCompressor()
+def check_compression(data_root: Path, compressor: EntityCompressor) -> CompressionCheck:
+    """`compressor`: the composition root's (compose.Resources.compressor), whose state B the packer packs."""
     extractor = compressor.extractor
     check = CompressionCheck()
     for dataset in DATASETS:

@@ -22,12 +22,11 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 
 from ebmrag.eval.cases import EvalCase
-from ebmrag.evidence.entities import EntityExtractor, EntityKind, default_extractor
-from ebmrag.evidence.tiers import BUNDLED_TIER_MODEL, TierClassifier
-from ebmrag.models.text_classifier import load_text_classifier
+from ebmrag.evidence.entities import EntityExtractor, EntityKind
+from ebmrag.evidence.tiering import Tiering
 from ebmrag.packing.dedup import collapse_duplicates
 from ebmrag.packing.exact import ExactPacker
 from ebmrag.packing.levels import Level
@@ -38,18 +37,19 @@ from ebmrag.protocols import Progress
 from ebmrag.records.fragment import Tier
 
 
-def entity_keys(text: str, extractor: EntityExtractor | None = None) -> frozenset[tuple[str, str, bool]]:
-    extractor = extractor or default_extractor()
+def entity_keys(text: str, extractor: EntityExtractor) -> frozenset[tuple[str, str, bool]]:
     return frozenset(e.key for e in extractor.extract(text) if e.kind is not EntityKind.DATE)
 
 
 @dataclass(frozen=True)
 class PreparedCase:
-    """A noisy case classified and measured once; any utility parameters can then be applied cheaply."""
+    """A noisy case tiered and measured once; any utility parameters can then be applied cheaply. `extractor`
+    reads the entity keys of the critical fragments and of what a pack kept of them."""
 
     case: EvalCase
     measured: tuple[MeasuredFragment, ...]
     critical_keys: dict[str, frozenset[tuple[str, str, bool]]]
+    extractor: EntityExtractor = field(compare=False, repr=False)
 
     def candidates(self, params: UtilityParams) -> list[Candidate]:
         return score_candidates(self.measured, params)
@@ -71,20 +71,22 @@ def _prefetch_embeddings(cases: Sequence[EvalCase], builder: CandidateBuilder, l
         progress(f"embedding {label}", len(texts), len(texts))
 
 
-def prepare(cases: Iterable[EvalCase], builder: CandidateBuilder, classifier: TierClassifier | None = None,
+def prepare(cases: Iterable[EvalCase], builder: CandidateBuilder, tiering: Tiering, extractor: EntityExtractor,
             progress: Progress | None = None, label: str = "cases") -> list[PreparedCase]:
-    classifier = classifier or TierClassifier(model=load_text_classifier(BUNDLED_TIER_MODEL, builder.embedder))
+    """Each case tiered and measured. `tiering` and `extractor` are the composition root's (compose.build_tiering,
+    compose.Resources.extractor: the one state B is built with, so a kept state is judged by the entities it was
+    built to keep)."""
     cases = list(cases)
     _prefetch_embeddings(cases, builder, label, progress)
     prepared = []
     for done, case in enumerate(cases):
         if progress:
             progress(f"measuring {label}", done, len(cases))
-        record = classifier.run(case.record)
+        record = tiering.run(case.record)
         measured = builder.measure(record, case.question)
         texts = {f.id: f.text for f in case.record.fragments}
-        keys = {fid: entity_keys(texts[fid]) for fid in case.critical_ids}
-        prepared.append(PreparedCase(case, tuple(measured), keys))
+        keys = {fid: entity_keys(texts[fid], extractor) for fid in case.critical_ids}
+        prepared.append(PreparedCase(case, tuple(measured), keys, extractor))
     if progress:
         progress(f"measuring {label}", len(cases), len(cases))
     return prepared
@@ -117,7 +119,8 @@ def complete_costs(prepared: PreparedCase, candidates: Sequence[Candidate],
         keys = prepared.critical_keys.get(candidate.fragment.id)
         if keys is None:
             continue
-        complete = [o.tokens for o in candidate.options if keys <= entity_keys(_body(candidate, o.text))]
+        complete = [o.tokens for o in candidate.options
+                    if keys <= entity_keys(_body(candidate, o.text), prepared.extractor)]
         if complete:
             costs.append(min(complete))
     costs += [0 for d in copies if d.fragment_id in prepared.critical_keys and d.duplicate_of in prepared.critical_keys]
@@ -158,7 +161,7 @@ def score_pack(prepared: PreparedCase, candidates: Sequence[Candidate], result: 
         score.kept += 1
         score.t1_kept += tier is Tier.T1
         body = _body(by_id[holder], entry.text)
-        score.entity_kept += prepared.critical_keys[fragment_id] <= entity_keys(body)
+        score.entity_kept += prepared.critical_keys[fragment_id] <= entity_keys(body, prepared.extractor)
     history = [c.fragment.id for c in candidates
                if c.level is Level.STANDING_HISTORY and c.fragment.id not in prepared.case.gold_tiers]
     score.history = len(history)

@@ -41,7 +41,8 @@ def dataset_dir(data_root: Path, dataset: str) -> Path | None:
 
 def prepare_cases(suite: Suite, dataset: str, clean: Sequence[EvalCase], noise: NoiseConfig,
                   progress: Progress | None = None) -> list[PreparedCase]:
-    return prepare(noisy_cases(clean, noise), suite.builder, progress=progress, label=dataset)
+    return prepare(noisy_cases(clean, noise), suite.builder, suite.tiering, suite.extractor,
+                   progress=progress, label=dataset)
 
 
 def protocol_table(prepared: dict[str, list[PreparedCase]]) -> Table:
@@ -79,7 +80,8 @@ def run_packing(suite: Suite, dataset: str, data_dir: Path, windows: Sequence[in
         raise ValueError(f"half must be all, tune or check, got {half!r}")
     noisy = [c for c in noisy_cases(load_cases(dataset, data_dir, limit), suite.noise)
              if half == "all" or half_of(c.case_id) == half]
-    prepared = prepare(noisy, suite.builder, progress=progress, label=dataset)
+    prepared = prepare(noisy, suite.builder, suite.tiering, suite.extractor,
+                   progress=progress, label=dataset)
     packers = [make_packer(s, suite.token_counter, k_min) for s in strategies]
     rows = evaluate(prepared, packers, windows, params or UtilityParams(), k_min)
     write_results(rows, out)

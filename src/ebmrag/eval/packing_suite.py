@@ -20,6 +20,8 @@ from typing import Any
 from ebmrag.eval.cases import EvalCase
 from ebmrag.eval.noise import NoiseConfig, noisy_cases
 from ebmrag.eval.packing_eval import PackingRow, PreparedCase, evaluate, prepare
+from ebmrag.evidence.entities import EntityExtractor
+from ebmrag.evidence.tiering import Tiering
 from ebmrag.packing.exact import ExactPacker
 from ebmrag.packing.greedy import GreedyPacker
 from ebmrag.packing.packer import STRATEGIES, Packer, make_packer
@@ -74,14 +76,17 @@ def split_of(case_id: str) -> str:
 
 @dataclass
 class Suite:
-    """Shared state for the experiments: the measuring builder and the token counter of the uniform baseline."""
+    """Shared state for the experiments: the measuring builder, the tiering step the cases go through first, the
+    extractor that reads their entities, and the token counter of the uniform baseline."""
 
     builder: CandidateBuilder
+    tiering: Tiering
+    extractor: EntityExtractor
     token_counter: TokenCounter
     noise: NoiseConfig = field(default_factory=NoiseConfig)
 
     def prepare(self, cases: Sequence[EvalCase], noise: NoiseConfig | None = None) -> list[PreparedCase]:
-        return prepare(noisy_cases(cases, noise or self.noise), self.builder)
+        return prepare(noisy_cases(cases, noise or self.noise), self.builder, self.tiering, self.extractor)
 
     def windows_table(self, prepared: Sequence[PreparedCase], windows: Sequence[int] = WINDOWS,
                       strategies: Sequence[str] = STRATEGIES) -> list[PackingRow]:

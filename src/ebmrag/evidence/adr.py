@@ -2,31 +2,32 @@
 
 A chart tells a drug reaction in many ways ("azithromycin-induced ototoxicity", "blistering of the mouth after a
 course of an antibiotic", "注射青霉素后出现呼吸困难、血压下降"); none of them needs the word "allergy". What they
-share is a grammar: a DRUG (the lexicon, or a name built on a WHO INN stem), a REACTION (an adverse-reaction term,
-a serious reaction, or a word that names a disorder) and a LINK that makes the drug the cause (a compound such as
-"-induced", a causal or temporal cue between them). A reaction stated as absent ("no reaction to", "tolerated")
-or not yet happened ("if she develops a rash") is no fact. The vocabularies live in rules/adr.toml and
-rules/reactions.txt; this module only finds spans and checks their order.
+share is a grammar: a DRUG (the drug lexicon of vocab.lexicon, or a name built on a WHO INN stem), a REACTION (an
+adverse-reaction term, a serious reaction, or a word that names a disorder) and a LINK that makes the drug the
+cause (a compound such as "-induced", a causal or temporal cue between them). A reaction stated as absent ("no
+reaction to", "tolerated") or not yet happened ("if she develops a rash") is no fact. The vocabularies live in
+rules/adr.toml and rules/reactions.txt, the negation cues in the shared src/ebmrag/rules/negation.toml
+(vocab.negation); this module only finds spans and checks their order.
 """
 
 from __future__ import annotations
 
 import re
-import tomllib
 import unicodedata
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from ebmrag.errors import ConfigError
-from ebmrag.evidence.lexicon import DRUG_CLASSES, drug_names
 from ebmrag.models.ngram_classifier import HashedNgramClassifier
+from ebmrag.rules import bundled, rule_file
+from ebmrag.vocab.lexicon import drug_names, terms
+from ebmrag.vocab.negation import negation
 
-RULES_PATH = Path(__file__).parent / "rules" / "adr.toml"
-REACTIONS_PATH = Path(__file__).parent / "rules" / "reactions.txt"
-MODEL_PATH = Path(__file__).parent / "rules" / "adr_model.npz"  # bench/train_adr_model.py
+ADR_RULES, REACTIONS = "evidence/adr.toml", "evidence/reactions.txt"  # in the rules folder
+MODEL_PATH = Path(__file__).parent / "models" / "adr_model.npz"  # bench/train_adr_model.py
 SERIOUS = "serious"  # the last part of a serious reaction's description ("drug=...; reaction=...; serious")
 _SENTENCE = re.compile(r"(?<!\d)[.](?!\d)|[;!?。；！？\n]")
 _WORD = re.compile(r"[a-z][a-z0-9]*(?:['-][a-z0-9]+)*")
@@ -86,34 +87,32 @@ class _Vocabulary:
     hypothetical: re.Pattern[str]
 
 
-def _strings(table: dict[str, Any], key: str, path: Path) -> list[str]:
+def _strings(table: Mapping[str, Any], key: str, path: str) -> list[str]:
     value = table.get(key)
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise ConfigError(f"ADR rules {path}: `{key}` must be a list of strings")
     return value
 
 
-def _alternation(patterns: list[str], key: str, path: Path) -> re.Pattern[str]:
+def _alternation(patterns: list[str], key: str, path: str) -> re.Pattern[str]:
     try:
         return re.compile("|".join(f"(?:{p})" for p in sorted(patterns, key=len, reverse=True)), re.IGNORECASE)
     except re.error as exc:
         raise ConfigError(f"ADR rules {path}: a pattern in `{key}` is not a valid regex: {exc}") from exc
 
 
-@cache
-def vocabulary(rules_path: Path = RULES_PATH, reactions_path: Path = REACTIONS_PATH) -> _Vocabulary:
-    try:
-        data = tomllib.loads(rules_path.read_text(encoding="utf-8"))
-        terms = reactions_path.read_text(encoding="utf-8").splitlines()
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"ADR rules could not be read: {exc}") from exc
+@rule_file(ADR_RULES)
+def vocabulary(data: Mapping[str, Any]) -> _Vocabulary:
+    """The ADR rules (rules/evidence/adr.toml) with the reaction terms (rules/evidence/reactions.txt)."""
+    rules_path = ADR_RULES
+    terms = bundled().read(REACTIONS)
     drugs, reactions, links, qualifiers = (data.get(k) for k in ("drugs", "reactions", "links", "qualifiers"))
     if not all(isinstance(t, dict) for t in (drugs, reactions, links, qualifiers)):
         raise ConfigError(f"ADR rules {rules_path}: needs [drugs], [reactions], [links] and [qualifiers] tables")
     assert isinstance(drugs, dict) and isinstance(reactions, dict) and isinstance(links, dict)
     assert isinstance(qualifiers, dict)
 
-    def alt(table: dict[str, Any], key: str, escape: bool = False) -> re.Pattern[str]:
+    def alt(table: Mapping[str, Any], key: str, escape: bool = False) -> re.Pattern[str]:
         items = _strings(table, key, rules_path)
         return _alternation([re.escape(i) for i in items] if escape else items, key, rules_path)
 
@@ -136,8 +135,7 @@ def vocabulary(rules_path: Path = RULES_PATH, reactions_path: Path = REACTIONS_P
                              + [re.escape(z) for z in _strings(reactions, "serious_zh", rules_path)],
                              "serious_en", rules_path),
         zh_reaction=alt(reactions, "other_zh", escape=True),
-        reaction_terms=frozenset([t.strip() for t in terms if t.strip() and not t.startswith("#")]
-                                 + _strings(reactions, "en_words", rules_path)),
+        reaction_terms=frozenset([*terms, *_strings(reactions, "en_words", rules_path)]),
         suffixes=tuple(_strings(reactions, "suffixes", rules_path)),
         min_suffix_word=int(reactions.get("min_suffix_word", 7)),
         compound=_compile(compound, rules_path),
@@ -148,13 +146,13 @@ def vocabulary(rules_path: Path = RULES_PATH, reactions_path: Path = REACTIONS_P
         condition_then_drug=alt(links, "condition_then_drug"),
         improvement=alt(links, "improvement"),
         withdrawal=alt(links, "withdrawal"),
-        negation=alt(qualifiers, "negation"),
+        negation=negation().cue,
         tolerated=alt(qualifiers, "tolerated"),
         hypothetical=alt(qualifiers, "hypothetical"),
     )
 
 
-def _compile(pattern: str, path: Path) -> re.Pattern[str]:
+def _compile(pattern: str, path: str) -> re.Pattern[str]:
     try:
         return re.compile(pattern, re.IGNORECASE)
     except re.error as exc:
@@ -169,13 +167,10 @@ def _words(text: str) -> list[tuple[int, int, str]]:
 def _is_drug_word(word: str, vocab: _Vocabulary) -> bool:
     if word in vocab.not_drug_words:
         return False
-    if word in drug_names() or word in vocab.en_generic or word in _CLASSES:
+    if word in drug_names() or word in vocab.en_generic or word in terms().general:
         return True
     return len(word) >= vocab.min_stem_word and (word.endswith(vocab.stems_suffix)
                                                  or word.startswith(vocab.stems_prefix))
-
-
-_CLASSES = frozenset(DRUG_CLASSES)
 
 
 def drug_spans(text: str, vocab: _Vocabulary | None = None) -> list[Span]:
@@ -344,7 +339,7 @@ def scan(text: str) -> tuple[list[AdrMention], list[Unlinked]]:
         found += pairs
         if pairs:
             continue
-        named = [d for d in drugs if d.text not in vocab.en_generic and d.text not in _CLASSES]
+        named = [d for d in drugs if d.text not in vocab.en_generic and d.text not in terms().general]
         if not named or not reactions:  # "controlled with medication", "taking phenytoin": nothing to link
             continue
         reaction, serious = min(reactions, key=lambda r: abs(r[0].start - named[0].start))

@@ -11,20 +11,22 @@ from __future__ import annotations
 
 import json
 import re
-import tomllib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from functools import cache
 from pathlib import Path
+from typing import Any
 
 from ebmrag.errors import ConfigError
-from ebmrag.evidence.results import result_mentions, vocabulary_fingerprint
+from ebmrag.evidence.result_tables import vocabulary_fingerprint
+from ebmrag.evidence.results import result_mentions
 from ebmrag.kvcache import KeyValueCache, digest
 from ebmrag.protocols import checkpoint
+from ebmrag.rules import bundled, read_user_file, rule_file
 from ebmrag.text.sentences import split_sentences
+from ebmrag.vocab.negation import negation
 
-DEFAULT_LEXICON_PATH = Path(__file__).parent / "rules" / "entities.toml"
+ENTITY_LEXICON = "evidence/entities.toml"  # the bundled lexicon, in the rules folder
 CHECK_EVERY = 64  # texts compressed between two checkpoints (protocols.checkpoint: a long chart may be stopped)
 
 
@@ -90,17 +92,19 @@ _CLAUSE_END = re.compile(r"(?<!\d),|,(?!\d)|[，;；:：]|(?=\s(?:but|however|al
 
 
 class EntityExtractor:
-    """Regex and lexicon entity extractor; lexicons come from `rules/entities.toml`."""
+    """Regex and lexicon entity extractor; lexicons come from rules/evidence/entities.toml (or a user's file at
+    `lexicon_path`), negation cues from the shared rules/negation.toml (vocab.negation)."""
 
     def __init__(self, lexicon_path: str | Path | None = None) -> None:
-        path = Path(lexicon_path) if lexicon_path else DEFAULT_LEXICON_PATH
-        try:
-            source = path.read_text(encoding="utf-8")
-            lex = tomllib.loads(source)
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(f"entity lexicon {path} could not be read: {exc}") from exc
-        # what a stored result computed from this lexicon depends on (and laboratory results, rules/analytes.toml)
-        self.fingerprint = digest("entities", source, vocabulary_fingerprint())
+        if lexicon_path:
+            path: Path | str = Path(lexicon_path)
+            lex, source = read_user_file(Path(lexicon_path), "entity lexicon")
+        else:
+            path, lex, source = ENTITY_LEXICON, bundled().read(ENTITY_LEXICON), bundled().source(ENTITY_LEXICON)
+        # what a stored result computed from this lexicon depends on (and laboratory results, rules/analytes.toml,
+        # and the negation cues)
+        cues = negation()
+        self.fingerprint = digest("entities", source, vocabulary_fingerprint(), cues.source)
         missing = {
             "units",
             "tests",
@@ -109,7 +113,6 @@ class EntityExtractor:
             "findings",
             "finding_suffixes",
             "conclusions",
-            "negation_cues",
             "filler",
         } - set(lex)
         if missing:
@@ -135,7 +138,7 @@ class EntityExtractor:
                 else None
         except re.error as exc:
             raise ConfigError(f"entity lexicon {path}: a qualifiers pattern is not a valid regex: {exc}") from exc
-        self._negation = _word_pattern(lex["negation_cues"])
+        self._negation = cues.cue
         self._filler = _word_pattern(lex["filler"])
 
     def extract(self, text: str) -> list[Entity]:
@@ -214,9 +217,9 @@ class EntityCompressor:
     `store` (the packer passes its cache directory's), on disk: a large record packed again costs a lookup.
     """
 
-    def __init__(self, extractor: EntityExtractor | None = None, memory: int = 8192,
-                 store: KeyValueCache | None = None) -> None:
-        self.extractor = extractor or default_extractor()
+    def __init__(self, extractor: EntityExtractor, memory: int = 8192, store: KeyValueCache | None = None) -> None:
+        """`extractor`: the composition root's (compose.Resources.extractor), shared with the gate and grounding."""
+        self.extractor = extractor
         self._memory: dict[str, Compression] = {}  # text -> state B; `prepare` and `run` ask for the same texts
         self._limit = memory
         self.store = store
@@ -290,6 +293,8 @@ class EntityCompressor:
         return Compression(compressed, len(original), len(kept))
 
 
-@cache
-def default_extractor() -> EntityExtractor:
+@rule_file(ENTITY_LEXICON)
+def default_extractor(table: Mapping[str, Any]) -> EntityExtractor:
+    """The extractor of the bundled lexicon, compiled once by the rule book: what the composition root hands every
+    component (`compose.Resources.extractor`); a component never falls back to it on its own."""
     return EntityExtractor()

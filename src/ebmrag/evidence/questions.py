@@ -11,19 +11,19 @@ specific types first.
 from __future__ import annotations
 
 import re
-import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 from ebmrag.errors import ConfigError
 from ebmrag.evidence.tiers import normalize_section
 from ebmrag.records.fragment import PatientRecord
+from ebmrag.rules import bundled, read_user_file, rule_file
 
 QUESTION_NEED = "question_need"  # TierDecision.always of a fragment the question cannot be answered without
 
-DEFAULT_QUESTION_RULES = Path(__file__).parent / "rules" / "questions.toml"
+QUESTION_RULES = "evidence/questions.toml"  # the bundled question types, in the rules folder
 
 
 @dataclass(frozen=True)
@@ -51,12 +51,17 @@ def _compile(type_id: str, key: str, raw: Any) -> tuple[re.Pattern[str], ...]:
 
 
 class QuestionClassifier:
-    def __init__(self, rules_path: str | Path | None = None) -> None:
-        path = Path(rules_path) if rules_path else DEFAULT_QUESTION_RULES
-        try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(f"question rules {path} could not be read: {exc}") from exc
+    """Types a question by the first rule whose pattern it matches; `rules_path`: a user's rule file in place of the
+    bundled one (rules/evidence/questions.toml); `table`: the rule file read already (the rule book's builder)."""
+
+    def __init__(self, rules_path: str | Path | None = None, *, table: Mapping[str, Any] | None = None) -> None:
+        path: Path | str = Path(rules_path) if rules_path else QUESTION_RULES
+        if table is not None:
+            data = table
+        elif rules_path:
+            data = read_user_file(Path(rules_path), "question rules")[0]
+        else:
+            data = bundled().read(QUESTION_RULES)
         types = []
         for raw in data.get("types") or []:
             type_id = raw.get("id")
@@ -76,9 +81,10 @@ class QuestionClassifier:
         return next((t for t in self.types if any(p.search(question) for p in t.patterns)), GENERAL)
 
 
-@cache
-def default_question_classifier() -> QuestionClassifier:
-    return QuestionClassifier()
+@rule_file(QUESTION_RULES)
+def default_question_classifier(table: Mapping[str, Any]) -> QuestionClassifier:
+    """The bundled question types, built once by the rule book (checked with every rule file at start-up)."""
+    return QuestionClassifier(table=table)
 
 
 def mark_needed(record: PatientRecord, question_type: QuestionType) -> PatientRecord:

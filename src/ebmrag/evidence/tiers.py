@@ -10,27 +10,28 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import cache, lru_cache
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from ebmrag.errors import ConfigError
 from ebmrag.evidence.adr import SERIOUS, AdrMention, adr_mentions
-from ebmrag.evidence.lexicon import drug_mentions
 from ebmrag.evidence.results import critical_results, result_mentions
 from ebmrag.kvcache import KeyValueCache, digest
 from ebmrag.protocols import CHECK_EVERY, TextClassifier, checkpoint
 from ebmrag.records.fragment import PatientRecord, Tier, TierDecision
+from ebmrag.rules import bundled, read_user_file
 from ebmrag.text.injection import fold, without_instructions
+from ebmrag.vocab import lexicon, negation
+from ebmrag.vocab.lexicon import drug_mentions
 
-DEFAULT_RULES_PATH = Path(__file__).parent / "rules" / "tiers.toml"
+TIER_RULES = "evidence/tiers.toml"  # the bundled tier rules, in the rules folder
 MODEL_T1_MIN = 0.85  # below this the model's T1 is not taken (T1 precision; measured in docs/tiers.md)
 INSTRUCTION_ONLY = TierDecision(Tier.T4, "text.instruction_like")  # every sentence addressed to a model: data only
 ALWAYS_KINDS = ("allergy", "face_sheet")  # what a rule's `always` may name (a question's needs are marked per query)
-BUNDLED_TIER_MODEL = Path(__file__).parent / "rules" / "tier_ngram.npz"  # bench/train_tier_model.py
+BUNDLED_TIER_MODEL = Path(__file__).parent / "models" / "tier_ngram.npz"  # bench/train_tier_model.py
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ class TierRule:
     standing: bool = False
     must_keep: bool = False
     description: str = ""
-    drug_within: int = 0  # > 0: a drug or drug class (evidence.lexicon) within this many characters of the match
+    drug_within: int = 0  # > 0: a drug or drug class (vocab.lexicon) within this many characters of the match
     detector: str = ""  # a recogniser that must find something (DETECTORS); what it finds is the decision's finding
     critical: bool = False  # a critical (panic) result: packing level 2 when current, 3 when older
     always: str = ""  # packing level 1 whatever its age and encounter: "allergy" (and serious ADRs) or "face_sheet"
@@ -108,14 +109,13 @@ def _critical(text: str) -> str | None:
     return "; ".join(dict.fromkeys(m.critical for m in found)) if found else None
 
 
-@cache
 def _vocabulary_fingerprint() -> str:
-    """The detectors' code and data files: a stored decision is stale when any of them changes."""
+    """The detectors' code, their models and every rule file: a stored decision is stale when any of them changes."""
     here = Path(__file__).parent
-    files = [here / name for name in ("tiers.py", "adr.py", "results.py", "lexicon.py")]
-    files.append(here.parent / "text" / "injection.py")
-    files += sorted(path for path in (here / "rules").glob("*") if path.suffix in (".toml", ".txt", ".npz"))
-    return digest(*(hashlib.sha256(path.read_bytes()).hexdigest() for path in files))
+    files = [here / name for name in ("tiers.py", "adr.py", "results.py", "result_tables.py")]
+    files += [here.parent / "text" / "injection.py", Path(lexicon.__file__), Path(negation.__file__)]
+    files += sorted((here / "models").glob("*.npz"))
+    return digest(bundled().fingerprint(), *(hashlib.sha256(path.read_bytes()).hexdigest() for path in files))
 
 
 def _prediction_from_json(blob: bytes) -> tuple[str, float]:
@@ -232,15 +232,11 @@ class TierClassifier:
         self.store = store  # rule decisions on disk, keyed by the rule file's content: a record is classified once
         self._model_fingerprint: str | None = None  # ... and the model's predictions, keyed by its file's too
         self.rules_path = Path(rules_path) if rules_path is not None else None
-        path = self.rules_path or DEFAULT_RULES_PATH
-        try:
-            source = path.read_text(encoding="utf-8")
-            self.fingerprint = digest("tiers", source, _vocabulary_fingerprint())
-            data = tomllib.loads(source)
-        except FileNotFoundError:
-            raise ConfigError(f"tier rule file not found: {path}") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"tier rule file {path} is not valid TOML: {exc}") from exc
+        if self.rules_path is None:
+            path, data, source = bundled().path(TIER_RULES), bundled().read(TIER_RULES), bundled().source(TIER_RULES)
+        else:
+            path, (data, source) = self.rules_path, read_user_file(self.rules_path, "tier rule file")
+        self.fingerprint = digest("tiers", source, _vocabulary_fingerprint())
         self.rules = self._parse_rules(data.get("rules"), path)
         self.default = TierDecision(
             _parse_tier("default", data.get("default_tier", "T4")), str(data.get("default_rule_id", "default"))

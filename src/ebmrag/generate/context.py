@@ -16,21 +16,29 @@ reduce a recommendation to a list of drug names.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 from ebmrag.generate.assembler import SelectedChunk, edges_first
 from ebmrag.packing.types import EvidenceItem, PackResult
 from ebmrag.packing.utility import fragment_header
 from ebmrag.records.fragment import Fragment, PatientRecord, Tier, TierDecision
+from ebmrag.rules import rule_file
 
-AUTHORITY_TIERS = {"guideline": Tier.T3, "systematic_review": Tier.T3}
 PATIENT, EVIDENCE = "patient", "evidence"
 
 
+@rule_file("evidence/hierarchy.toml")
+def _authority_tiers(raw: Mapping[str, Any]) -> dict[str, Tier]:
+    return {kind: Tier[str(level["tier"])] for kind, level in raw.items()}
+
+
 def evidence_tier(authority: str) -> Tier:
-    return AUTHORITY_TIERS.get(authority, Tier.T4)
+    """The tier of a document of this kind of source (rules/evidence/hierarchy.toml; an unlisted kind is "other")."""
+    tiers = _authority_tiers()
+    return tiers.get(authority, tiers["other"])
 
 
 def evidence_decision(authority: str) -> TierDecision:

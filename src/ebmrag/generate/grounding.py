@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ebmrag.evidence.entities import EntityExtractor, EntityKind, default_extractor
+from ebmrag.evidence.entities import EntityExtractor, EntityKind
 from ebmrag.protocols import Embedder
 from ebmrag.text.sentences import split_sentences
 
@@ -50,11 +50,11 @@ class SentenceSupport:
 class GroundingChecker:
     """Pipeline step: answer text + context sentences -> support per answer sentence."""
 
-    def __init__(self, embedder: Embedder, threshold: float = 0.6, extractor: EntityExtractor | None = None) -> None:
+    def __init__(self, embedder: Embedder, threshold: float = 0.6, *, extractor: EntityExtractor) -> None:
+        """`embedder` and `extractor`: the composition root's (compose.Resources)."""
         if not 0 < threshold <= 1:
             raise ValueError(f"threshold must be in (0, 1], got {threshold}")
-        self.embedder, self.threshold = embedder, threshold
-        self.extractor = extractor or default_extractor()
+        self.embedder, self.threshold, self.extractor = embedder, threshold, extractor
 
     def run(self, answer: str | Sequence[str], context: Sequence[str]) -> list[SentenceSupport]:
         """Support per answer sentence: `answer` is free text (split into sentences here) or the claims

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ebmrag.compose import Resources, build_packer, load_patient
+from ebmrag.compose import Resources, build_packer, build_tiering, load_patient
 from ebmrag.config import Settings, load_settings, with_overrides
+from ebmrag.evidence.tiering import Tiering
 from ebmrag.generate.context import evidence_decision, evidence_key
 from ebmrag.packing.packer import ContextPacker
 from ebmrag.packing.types import EvidenceItem, PackResult, validate_window
@@ -80,28 +81,42 @@ def resolve_record(record: RecordSource) -> PatientRecord:
 class EvidencePacker:
     """Pack retrieved passages and one patient's record into `budget` tokens (the drop-ins' shared step).
 
-    `packer` shares a `ContextPacker` the caller already holds; without it one is built from `settings` (the
-    TOML file's [packing] and [models]), loading the bundled embedding model on first use.
+    The record is tiered (`evidence.tiering.Tiering`) before it is packed, as `ebmrag ask` tiers it before its gate.
+    `packer` and `tiering` share the parts a caller already holds (built over the same `compose.Resources`; both or
+    neither); without them both are built from `settings` (the TOML file's [packing] and [models]) through the
+    composition root, loading the bundled embedding model on first use.
     """
 
     def __init__(self, budget: int, record: RecordSource | None = None, settings: Settings | None = None,
-                 packer: ContextPacker | None = None, strategy: str | None = None) -> None:
+                 packer: ContextPacker | None = None, strategy: str | None = None,
+                 tiering: Tiering | None = None) -> None:
         validate_window(budget)
+        if (packer is None) != (tiering is None):
+            raise ValueError("a packer passed in comes with the tiering step built over the same resources "
+                             "(compose.build_tiering): pass both, or neither")
         self.budget = budget
         self.record = resolve_record(record) if record is not None else None
         self.settings = settings or load_settings(None)
-        self._packer = packer
+        self._packer, self._tiering = packer, tiering
         self.strategy = strategy
         self._lock = threading.Lock()  # the packer's caches are not thread-safe; frameworks call from threads
         self._building = threading.Lock()
 
     @property
     def packer(self) -> ContextPacker:
+        return self._parts()[1]
+
+    @property
+    def tiering(self) -> Tiering:
+        return self._parts()[0]
+
+    def _parts(self) -> tuple[Tiering, ContextPacker]:
+        """The tiering step and the packer, built together over one `Resources` on first use."""
         with self._building:
-            if self._packer is None:
-                settings = with_overrides(self.settings, packing={"strategy": self.strategy})
-                self._packer = build_packer(Resources(settings))
-        return self._packer
+            if self._packer is None or self._tiering is None:
+                resources = Resources(with_overrides(self.settings, packing={"strategy": self.strategy}))
+                self._tiering, self._packer = build_tiering(resources), build_packer(resources)
+        return self._tiering, self._packer
 
     def warm_up(self) -> None:
         self.packer.warm_up()
@@ -117,7 +132,8 @@ class EvidencePacker:
         evidence = [EvidenceItem(evidence_key(p.id), p.text, evidence_decision(p.authority or "none"))
                     for p in passages if p.text.strip()]
         with self._lock:
-            result = self.packer.run(patient, question, self.budget, evidence=evidence)
+            tiered = self.tiering.run(patient) if patient is not None else None
+            result = self.packer.run(tiered, question, self.budget, evidence=evidence)
         return _selection(result, patient, passages, self.budget)
 
     def to_dict(self) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from pydantic import Field, PrivateAttr  # noqa: E402
 
 from ebmrag.compose import Resources  # noqa: E402
 from ebmrag.config import Settings  # noqa: E402
+from ebmrag.evidence.tiering import Tiering  # noqa: E402
 from ebmrag.integrations.core import PATIENT, EvidencePacker, Passage, Placed, RecordSource, Selection  # noqa: E402
 from ebmrag.models.embeddings import SentenceEmbedder  # noqa: E402
 from ebmrag.packing.packer import ContextPacker  # noqa: E402
@@ -45,9 +46,10 @@ class EbmPackPostprocessor(BaseNodePostprocessor):
     _packer: EvidencePacker = PrivateAttr()
 
     def __init__(self, budget: int, record: RecordSource | None = None, settings: Settings | None = None,
-                 packer: ContextPacker | None = None, authority_key: str = "authority", **kwargs: Any) -> None:
+                 packer: ContextPacker | None = None, authority_key: str = "authority",
+                 tiering: Tiering | None = None, **kwargs: Any) -> None:
         super().__init__(budget=budget, authority_key=authority_key, **kwargs)  # type: ignore[call-arg]
-        self._packer = EvidencePacker(budget, record, settings, packer)
+        self._packer = EvidencePacker(budget, record, settings, packer, tiering=tiering)
 
     @classmethod
     def class_name(cls) -> str:

@@ -232,10 +232,8 @@ class SentenceEmbedder:
         return self._load_torch(path)
 
     def _load_torch(self, path: Path) -> Any:
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        """The sentence-transformers model from the local folder only (`local_files_only`: never a hub); how quiet
+        the libraries are is the host's choice (the CLI sets it: cli.MODEL_LIBRARY_ENVIRONMENT)."""
         try:
             import torch  # noqa: F401
             from sentence_transformers import SentenceTransformer

@@ -7,9 +7,9 @@ from dataclasses import asdict, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from ebmrag.errors import RecordError
 from ebmrag.evidence.entities import EntityCompressor
 from ebmrag.evidence.questions import QuestionClassifier, QuestionType, mark_needed
-from ebmrag.evidence.tiers import TierClassifier
 from ebmrag.models.embeddings import SentenceEmbedder
 from ebmrag.observe.instruments import traced
 from ebmrag.packing.baselines import FifoPacker, SemanticPacker, UniformPacker
@@ -52,8 +52,11 @@ def _counts(result: PackResult) -> dict[str, str | int]:
 
 
 class ContextPacker:
-    """Classify -> score -> pack one patient's record and any evidence items for one query (the EBM-Pack step).
+    """Score -> pack one patient's tiered record and any evidence items for one query (the EBM-Pack step).
 
+    It packs what it is given: tiering is the step before it (`evidence.tiering.Tiering`), and a record fragment
+    or evidence item without a tier decision is refused with a `RecordError` naming it, never tiered here (a
+    packer that tiered on the side would hide a second tiering of the flow, with rules the caller never chose).
     It receives the models it uses (the composition root builds them once and hands the same instances to
     every component that shares them) and its `[packing]` settings. `future_skew` ([chart] future_skew_hours):
     at each pack, a fragment dated more than this past the present is flagged `date_in_future` (records.dates),
@@ -61,16 +64,16 @@ class ContextPacker:
     """
 
     def __init__(self, params: PackingParams | None = None, *, embedder: SentenceEmbedder,
-                 token_counter: TokenCounter, tier_classifier: TierClassifier, questions: QuestionClassifier,
-                 compressor: EntityCompressor, future_skew: timedelta = DEFAULT_FUTURE_SKEW) -> None:
+                 token_counter: TokenCounter, questions: QuestionClassifier, compressor: EntityCompressor,
+                 future_skew: timedelta = DEFAULT_FUTURE_SKEW) -> None:
         self.settings = params or PackingParams()
         self.future_skew = future_skew
-        self.embedder, self.token_counter, self.classifier = embedder, token_counter, tier_classifier
+        self.embedder, self.token_counter = embedder, token_counter
         self.questions, self.compressor = questions, compressor
         self.params = self.settings.utility
         self.prefilter = self.settings.prefilter
         self.packer = make_packer(self.settings.solver, token_counter, self.settings.k_min)
-        self.builder = CandidateBuilder(embedder, token_counter, self.params, compressor)
+        self.builder = CandidateBuilder(embedder, token_counter, self.params, compressor=compressor)
 
     @property
     def strategy(self) -> str:
@@ -79,22 +82,10 @@ class ContextPacker:
     def with_params(self, params: PackingParams) -> ContextPacker:
         """The same models under other settings (another strategy for one request, say)."""
         return ContextPacker(params, embedder=self.embedder, token_counter=self.token_counter,
-                             tier_classifier=self.classifier, questions=self.questions,
-                             compressor=self.compressor, future_skew=self.future_skew)
+                             questions=self.questions, compressor=self.compressor, future_skew=self.future_skew)
 
     def warm_up(self) -> None:
         self.embedder.warm_up()
-
-    def classify(self, record: PatientRecord) -> PatientRecord:
-        """Tiers for the fragments that have none yet; a fragment that already carries a decision keeps it,
-        so a caller that classified once (the answer engine's gate) does not pay twice."""
-        todo = [f for f in record.fragments if f.decision is None]
-        if not todo:
-            return record
-        decided = dict(zip((f.id for f in todo), self.classifier.classify_many([(f.text, f.section) for f in todo]),
-                           strict=True))
-        return record.replace_fragments(f.with_decision(decided[f.id]) if f.id in decided else f
-                                        for f in record.fragments)
 
     def measures_all(self, record: PatientRecord) -> bool:
         """Whether a pack of `record` may measure (embed) every fragment: not when the record is large enough for
@@ -102,9 +93,9 @@ class ContextPacker:
         return self.prefilter is None or len(record.fragments) <= self.prefilter.min_fragments
 
     def prepare(self, record: PatientRecord, texts: Sequence[str] = ()) -> None:
-        """Embed the record's fragments, their compressed states and `texts` (e.g. the retrieval queries)
+        """Embed the tiered record's fragments, their compressed states and `texts` (e.g. the retrieval queries)
         in one batch into the embedder's cache, so a later `run` spends its time on the question only."""
-        fragments = self.classify(record).fragments
+        fragments = tiered(record).fragments
         bodies = [f.text for f in fragments]
         compressed = self.compressor.compress_many([f.text for f in fragments if f.tier.compressible])
         bodies += [c.text for c in compressed if c.text]
@@ -118,11 +109,11 @@ class ContextPacker:
     def candidates(self, record: PatientRecord, query: str, as_of: datetime | None = None,
                    evidence: Sequence[EvidenceItem] = (), evidence_similarity: Mapping[str, float] | None = None,
                    headers: Sequence[str] | None = None, *, today: Today | None = None) -> list[Candidate]:
-        """Scored candidates: the record's fragments (compressible by tier), then the evidence items (tiered
-        by the caller or here, compressible only when the item says so, Sim from `evidence_similarity` when
-        given). `headers` replace the default "[id|tier|date]" line heads, one per fragment in that order.
+        """Scored candidates: the tiered record's fragments (compressible by tier), then the evidence items (tiered
+        by the caller, compressible only when the item says so, Sim from `evidence_similarity` when given).
+        `headers` replace the default "[id|tier|date]" line heads, one per fragment in that order.
         `today`: the present dates are read against (see `dated`)."""
-        record = self.classify(self.dated(record, today))
+        record = self.dated(tiered(record), today)
         as_of = as_of or record.latest_timestamp or ANCHOR
         items = self._evidence_fragments(evidence, record.patient_id, as_of)
         return self._scored(record, query, as_of, evidence, items, evidence_similarity, headers)
@@ -143,19 +134,19 @@ class ContextPacker:
             evidence: Sequence[EvidenceItem] = (), evidence_similarity: Mapping[str, float] | None = None,
             headers: Sequence[str] | None = None, question_type: QuestionType | None = None, *,
             today: Today | None = None) -> PackResult:
-        """Pack the record (None: evidence only) and the evidence items into `window` tokens (default: [packing]
-        window); see `candidates`. The sections the question cannot be answered without (evidence.questions:
-        the allergy status and kidney results for a drug choice) become must-keep; a record far larger than the
-        window is pre-filtered (`packing.prefilter`, never a critical fragment), and near-copies are collapsed
-        (`packing.dedup`). A caller that has typed the question passes `question_type`. Fragments dated after
-        `today` (default: the wall clock now) are flagged first (`dated`)."""
+        """Pack the tiered record (None: evidence only) and the tiered evidence items into `window` tokens
+        (default: [packing] window); see `candidates`. The sections the question cannot be answered without
+        (evidence.questions: the allergy status and kidney results for a drug choice) become must-keep; a record
+        far larger than the window is pre-filtered (`packing.prefilter`, never a critical fragment), and near-copies
+        are collapsed (`packing.dedup`). A caller that has typed the question passes `question_type`. Fragments
+        dated after `today` (default: the wall clock now) are flagged first (`dated`)."""
         window = self.settings.window if window is None else window
         validate_window(window)
         question = question_type or self.questions.classify(query)
-        record = mark_needed(self.classify(self.dated(record or PatientRecord(NO_PATIENT, ()), today)), question)
+        record = mark_needed(self.dated(tiered(record or PatientRecord(NO_PATIENT, ())), today), question)
         as_of = as_of or record.latest_timestamp or ANCHOR
         numbers = tuple((f.id, n) for n, f in enumerate(record.fragments, 1))
-        items = self._evidence_fragments(evidence, record.patient_id, as_of)  # tiered once, measured below
+        items = self._evidence_fragments(evidence, record.patient_id, as_of)  # built once, measured below
         if headers is None:  # numbered in the whole record, so a pre-filtered record keeps its numbers
             headers = [fragment_header(f, n) for n, f in enumerate([*record.fragments, *items], 1)]
         prefiltered: list[DroppedFragment] = []
@@ -177,19 +168,35 @@ class ContextPacker:
     def _evidence_fragments(self, evidence: Sequence[EvidenceItem], patient_id: str,
                             as_of: datetime) -> list[Fragment]:
         """Evidence items measured like fragments: undated unless they carry an age (then dated that long
-        before `as_of`, so they decay like the record), tiered here when the caller gave no decision."""
+        before `as_of`, so they decay like the record), each with the decision its caller gave it."""
         ids = [e.id for e in evidence]
         if len(set(ids)) != len(ids):
             raise ValueError(f"evidence ids must be unique; repeated: {sorted({i for i in ids if ids.count(i) > 1})}")
-        fragments = [Fragment(e.id, patient_id, e.text, e.section, None if e.age is None else as_of - e.age,
-                              e.source, e.decision) for e in evidence]
-        todo = [f for f in fragments if f.decision is None]
-        decided = iter(self.classifier.classify_many([(f.text, f.section) for f in todo]))
-        return [f if f.decision is not None else f.with_decision(next(decided)) for f in fragments]
+        untiered = [e.id for e in evidence if e.decision is None]
+        if untiered:
+            raise ValueError(f"evidence items without a tier decision: {_some(untiered)}; give each its decision "
+                             "(evidence.tiering.Tiering.decide, or a grade such as generate.context.evidence_decision)")
+        return [Fragment(e.id, patient_id, e.text, e.section, None if e.age is None else as_of - e.age, e.source,
+                         e.decision) for e in evidence]
 
     def to_dict(self) -> dict[str, Any]:
         """The [packing] settings; the models are the composition root's (`compose.Resources`)."""
         return asdict(self.settings)
+
+
+def tiered(record: PatientRecord) -> PatientRecord:
+    """`record`, when every fragment has its tier decision; else a `RecordError` naming the fragments without one
+    (the caller skipped the tiering step: evidence.tiering.Tiering.run)."""
+    untiered = [f.id for f in record.fragments if f.decision is None]
+    if untiered:
+        raise RecordError(record.origin, f"{len(untiered)} of {len(record.fragments)} fragments have no tier "
+                                         f"decision ({_some(untiered)}); the packer packs a tiered record: run "
+                                         "evidence.tiering.Tiering on it first")
+    return record
+
+
+def _some(ids: Sequence[str], shown: int = 3) -> str:
+    return ", ".join(repr(i) for i in ids[:shown]) + (f" and {len(ids) - shown} more" if len(ids) > shown else "")
 
 
 def _kept_headers(fragments: Sequence[Fragment], kept: Sequence[Fragment],

@@ -69,8 +69,10 @@ class EvidenceItem:
     framework's passage, an observation of the research agent. It never joins the patient's record, so it
     cannot be mistaken for (or leak into) the chart.
 
-    `decision` None: the tier classifier decides. `age` None: undated, never decays (evidence is standing);
-    otherwise it decays as a fragment that old would (the agent's memory ages its observations by step).
+    `decision`: its tier decision, the caller's (`evidence.tiering.Tiering.decide`, or a grade such as a
+    knowledge-base chunk's authority): the packer refuses an item without one. `age` None: undated, never decays
+    (evidence is standing); otherwise it decays as a fragment that old would (the agent's memory ages its
+    observations by step).
     `compressible`: may take the entity-compressed state and be collapsed with near-copies, as a chart
     fragment may (an agent's observation); a recommendation reduced to drug names would mislead, so
     knowledge-base evidence is not."""

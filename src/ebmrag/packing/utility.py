@@ -160,12 +160,14 @@ class CandidateBuilder:
         embedder: Embedder,
         token_counter: TokenCounter,
         params: UtilityParams | None = None,
-        compressor: EntityCompressor | None = None,
+        *,
+        compressor: EntityCompressor,
     ) -> None:
+        """`embedder`, `token_counter` and `compressor` (state B): the composition root's (compose.Resources)."""
         self.embedder = embedder
         self.token_counter = token_counter
         self.params = params or UtilityParams()
-        self.compressor = compressor or EntityCompressor()
+        self.compressor = compressor
 
     def build(self, record: PatientRecord, query: str, as_of: datetime | None = None) -> list[Candidate]:
         return score_candidates(self.measure(record, query, as_of), self.params)

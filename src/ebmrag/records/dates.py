@@ -14,13 +14,12 @@ whose newest entry is the mistyped one would otherwise make that entry "today".
 from __future__ import annotations
 
 import re
-import tomllib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from functools import cache
-from pathlib import Path
 from typing import Any
+
+from ebmrag.rules import rule_file
 
 _PARTIAL = re.compile(r"^(\d{4})(?:-(\d{2}))?(?:-(\d{2}))?$")
 _YEARS = range(1800, 2200)  # "0001-01" is a producer's placeholder, not a date of this patient's care
@@ -52,7 +51,6 @@ def as_written(value: Any) -> str:
 
 
 DEFAULT_FUTURE_SKEW = timedelta(days=1)  # [chart] future_skew_hours: clocks and time zones, not a mistyped year
-_WORDING = Path(__file__).resolve().parent / "vocab" / "dates.toml"
 
 
 @dataclass(frozen=True)
@@ -96,13 +94,11 @@ def trust_rank(stamp: datetime, future: bool) -> tuple[bool, datetime]:
     return (not future, stamp)
 
 
-@cache
-def _wording() -> dict[str, str]:
-    with open(_WORDING, "rb") as handle:
-        raw = tomllib.load(handle)
+@rule_file("records/dates.toml")
+def _wording(raw: Mapping[str, Any]) -> dict[str, str]:
     for key in ("future", "future_birth"):
         if "{date}" not in str(raw.get(key, "")):
-            raise ValueError(f"{_WORDING}: {key!r} must be text holding {{date}}")
+            raise ValueError(f"{key!r} must be text holding {{date}}")
     return {key: str(value) for key, value in raw.items()}
 
 

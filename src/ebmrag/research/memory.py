@@ -12,9 +12,10 @@ they did appear in an observation.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 
+from ebmrag.evidence.tiering import Tiering
 from ebmrag.packing.packer import ContextPacker
 from ebmrag.packing.types import EvidenceItem, State
 from ebmrag.protocols import TokenCounter
@@ -34,11 +35,13 @@ class PackEvent:
 class ObservationMemory:
     """`fit(observations, fixed_tokens, question, step)` -> the text to send for each observation."""
 
-    def __init__(self, packer: ContextPacker, window: int, output_reserve: int, *, token_counter: TokenCounter,
-                 step_age: timedelta = timedelta(days=30)) -> None:
+    def __init__(self, packer: ContextPacker, tiering: Tiering, window: int, output_reserve: int, *,
+                 token_counter: TokenCounter, step_age: timedelta = timedelta(days=30)) -> None:
+        """`tiering` gives each observation its tier before the packer weighs it (the packer packs tiered items)."""
         if window <= output_reserve:
             raise ValueError(f"window ({window}) must exceed output_reserve ({output_reserve})")
         self.packer, self.window, self.output_reserve, self.step_age = packer, window, output_reserve, step_age
+        self.tiering = tiering
         self.token_counter = token_counter
         self.events: list[PackEvent] = []
         self._last: dict[str, str] = {}
@@ -76,7 +79,7 @@ class ObservationMemory:
                 self._note(step, oid, "dropped", "capacity")
             return out
         steps = len(older) - 1
-        items = [self._item(steps - i, oid, text) for i, (oid, text) in enumerate(older)]
+        items = self._tiered([self._item(steps - i, oid, text) for i, (oid, text) in enumerate(older)])
         result = self.packer.run(None, question, budget, evidence=items)
         for packed in result.packed:
             body = packed.body or packed.text
@@ -95,9 +98,14 @@ class ObservationMemory:
             kept.append(line)
         return "\n".join([*kept, CUT_NOTE])
 
+    def _tiered(self, items: list[EvidenceItem]) -> list[EvidenceItem]:
+        """The observations with their tier decisions, decided in one batch."""
+        decisions = self.tiering.decide([(item.text, item.section) for item in items])
+        return [replace(item, decision=decision) for item, decision in zip(items, decisions, strict=True)]
+
     def _item(self, steps_ago: int, observation_id: str, text: str) -> EvidenceItem:
-        """An observation ages by the steps since it arrived; its tier is the classifier's, and like a chart
-        note it may be compressed (state B) or collapsed with a near-copy."""
+        """An observation ages by the steps since it arrived; its tier is the tiering step's (`_tiered`), and like
+        a chart note it may be compressed (state B) or collapsed with a near-copy."""
         return EvidenceItem(observation_id, text, section="observation", source="agent",
                             age=steps_ago * self.step_age, compressible=True)
 

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-DEFAULT_AUTHORITY = {"guideline": 1.0, "systematic_review": 0.85, "trial": 0.7, "cohort": 0.55, "textbook": 0.4,
-                     "other": 0.2}
+from ebmrag.rules import rule_file
+
+
+@rule_file("evidence/hierarchy.toml")
+def default_authority(raw: Mapping[str, Any]) -> dict[str, float]:
+    """The authority weight of each kind of source, from the evidence hierarchy (rules/evidence/hierarchy.toml)."""
+    return {kind: float(level["weight"]) for kind, level in raw.items()}
 
 
 @dataclass(frozen=True)
@@ -18,7 +25,7 @@ class ResearchParams:
     output_reserve: int = 1024  # tokens left free for the model's reply
     protocol: str = "auto"  # tools (OpenAI tool calling) | text (Thought/Action/Observation) | auto: tools, else text
     relevance_weight: float = 0.4  # λ in Score = λ·Rel + (1−λ)·Auth
-    authority: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_AUTHORITY))
+    authority: dict[str, float] = field(default_factory=lambda: dict(default_authority()))
     search_k: int = 5
     read_budget: int = 600  # tokens of a document that read_document returns
     trajectories: str = ""  # folder for the JSONL trajectories; empty = <cache dir>/trajectories

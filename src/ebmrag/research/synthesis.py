@@ -31,7 +31,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ebmrag.evidence.entities import EntityExtractor, EntityKind, default_extractor
+from ebmrag.evidence.entities import EntityExtractor, EntityKind
 from ebmrag.index.backend import KnowledgeStore
 from ebmrag.llm.prompts import step_prompt
 from ebmrag.protocols import ChatClient, ChatMessage
@@ -115,11 +115,11 @@ class EntityGraph:
             self.edges += 1
 
     @classmethod
-    def from_kb(cls, kb: KnowledgeStore, extractor: EntityExtractor | None = None) -> EntityGraph:
+    def from_kb(cls, kb: KnowledgeStore, extractor: EntityExtractor) -> EntityGraph:
+        """`extractor`: the composition root's (compose.Resources.extractor)."""
         reader = kb.reader()
         titles = {d.doc_id: _norm(d.title) for d in reader.documents().values() if len(_norm(d.title)) >= 4}
         title_set = set(titles.values())
-        extractor = extractor or default_extractor()
         edges: list[Edge] = []
         frequency: Counter[str] = Counter()
         for chunk in reader.iter_chunks():

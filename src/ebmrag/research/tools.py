@@ -282,6 +282,7 @@ class PatientRecordTool(Tool):
     Arguments = PatientRecordArguments
 
     def __init__(self, packer: ContextPacker, record: PatientRecord) -> None:
+        """`record`: tiered (evidence.tiering; `compose.build_research_agent` tiers it), as the packer packs it."""
         self.packer, self.record = packer, record
 
     def run(self, arguments: Any) -> Observation:

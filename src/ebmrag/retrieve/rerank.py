@@ -11,7 +11,6 @@ hits): a reranker trained on one kind of question should refine the first stage,
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Sequence
 from dataclasses import replace
@@ -62,8 +61,7 @@ class CrossEncoderReranker:
                 self._model = self._load()
 
     def _load(self) -> Any:
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        """The cross-encoder from the local folder only (`local_files_only`: never a hub)."""
         try:
             from sentence_transformers import CrossEncoder
         except ImportError as exc:

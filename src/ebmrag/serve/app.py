@@ -25,7 +25,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.routing import Match
 
 from ebmrag.answer.engine import Engine
-from ebmrag.compose import Resources
+from ebmrag.compose import Resources, ServiceParts
 from ebmrag.config import Settings
 from ebmrag.serve.bodies import parse_json
 from ebmrag.serve.cds_routes import install_cds
@@ -59,7 +59,8 @@ from ebmrag.store.access import (
     require,
     valid_name,
 )
-from ebmrag.store.patients import ApiKey, PatientStore
+from ebmrag.store.keys import ApiKey
+from ebmrag.store.patients import PatientStore
 from ebmrag.store.results import MessageError, apply_message, parse_message
 
 log = logging.getLogger(__name__)
@@ -84,10 +85,10 @@ RECORD_BODY = {"required": True, "content": {
 
 def create_app(store: PatientStore, settings: Settings | None = None, engine: Engine | None = None,
                resources: Resources | None = None) -> FastAPI:
-    """`engine` and `resources`: built already (with the resources the engine was built from); without them,
-    the service builds both through the composition root on first use."""
+    """`engine` and `resources`: built already (with the resources the engine was built from); without them, the
+    composition root builds both on first use (`compose.ServiceParts`)."""
     settings = settings or Settings()
-    service = Service(store, settings, engine, resources)
+    service = Service(store, settings, ServiceParts(settings, resources, engine))
     app = FastAPI(title="ebmrag", version="1", description="Evidence-graded context for clinical assistants.",
                   **native_telemetry_off())  # its spans hold paths: ours (serve.telemetry) hold route templates
     app.state.service = service
@@ -296,7 +297,7 @@ def _install_answers(app: FastAPI, service: Service) -> None:
         valid_name(pid, "patient id")
         require(key, READ, pid)
         record = service.check_chart(await stored(service, key, pid))
-        result = await service.run(lambda: service.packer(body.strategy).run(record, body.query, body.window),
+        result = await service.run(lambda: service.pack(record, body.query, body.window, body.strategy),
                                    tenant=key.tenant, patient=pid)
         service.audit(key, pid, "pack", request, tuple(p.fragment_id for p in result.packed))
         return await encoded(dict(await run_in_threadpool(result.to_json), context=result.context))

@@ -37,7 +37,7 @@ from typing import Any
 import httpx
 import jwt
 
-from ebmrag.ehr.cds_params import CdsParams, TrustedIssuer
+from ebmrag.cds.params import CdsParams, TrustedIssuer
 from ebmrag.ehr.wire import Exchange
 from ebmrag.serve.throttle import named
 

@@ -26,7 +26,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from ebmrag.ehr.cds import (
+from ebmrag.cds.cards import Card
+from ebmrag.cds.facts import Chart
+from ebmrag.cds.fetch import PrefetchUnavailableError, fetch_missing
+from ebmrag.cds.hooks import (
     SERVICES,
     HookRequest,
     HookRequestError,
@@ -38,10 +41,6 @@ from ebmrag.ehr.cds import (
     parse_request,
     prefetched,
 )
-from ebmrag.ehr.cds_cards import Card
-from ebmrag.ehr.cds_facts import Chart
-from ebmrag.ehr.cds_fetch import PrefetchUnavailableError, fetch_missing
-from ebmrag.ehr.drugs import vocabulary
 from ebmrag.records.fhir.index import Resource
 from ebmrag.serve.bodies import parse_json
 from ebmrag.serve.cds_auth import CdsAuthError, CdsCaller, ClientVerifier
@@ -50,6 +49,7 @@ from ebmrag.serve.problems import ProblemError, client_address
 from ebmrag.serve.service import Service, bounded_body
 from ebmrag.store import audit
 from ebmrag.store.access import NAME_PATTERN
+from ebmrag.vocab.drugs import vocabulary
 
 _NAME = re.compile(NAME_PATTERN)
 

@@ -41,7 +41,9 @@ from ebmrag.serve.outbound import OutboundCall
 from ebmrag.serve.problems import PROBLEM_SCHEMA, ProblemError
 from ebmrag.serve.service import Service, caller
 from ebmrag.store.access import NAME_PATTERN, WRITE, AccessError, require, valid_name
-from ebmrag.store.patients import ApiKey, ChartSourceConflictError, PatientErasedError
+from ebmrag.store.erasures import PatientErasedError
+from ebmrag.store.keys import ApiKey
+from ebmrag.store.pulled import ChartSourceConflictError
 
 if TYPE_CHECKING:
     from ebmrag.ehr.bulk import ExportReport

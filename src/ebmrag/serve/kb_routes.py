@@ -16,7 +16,7 @@ from ebmrag.serve.models import UploadBody
 from ebmrag.serve.problems import ProblemError
 from ebmrag.serve.service import NO_OPERATOR_KB, Service, caller
 from ebmrag.store.access import KB_ADMIN, AccessError, require
-from ebmrag.store.patients import ApiKey
+from ebmrag.store.keys import ApiKey
 
 
 def install_kb(app: FastAPI, service: Service) -> None:

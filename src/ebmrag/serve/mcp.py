@@ -53,7 +53,7 @@ from ebmrag.store.access import (  # noqa: E402
     require,
     valid_name,
 )
-from ebmrag.store.patients import ApiKey  # noqa: E402
+from ebmrag.store.keys import ApiKey  # noqa: E402
 
 T = TypeVar("T")
 MAX_FINDINGS = 200  # a differential from more findings than any chart states is a request to burn CPU
@@ -119,7 +119,7 @@ class McpTools:
              strategy: str | None) -> dict[str, Any]:
         bounded_text("question", question)
         record = self._chart(key, patient_id)
-        result = self._run(key, lambda: self.service.packer(strategy).run(record, question, window), patient_id)
+        result = self._run(key, lambda: self.service.pack(record, question, window, strategy), patient_id)
         self._audit(key, patient_id, "pack", call, tuple(p.fragment_id for p in result.packed))
         return dict(result.to_json(), context=result.context)
 

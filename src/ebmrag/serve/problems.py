@@ -18,7 +18,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ebmrag.errors import EbmragError
 from ebmrag.store.access import AccessError
-from ebmrag.store.patients import IdempotencyConflictError, StoreError
+from ebmrag.store.charts import IdempotencyConflictError
+from ebmrag.store.database import StoreError
 
 log = logging.getLogger(__name__)
 PROBLEM = "https://ebmrag.dev/problems/"

@@ -1,5 +1,5 @@
-"""What the service's routes share: the store, one engine (built on first use), limits, and the helpers
-that turn a request into a key, a record, or an erasure that reaches the caches."""
+"""What the service's routes share: the store, the resources and the engine the composition root built, limits,
+and the helpers that turn a request into a key, a record, or an erasure that reaches the caches."""
 
 from __future__ import annotations
 
@@ -12,14 +12,13 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from functools import partial
-from pathlib import Path
 from typing import Any, TypeVar
 
 from fastapi import Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from ebmrag.answer.engine import Engine
-from ebmrag.compose import Resources, build_engine_from, build_retriever, check_kb, open_resources
+from ebmrag.compose import Resources, ServiceParts, build_retriever
 from ebmrag.config import Settings
 from ebmrag.ehr.spool import sweep_stale
 from ebmrag.generate.staged import StageTrace
@@ -27,6 +26,7 @@ from ebmrag.index.backend import KnowledgeStore
 from ebmrag.index.types import IngestReport
 from ebmrag.ingest.documents import Document
 from ebmrag.packing.packer import STRATEGIES, ContextPacker
+from ebmrag.packing.types import PackResult
 from ebmrag.protocols import WorkCancelled, checkpoints
 from ebmrag.records.fhir.bulk import records_from_ndjson_text
 from ebmrag.records.fhir.bundle import record_from_fhir_bundle
@@ -45,7 +45,8 @@ from ebmrag.serve.scheduler import Deadline, FairScheduler, Job
 from ebmrag.serve.throttle import FailedCredentials, ThrottledAudit
 from ebmrag.store import audit
 from ebmrag.store.access import NAME_PATTERN, AccessError, authenticate
-from ebmrag.store.patients import ApiKey, PatientStore
+from ebmrag.store.keys import ApiKey
+from ebmrag.store.patients import PatientStore
 
 log = logging.getLogger(__name__)
 _NAME = re.compile(NAME_PATTERN)
@@ -61,19 +62,13 @@ NO_OPERATOR_KB = ("no knowledge base is configured for changes: this server answ
 
 
 class Service:
-    """What the routes share: the store, the resources and one engine (built on first use through the
-    composition root), packers by strategy, limits."""
+    """What the routes share: the store, the resources and the engine (the composition root's: `parts`), variants
+    of the engine's parts by retrieval mode and packing strategy, limits."""
 
-    def __init__(self, store: PatientStore, settings: Settings, engine: Engine | None = None,
-                 resources: Resources | None = None) -> None:
-        """`engine` and `resources`: built already (tests, embedding applications); an engine comes with the
-        resources it was built from, so erasure reaches the caches it fills."""
-        if engine is not None and resources is None:
-            raise ValueError("a service given an engine needs the resources it was built from")
-        if resources is None and settings.serve.kb:  # opened on first use: a bad --kb fails start-up, not a request
-            check_kb(settings, Path(settings.serve.kb))
-        self.store, self.settings = store, settings
-        self._engine, self._resources = engine, resources
+    def __init__(self, store: PatientStore, settings: Settings, parts: ServiceParts) -> None:
+        """`parts`: the resources and the engine, which the composition root builds (`compose.ServiceParts`, on
+        first use); the service builds neither."""
+        self.store, self.settings, self.parts = store, settings, parts
         self._engines: dict[str, Engine] = {}
         self._packers: dict[str, ContextPacker] = {}
         self._retrievers: dict[str, HybridRetriever] = {}
@@ -86,7 +81,7 @@ class Service:
         self.ehr_calls = OutboundLane(settings.serve.ehr_calls, settings.serve.tenant_ehr_calls, "ehr")
         self.cds_fetches = OutboundLane(settings.serve.ehr_calls, settings.serve.tenant_ehr_calls, "cds")
         sweep_stale()  # the Bulk Data spools of an export killed before this start: patient data nobody would erase
-        self._building = threading.RLock()  # one engine (and one packer, retriever per variant), built once
+        self._building = threading.RLock()  # one engine, packer and retriever per variant, each derived once
         self._kb_writes = threading.Lock()  # the knowledge base has one writer at a time (its lock is per process)
         self._in_use: Counter[tuple[str, str]] = Counter()  # work reading a record, by (tenant, patient): erasure
         self._in_use_changed = threading.Condition()  # ... waits for it to end before forgetting what it cached
@@ -112,35 +107,27 @@ class Service:
         return Running(job.future, lambda: self.scheduler.cancel(job))
 
     def resources(self) -> Resources:
-        with self._building:
-            return self._resources_unlocked()
-
-    def _resources_unlocked(self) -> Resources:
-        if self._resources is None:
-            self._resources = open_resources(self.settings, self.settings.serve.kb or None,
-                                             retrieval=self.settings.answer.retrieval != "never")
-        return self._resources
+        return self.parts.resources()
 
     @property
     def kb_changeable(self) -> bool:
         """Whether uploads may change the knowledge base: the operator's ([serve] kb, or one an embedding
         application built the resources over), never the bundled demo one, a cache (`demo.ensure_demo_kb`)."""
-        built = self._resources
+        built = self.parts.opened
         return not built.demo_kb if built is not None else bool(self.settings.serve.kb)
 
     def engine(self, retrieval: str | None = None) -> Engine:
-        """The engine (built on first use, from a worker thread: it loads the model), or a variant of it with
-        another retrieval mode that shares all its parts (the query rewriter too)."""
+        """The engine (the root builds it on first use, from a worker thread), or a variant of it with another
+        retrieval mode that shares all its parts (the query rewriter too)."""
+        engine = self.parts.engine()
         with self._building:
-            if self._engine is None:
-                self._engine = build_engine_from(self._resources_unlocked())
-            if retrieval is None or retrieval == self._engine.settings.retrieval:
-                return self._engine
+            if retrieval is None or retrieval == engine.settings.retrieval:
+                return engine
             if retrieval not in ("auto", "always", "never"):
                 raise ProblemError(422, "invalid-request", f"retrieval must be auto, always or never, got "
                                                            f"{retrieval!r}")
             if retrieval not in self._engines:
-                self._engines[retrieval] = self._engine.with_retrieval(retrieval)
+                self._engines[retrieval] = engine.with_retrieval(retrieval)
             return self._engines[retrieval]
 
     def packer(self, strategy: str | None) -> ContextPacker:
@@ -172,8 +159,12 @@ class Service:
             return self._retrievers[params.mode]
 
     def classify(self, record: PatientRecord) -> PatientRecord:
-        """The record's fragments with their tier decisions (the engine's tier rules and model)."""
-        return self.packer(None).classify(record)
+        """The record's fragments with their tier decisions and findings (the engine's tiering step)."""
+        return self.engine().tiering.run(record)
+
+    def pack(self, record: PatientRecord, query: str, window: int | None, strategy: str | None) -> PackResult:
+        """The record tiered (`classify`), then packed by the packer of `strategy` (None: the engine's)."""
+        return self.packer(strategy).run(self.classify(record), query, window)
 
     def prepared(self, record: PatientRecord) -> int:
         """How many of the record's fragments are prepared: their text has a vector (serve/prepare.py)."""

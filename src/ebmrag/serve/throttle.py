@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from ebmrag.store.audit import AuditEntry
-from ebmrag.store.patients import now
+from ebmrag.store.database import now
 
 FAILED_BURST = 20  # failures an address (or a credential) may have at once before they are answered 429
 FAILED_PER_SECOND = 0.5  # ... and the rate at which that allowance comes back

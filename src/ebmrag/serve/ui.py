@@ -34,7 +34,7 @@ from ebmrag.serve.problems import client_address
 from ebmrag.serve.service import Service, bounded_body
 from ebmrag.serve.throttle import key_credential
 from ebmrag.store.access import READ, AccessError, authenticate, require, valid_name
-from ebmrag.store.patients import ApiKey
+from ebmrag.store.keys import ApiKey
 from ebmrag.store.sessions import UiSessions
 
 COOKIE = "ebmrag_session"  # the session token

@@ -20,7 +20,9 @@ import secrets
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
-from ebmrag.store.patients import ApiKey, PatientStore, now
+from ebmrag.store.database import now
+from ebmrag.store.keys import ApiKey
+from ebmrag.store.patients import PatientStore
 
 READ, WRITE, ERASE, SEARCH, KB_ADMIN = "read", "write", "erase", "search", "kb_admin"
 ROLES: dict[str, frozenset[str]] = {

@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ebmrag.store.patients import PatientStore, StoreError, now
+from ebmrag.store.database import StoreError, now
+from ebmrag.store.patients import PatientStore
 
 log = logging.getLogger(__name__)
 
@@ -330,7 +331,7 @@ def verify(store: PatientStore, expect_head: tuple[int, str] | None = None) -> A
 
 def check(rows: Sequence[Sequence[Any]], head: Head | None, key: bytes | None, no_key_reason: str = "no key given",
           expect_head: tuple[int, str] | None = None, anchored: tuple[int, str] | None = None) -> AuditReport:
-    """The checks of `verify` on rows already read (the columns of patients.AUDIT_COLUMNS)."""
+    """The checks of `verify` on rows already read (the columns of audit_table.AUDIT_COLUMNS)."""
     report, rewritten = AuditReport(), []
     if key is not None and head is not None and head.key_print != key_print(key):
         key, no_key_reason = None, "the audit key given is not the key this log was written with"

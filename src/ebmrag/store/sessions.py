@@ -4,7 +4,7 @@ The browser holds a random 256-bit token, never the API key: a stolen cookie end
 expiry, the key's revocation) instead of working for as long as the key does. The store keeps only sha256 of
 the token, so a copy of the database hands out no session, and beside it the key it acts for, when it was
 created, when it expires at the latest and when it was last used (for the idle limit). The table
-(`ui_sessions`) is part of `store.patients.SCHEMA`; it holds no patient data and no tenant, so it is not
+(`ui_sessions`) is part of `store.database.SCHEMA`; it holds no patient data and no tenant, so it is not
 tenant-scoped: a session is found by its token alone and then acts as its key.
 """
 

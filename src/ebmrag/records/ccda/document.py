@@ -26,19 +26,18 @@ from ebmrag.errors import RecordError
 from ebmrag.records.ccda.narrative import narrative_ids, plain_text, to_xhtml
 from ebmrag.records.ccda.values import (
     NS,
-    NULL_FLAVORS,
-    SECTION_CODES,
-    SECTION_TEMPLATES,
     V3,
     Context,
     Resource,
     Section,
+    ccda_codes,
     child,
     concept,
     inline_text,
     templates,
     ts,
 )
+from ebmrag.records.codes import document_sections
 
 _HANDLERS: dict[str, Callable[[Element, str, Section, Context], list[Resource]]] = {
     "allergies": entries.allergies, "medications": entries.medications, "problems": entries.problems,
@@ -49,10 +48,7 @@ _HANDLERS: dict[str, Callable[[Element, str, Section, Context], list[Resource]]]
 _ENTRY_ERRORS = (ValueError, KeyError, AttributeError, TypeError, IndexError)
 _ROOT = re.compile(r"<(?:([A-Za-z_][\w.-]*):)?ClinicalDocument[\s>/]")
 _PROLOG = re.compile(r"\s*(?:<\?.*?\?>|<!--.*?-->|<!DOCTYPE[^>]*>)", re.S)
-_GENDER = {"M": "male", "F": "female", "UN": "other"}
 _SSN_ROOT = "2.16.840.1.113883.4.1"  # US social security number: an identifier, never a resource id
-_ADDRESS_USE = {"HP": "home", "H": "home", "WP": "work", "TMP": "temp", "BAD": "old", "OLD": "old"}
-_TELECOM_USE = {"HP": "home", "H": "home", "WP": "work", "MC": "mobile", "TMP": "temp"}
 
 
 def _text_of(data: bytes | str) -> str:
@@ -137,8 +133,8 @@ def _addresses(el: Element) -> list[Resource]:
         for key in ("city", "state", "postalCode", "country"):
             fields[key] = inline_text(addr.find(f"h:{key}", NS))
         fields = {k: v for k, v in fields.items() if v}
-        if fields and addr.get("use") in _ADDRESS_USE:
-            fields["use"] = _ADDRESS_USE[str(addr.get("use"))]
+        if fields and (use := ccda_codes().address_use.get(str(addr.get("use")))):
+            fields["use"] = use
         if fields:
             out.append(fields)
     return out
@@ -154,8 +150,8 @@ def _telecoms(el: Element) -> list[Resource]:
         system = {"tel": "phone", "mailto": "email", "fax": "fax", "http": "url", "https": "url"}.get(scheme.lower())
         contact: Resource = {"system": system or "other", "value": rest.strip() if system in ("phone", "email", "fax")
                              else value}
-        if telecom.get("use") in _TELECOM_USE:
-            contact["use"] = _TELECOM_USE[str(telecom.get("use"))]
+        if use := ccda_codes().telecom_use.get(str(telecom.get("use"))):
+            contact["use"] = use
         out.append(contact)
     return out
 
@@ -177,7 +173,7 @@ def _patient(role: Element, pid: str) -> Resource:
                           "telecom": _telecoms(role)}
     resource.update({k: v for k, v in optional.items() if v})
     gender = child(patient, "administrativeGenderCode")
-    resource["gender"] = _GENDER.get(str(gender.get("code") if gender is not None else ""), "unknown")
+    resource["gender"] = ccda_codes().gender.get(str(gender.get("code") if gender is not None else ""), "unknown")
     birth = child(patient, "birthTime")
     born = _lenient_ts(birth.get("value")) if birth is not None else None
     if born:
@@ -215,9 +211,10 @@ def _section_label(section: Element) -> str:
 
 def _kind(section: Element) -> str | None:
     code = section.find("h:code", NS)
-    by_code = SECTION_CODES.get(str(code.get("code"))) if code is not None else None
-    return by_code or next((SECTION_TEMPLATES[t] for t in sorted(templates(section)) if t in SECTION_TEMPLATES),
-                           None)
+    known = document_sections()
+    by_code = known.kind_by_loinc.get(str(code.get("code"))) if code is not None else None
+    return by_code or next((known.kind_by_template[t] for t in sorted(templates(section))
+                            if t in known.kind_by_template), None)
 
 
 def _sections(parent: Element) -> list[Element]:
@@ -239,7 +236,7 @@ def _read_section(section: Element, ctx: Context, made: list[Resource]) -> Resou
     if div:
         out["text"] = {"status": "generated", "div": div}
     if flavor:
-        ctx.notes.append(f"section {label}: nullFlavor {flavor} ({NULL_FLAVORS.get(flavor, 'null')})")
+        ctx.notes.append(f"section {label}: nullFlavor {flavor} ({ccda_codes().null_flavors.get(flavor, 'null')})")
     elif kind:
         sec = Section(kind, label, {**ctx.refs, **narrative_ids(text)})
         resources = _read_entries(section, sec, ctx)

@@ -2,7 +2,8 @@
 
 Each handler takes one <entry> and returns the resources it makes, or raises ValueError naming why the entry
 cannot be read; the caller skips that entry and records the reason in `ccda_notes`, so one broken entry never
-costs the document. Clinical judgement the FHIR reader relies on is made here, from codes, not titles:
+costs the document. Clinical judgement the FHIR reader relies on is made here, from codes (rules/records/ccda.toml
+and absent.toml), not titles:
 
 - a negated allergy or problem with no particular substance or problem is a "no known ..." resource; a negated
   one naming a substance (not allergic to penicillin) is kept with verificationStatus "refuted";
@@ -14,14 +15,18 @@ costs the document. Clinical judgement the FHIR reader relies on is made here, f
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
 from xml.etree.ElementTree import Element
 
 from ebmrag.records.ccda.values import (
     NS,
     SNOMED,
+    Coded,
     Context,
     Resource,
     Section,
+    ccda_codes,
     child,
     code_of,
     codeable,
@@ -38,24 +43,26 @@ from ebmrag.records.ccda.values import (
     times,
     xsi_type,
 )
+from ebmrag.rules import rule_file
 
-_ALLERGY_CATEGORY = {"416098002": "medication", "419511003": "medication", "59037007": "medication",
-                     "414285001": "food", "235719002": "food", "418471000": "food", "426232007": "environment"}
-_INTOLERANCE = {"59037007", "235719002"}
-_NO_KNOWN_ALLERGY = {"medication": ("409137002", "No known drug allergy"),
-                     "food": ("429625007", "No known food allergy")}
-_GENERIC_SUBSTANCES = {"105590001", "410942007", "373873005", "762766007"}  # "Substance", "Drug or medicament"...
-_GENERIC_PROBLEMS = {"55607006", "404684003", "64572001", "282291009", "29308-4", "75326-9", "ASSERTION"}
-_CLINICAL = {"55561003": "active", "73425007": "inactive", "413322009": "resolved"}
-_CRITICALITY = {"399166001": "high", "24484000": "high", "371924009": "high", "62482003": "low",
-                "255604002": "low", "371923003": "low"}
-_SEVERITY = {"24484000": "severe", "371924009": "severe", "6736007": "moderate", "371923003": "moderate",
-             "255604002": "mild"}
-_MEDICATION_STATUS = {"active": "active", "completed": "completed", "aborted": "stopped", "cancelled": "cancelled",
-                      "suspended": "on-hold", "nullified": "entered-in-error", "new": "intended", "held": "intended"}
-_MEDICATION_STOPPED = {"aborted", "cancelled", "suspended", "nullified"}
-_PERIOD_UNITS = {"s", "min", "h", "d", "wk", "mo", "a"}
 
+@rule_file("records/absent.toml")
+def _no_known(raw: Mapping[str, Any]) -> dict[str, dict[str, Coded]]:
+    """What a negated allergy or problem that names nothing in particular becomes (absent.toml [<kind>.ccda]): by
+    the allergy's category, else `default`; each code one of that kind's statements of absence."""
+    written: dict[str, dict[str, Coded]] = {}
+    for kind in ("allergy", "problem"):
+        table = raw[kind]["ccda"]
+        written[kind] = {key: Coded.of(value, f"[{kind}.ccda] {key}") for key, value in table.items()}
+        if "default" not in written[kind]:
+            raise ValueError(f"[{kind}.ccda] needs a `default`")
+        stray = [c.code for c in written[kind].values() if c.code not in raw[kind]["snomed"]]
+        if stray:
+            raise ValueError(f"[{kind}.ccda] writes {stray[0]}, which is not in [{kind}] snomed")
+    return written
+
+
+_PERIOD_UNITS = {"s", "min", "h", "d", "wk", "mo", "a"}  # FHIR Timing.periodUnit (UCUM units of time)
 
 
 def _onset(obs: Element) -> str | None:
@@ -88,11 +95,12 @@ def allergies(entry: Element, where: str, sec: Section, ctx: Context) -> list[Re
 def _allergy(obs: Element, act: Element | None, where: str, sec: Section, ctx: Context) -> Resource:
     value = child(obs, "value")
     kind = code_of(obs, "value")
-    category = _ALLERGY_CATEGORY.get(kind)
+    codes = ccda_codes()
+    category = codes.allergy_category.get(kind)
     entity = child(obs, "participant/participantRole/playingEntity")
     name = inline_text(child(entity, "name"))
     allergen = concept(child(entity, "code"), sec.refs, name) or ({"text": name} if name else None)
-    generic = allergen is None or any(c.get("code") in _GENERIC_SUBSTANCES for c in allergen.get("coding", []))
+    generic = allergen is None or any(c.get("code") in codes.generic_substances for c in allergen.get("coding", []))
     negated = obs.get("negationInd") == "true"
     if negated and generic:
         return _no_known_allergy(category, ctx)
@@ -108,7 +116,7 @@ def _allergy(obs: Element, act: Element | None, where: str, sec: Section, ctx: C
         ctx.notes.append(f"{where}: allergy to {allergen.get('text') or 'a coded substance'} has no allergy type "
                          "(<value>); kept without type and category")
     else:
-        resource["type"] = "intolerance" if kind in _INTOLERANCE else "allergy"
+        resource["type"] = "intolerance" if kind in codes.intolerance else "allergy"
     if category:
         resource["category"] = [category]
     resource["code"] = allergen
@@ -129,7 +137,8 @@ def _allergy(obs: Element, act: Element | None, where: str, sec: Section, ctx: C
 
 
 def _no_known_allergy(category: str | None, ctx: Context) -> Resource:
-    code, display = _NO_KNOWN_ALLERGY.get(category or "", ("716186003", "No known allergy"))
+    written = _no_known()["allergy"]
+    code, display = written.get(category or "", written["default"])
     resource = new_resource("allergy", "AllergyIntolerance", ctx, "patient")
     resource.update(clinicalStatus=status_concept("allergyintolerance-clinical", "active"),
                     verificationStatus=status_concept("allergyintolerance-verification", "confirmed"),
@@ -138,20 +147,23 @@ def _no_known_allergy(category: str | None, ctx: Context) -> Resource:
 
 
 def _allergy_status(obs: Element, concern: str) -> str | None:
+    codes = ccda_codes()
     for _, found in related(obs):
-        if has_template(found, "28", "33999-4") and code_of(found, "value") in _CLINICAL:
-            return _CLINICAL[code_of(found, "value")]
+        if has_template(found, "28", codes.status_observation) and code_of(found, "value") in codes.clinical_status:
+            return codes.clinical_status[code_of(found, "value")]
     return "active" if concern == "active" else None
 
 
 def _criticality(el: Element | None) -> str | None:
     """A criticality observation, else a severity observation on the allergy itself (C-CDA R1.1 style; some
     documents hang it on the concern act), read as criticality."""
+    codes = ccda_codes()
     held = [o for _, o in related(el)]
-    found = [o for o in held if has_template(o, "145", "82606-5")] or [o for o in held if has_template(o, "8", "SEV")]
+    found = ([o for o in held if has_template(o, "145", codes.criticality_observation)]
+             or [o for o in held if has_template(o, "8", codes.severity_observation)])
     if not found:
         return None
-    return _CRITICALITY.get(code_of(found[0], "value"), "unable-to-assess")
+    return codes.criticality.get(code_of(found[0], "value"), "unable-to-assess")
 
 
 def _reaction(obs: Element, sec: Section) -> Resource | None:
@@ -163,7 +175,9 @@ def _reaction(obs: Element, sec: Section) -> Resource | None:
     if said and child(value, "originalText") is None:
         manifestation["text"] = said
     reaction: Resource = {"manifestation": [manifestation]}
-    severity = next((_SEVERITY.get(code_of(o, "value")) for _, o in related(obs) if has_template(o, "8", "SEV")), None)
+    codes = ccda_codes()
+    severity = next((codes.severity.get(code_of(o, "value")) for _, o in related(obs)
+                     if has_template(o, "8", codes.severity_observation)), None)
     if severity:
         reaction["severity"] = severity
     try:
@@ -187,19 +201,22 @@ def problems(entry: Element, where: str, sec: Section, ctx: Context) -> list[Res
 def _condition(obs: Element, concern: str, sec: Section, ctx: Context) -> Resource:
     code = concept(child(obs, "value"), sec.refs, resolve(child(obs, "text"), sec.refs))
     negated = obs.get("negationInd") == "true"
-    generic = code is None or all(c.get("code") in _GENERIC_PROBLEMS for c in code.get("coding", [{}]))
+    codes = ccda_codes()
+    generic = code is None or all(c.get("code") in codes.generic_problems for c in code.get("coding", [{}]))
     if negated and generic:
         resource = new_resource("condition", "Condition", ctx)
+        statement = _no_known()["problem"]["default"]
         resource.update(clinicalStatus=status_concept("condition-clinical", "active"),
                         verificationStatus=status_concept("condition-ver-status", "confirmed"),
-                        code=codeable(SNOMED, "160245001", "No current problems or disability"))
+                        code=codeable(SNOMED, *statement))
         return resource
     if code is None:
         raise ValueError("problem observation has no value")
     point, start, end = times(child(obs, "effectiveTime"))
     resource = new_resource("condition", "Condition", ctx)
-    status = next((_CLINICAL[code_of(o, "value")] for _, o in related(obs)
-                   if has_template(o, "6", "33999-4") and code_of(o, "value") in _CLINICAL), None)
+    status = next((codes.clinical_status[code_of(o, "value")] for _, o in related(obs)
+                   if has_template(o, "6", codes.status_observation) and code_of(o, "value") in codes.clinical_status),
+                  None)
     status = status or ("resolved" if end else "active" if concern == "active" else None)
     if status and not negated:
         resource["clinicalStatus"] = status_concept("condition-clinical", status)
@@ -255,15 +272,16 @@ def _medication_status(sa: Element) -> str:
     explicitly stopped or completed is "intended"."""
     if sa.get("negationInd") == "true":
         return "not-taken"
-    said = next((code_of(o, "value") for _, o in related(sa) if code_of(o) == "33999-4"), "")
-    if said in _CLINICAL:
-        return "active" if said == "55561003" else "completed"
-    status = status_code(sa)
-    if status in _MEDICATION_STOPPED or (status == "completed" and sa.get("moodCode") == "INT"):
-        return _MEDICATION_STATUS[status]
+    codes = ccda_codes()
+    said = next((code_of(o, "value") for _, o in related(sa) if code_of(o) == codes.status_observation), "")
+    if said in codes.clinical_status:
+        return "active" if codes.clinical_status[said] == "active" else "completed"
+    status, mapped = status_code(sa), codes.act_status["medication"]
+    if status in codes.medication_ended or (status == "completed" and sa.get("moodCode") == "INT"):
+        return mapped[status]
     if sa.get("moodCode") == "INT":
         return "intended"
-    return _MEDICATION_STATUS.get(status, "unknown")
+    return mapped.get(status, "unknown")
 
 
 def _medication_times(sa: Element) -> tuple[dict[str, str], str]:

@@ -8,15 +8,19 @@ result only, and the note says which.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 from xml.etree.ElementTree import Element
 
 from ebmrag.records.ccda.values import (
     NS,
     SNOMED,
+    Coded,
     Context,
     Resource,
     Section,
     absent,
+    ccda_codes,
     child,
     code_of,
     codeable,
@@ -33,22 +37,32 @@ from ebmrag.records.ccda.values import (
     ts,
     xsi_type,
 )
+from ebmrag.rules import rule_file
 
-_OBSERVATION_STATUS = {"completed": "final", "active": "preliminary", "aborted": "cancelled",
-                       "cancelled": "cancelled", "nullified": "entered-in-error", "new": "registered",
-                       "held": "registered", "suspended": "registered"}
-_REPORT_STATUS = {"completed": "final", "active": "partial", "aborted": "cancelled", "cancelled": "cancelled",
-                  "nullified": "entered-in-error"}
-_PROCEDURE_STATUS = {"completed": "completed", "active": "in-progress", "aborted": "stopped",
-                     "cancelled": "not-done", "new": "preparation", "held": "on-hold", "suspended": "on-hold",
-                     "nullified": "entered-in-error"}
-_ENCOUNTER_STATUS = {"completed": "finished", "active": "in-progress", "cancelled": "cancelled",
-                     "aborted": "cancelled", "nullified": "entered-in-error"}
 _OBS_CATEGORY = "http://terminology.hl7.org/CodeSystem/observation-category"
 
-_CODED = {"CD", "CE", "CV", "CO", "CS"}
-_PREGNANCY_TEMPLATE = "2.16.840.1.113883.10.20.15.3.8"
-_ENCOUNTER_CLASSES = {"AMB", "IMP", "EMER", "HH", "ACUTE", "NONAC", "OBSENC", "PRENC", "SS", "VR", "FLD"}
+_CODED = {"CD", "CE", "CV", "CO", "CS"}  # HL7 v3 coded data types
+_PREGNANCY_TEMPLATE = "2.16.840.1.113883.10.20.15.3.8"  # Pregnancy Observation (C-CDA)
+_ACT_CODE = "2.16.840.1.113883.5.4"  # HL7 v3 ActCode, the code system of an encounter's class
+
+
+class PregnancyCodes(NamedTuple):
+    pregnant: str  # the value of an ASSERTION that says "pregnant"
+    status: Coded  # the code of the Observation it becomes
+    not_pregnant: Coded  # the value of a negated one
+
+
+@rule_file("records/drug_facts.toml")
+def _pregnancy(raw: Mapping[str, Any]) -> PregnancyCodes:
+    """drug_facts.toml [pregnancy.ccda]: the codes the reader writes, each one the [pregnancy] table lists."""
+    table, ccda = raw["pregnancy"], raw["pregnancy"]["ccda"]
+    codes = PregnancyCodes(str(ccda["pregnant"]), Coded.of(ccda.get("status"), "[pregnancy.ccda] status"),
+                           Coded.of(ccda.get("not_pregnant"), "[pregnancy.ccda] not_pregnant"))
+    for code, listed in ((codes.pregnant, "pregnant_answers"), (codes.status.code, "status_loinc"),
+                         (codes.not_pregnant.code, "not_pregnant_answers")):
+        if code not in table[listed]:
+            raise ValueError(f"[pregnancy.ccda] writes {code}, which [pregnancy] {listed} does not list")
+    return codes
 
 
 def results(entry: Element, where: str, sec: Section, ctx: Context) -> list[Resource]:
@@ -67,7 +81,7 @@ def results(entry: Element, where: str, sec: Section, ctx: Context) -> list[Reso
         except (ValueError, KeyError, AttributeError, TypeError, IndexError) as exc:
             ctx.notes.append(f"{where} component {n}: {exc}; that result is left out")
     report = new_resource("report", "DiagnosticReport", ctx)
-    report["status"] = _REPORT_STATUS.get(status_code(organizer), "unknown")
+    report["status"] = ccda_codes().act_status["report"].get(status_code(organizer), "unknown")
     if category == "laboratory":
         report["category"] = [{"coding": [{"system": "http://terminology.hl7.org/CodeSystem/v2-0074",
                                            "code": "LAB"}]}]
@@ -89,7 +103,7 @@ def _observation(obs: Element, when: str | None, category: str, sec: Section, ct
     if code is None:
         raise ValueError("observation has no code")
     resource = new_resource("observation", "Observation", ctx)
-    resource["status"] = _OBSERVATION_STATUS.get(status_code(obs), "unknown")
+    resource["status"] = ccda_codes().act_status["observation"].get(status_code(obs), "unknown")
     resource["category"] = [{"coding": [{"system": _OBS_CATEGORY, "code": category}]}]
     resource["code"] = code
     stamp = _when(obs) or when
@@ -152,23 +166,24 @@ def social_history(entry: Element, where: str, sec: Section, ctx: Context) -> li
     obs = child(entry, "observation")
     if obs is None:
         raise ValueError("no observation")
+    codes, pregnancy_codes = ccda_codes(), _pregnancy()
     pregnancy = _PREGNANCY_TEMPLATE in {t.get("root") for t in obs.findall("h:templateId", NS)} or (
-        code_of(obs) == "ASSERTION" and code_of(obs, "value") == "77386006")
+        code_of(obs) == "ASSERTION" and code_of(obs, "value") == pregnancy_codes.pregnant)
     negated = obs.get("negationInd") == "true"
     if negated and not pregnancy:
         raise ValueError("negated social history observation (nothing asserted)")
     resource = new_resource("observation", "Observation", ctx)
-    resource["status"] = _OBSERVATION_STATUS.get(status_code(obs), "final")
+    resource["status"] = codes.act_status["observation"].get(status_code(obs), "final")
     resource["category"] = [{"coding": [{"system": _OBS_CATEGORY, "code": "social-history"}]}]
     if pregnancy:
-        resource["code"] = loinc("82810-3", "Pregnancy status")
-        resource["valueCodeableConcept"] = (codeable(SNOMED, "60001007", "Not pregnant") if negated
+        resource["code"] = loinc(*pregnancy_codes.status)
+        resource["valueCodeableConcept"] = (codeable(SNOMED, *pregnancy_codes.not_pregnant) if negated
                                             else concept(child(obs, "value"), sec.refs))
         if resource["valueCodeableConcept"] is None:
             raise ValueError("pregnancy observation without a value")
     else:
         smoking = has_template(obs, "78") and code_of(obs) in ("ASSERTION", "")
-        code = loinc("72166-2", "Tobacco smoking status") if smoking else concept(child(obs, "code"), sec.refs)
+        code = loinc(*codes.smoking) if smoking else concept(child(obs, "code"), sec.refs)
         if code is None:
             raise ValueError("social history observation has no code")
         resource["code"] = code
@@ -192,7 +207,7 @@ def procedures(entry: Element, where: str, sec: Section, ctx: Context) -> list[R
         raise ValueError("procedure has no code")
     resource = new_resource("procedure", "Procedure", ctx)
     resource["status"] = ("not-done" if act.get("negationInd") == "true"
-                          else _PROCEDURE_STATUS.get(status_code(act), "completed"))
+                          else ccda_codes().act_status["procedure"].get(status_code(act), "completed"))
     resource["code"] = code
     point, start, end = times(child(act, "effectiveTime"))
     if point:
@@ -215,11 +230,12 @@ def encounters(entry: Element, where: str, sec: Section, ctx: Context) -> list[R
         raise ValueError("no encounter")
     resource = new_resource("encounter", "Encounter", ctx)
     planned = encounter.get("moodCode") not in (None, "EVN")
-    resource["status"] = "planned" if planned else _ENCOUNTER_STATUS.get(status_code(encounter), "finished")
+    codes = ccda_codes()
+    resource["status"] = "planned" if planned else codes.act_status["encounter"].get(status_code(encounter), "finished")
     code = child(encounter, "code")
-    act_class = code_of(encounter) if code is not None and code.get("codeSystem") == "2.16.840.1.113883.5.4" else ""
+    act_class = code_of(encounter) if code is not None and code.get("codeSystem") == _ACT_CODE else ""
     resource["class"] = {"system": "http://terminology.hl7.org/CodeSystem/v3-ActCode",
-                         "code": act_class if act_class in _ENCOUNTER_CLASSES else "AMB"}
+                         "code": act_class if act_class in codes.encounter_classes else codes.unlisted_encounter_class}
     kind = concept(code, sec.refs)
     if kind:
         resource["type"] = [kind]

@@ -1,20 +1,24 @@
-"""HL7 v3 data types of a C-CDA document -> FHIR R4 JSON values, and the vocabulary tables the reader works from.
+"""HL7 v3 data types of a C-CDA document -> FHIR R4 JSON values, and the code tables the reader works from.
 
-The tables are data at the top of the module (not code paths): which section LOINC code or templateId is read
-by which handler, which code-system OID is which FHIR system URI. A TS keeps its precision ("1998" stays a year):
-a reader that padded it to 1998-01-01 would invent a date. Every converter raises ValueError on a malformed value;
-the entry that holds it is then skipped and reported, never the document.
+The tables are rule files a clinician can read (rules/records/ccda.toml, read here as `ccda_codes()`; the sections
+and code systems it shares with the FHIR reader in records.codes): which allergy type, status, severity or null
+flavour code means what. A TS keeps its precision ("1998" stays a year): a reader that padded it to 1998-01-01
+would invent a date. Every converter raises ValueError on a malformed value; the entry that holds it is then
+skipped and reported, never the document.
 """
 
 from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 from xml.etree.ElementTree import Element
+
+from ebmrag.records.codes import code_systems, text_table
+from ebmrag.rules import rule_file
 
 Resource = dict[str, Any]
 V3 = "urn:hl7-org:v3"
@@ -22,59 +26,112 @@ SDTC = "urn:hl7-org:sdtc"
 NS = {"h": V3, "sdtc": SDTC}
 XSI_TYPE = "{http://www.w3.org/2001/XMLSchema-instance}type"
 
-# Code-system OID -> FHIR system URI; unknown OIDs become urn:oid:<oid>.
-OID_SYSTEMS: dict[str, str] = {
-    "2.16.840.1.113883.6.96": "http://snomed.info/sct",
-    "2.16.840.1.113883.6.1": "http://loinc.org",
-    "2.16.840.1.113883.6.88": "http://www.nlm.nih.gov/research/umls/rxnorm",
-    "2.16.840.1.113883.6.90": "http://hl7.org/fhir/sid/icd-10-cm",
-    "2.16.840.1.113883.6.3": "http://hl7.org/fhir/sid/icd-10",
-    "2.16.840.1.113883.6.103": "http://hl7.org/fhir/sid/icd-9-cm",
-    "2.16.840.1.113883.6.104": "http://hl7.org/fhir/sid/icd-9-cm",
-    "2.16.840.1.113883.12.292": "http://hl7.org/fhir/sid/cvx",
-    "2.16.840.1.113883.6.12": "http://www.ama-assn.org/go/cpt",
-    "2.16.840.1.113883.6.4": "http://www.cms.gov/Medicare/Coding/ICD10",
-    "2.16.840.1.113883.4.9": "http://fdasis.nlm.nih.gov",
-    "2.16.840.1.113883.3.26.1.1": "http://ncithesaurus-stage.nci.nih.gov",
-    "2.16.840.1.113883.6.8": "http://unitsofmeasure.org",
-    "2.16.840.1.113883.5.83": "http://terminology.hl7.org/CodeSystem/v3-ObservationInterpretation",
-    "2.16.840.1.113883.5.4": "http://terminology.hl7.org/CodeSystem/v3-ActCode",
-    "2.16.840.1.113883.5.1": "http://terminology.hl7.org/CodeSystem/v3-AdministrativeGender",
-}
-# FHIR's own code systems registered under this arc: their OID says nothing a reader needs, the coding keeps no system.
-FHIR_OID_ARC = "2.16.840.1.113883.4.642.3."
-SNOMED, LOINC = OID_SYSTEMS["2.16.840.1.113883.6.96"], OID_SYSTEMS["2.16.840.1.113883.6.1"]
-
-# Section kind by LOINC code, then by templateId (C-CDA R1.1 and R2.1 roots; "C-CDAV2-DDN" sections need it).
-SECTION_CODES: dict[str, str] = {
-    "48765-2": "allergies",
-    "10160-0": "medications", "10183-2": "medications", "75311-1": "medications", "42346-7": "medications",
-    "11450-4": "problems", "11348-0": "problems",
-    "11535-2": "diagnoses", "78375-3": "diagnoses", "46241-6": "diagnoses", "42347-5": "diagnoses",
-    "29548-5": "diagnoses",
-    "30954-2": "results", "8716-3": "vital-signs", "47519-4": "procedures", "46240-8": "encounters",
-    "11369-6": "immunizations", "29762-2": "social-history",
-}
-_T = "2.16.840.1.113883.10.20.22.2."
-SECTION_TEMPLATES: dict[str, str] = {
-    _T + "6": "allergies", _T + "6.1": "allergies",
-    _T + "1": "medications", _T + "1.1": "medications", _T + "11": "medications", _T + "11.1": "medications",
-    _T + "44": "medications",
-    _T + "5": "problems", _T + "5.1": "problems", _T + "20": "problems",
-    _T + "24": "diagnoses", _T + "43": "diagnoses",
-    _T + "3": "results", _T + "3.1": "results", _T + "4": "vital-signs", _T + "4.1": "vital-signs",
-    _T + "7": "procedures", _T + "7.1": "procedures", _T + "22": "encounters", _T + "22.1": "encounters",
-    _T + "2": "immunizations", _T + "2.1": "immunizations", _T + "17": "social-history",
-}
-NULL_FLAVORS = {
-    "NI": "no information", "NA": "not applicable", "UNK": "unknown", "ASKU": "asked but unknown",
-    "NAV": "temporarily unavailable", "NASK": "not asked", "MSK": "masked", "OTH": "other", "NP": "not present",
-}
-_E = "2.16.840.1.113883.10.20.22.4."
-_ABSENT = {"NI": "unknown", "UNK": "unknown", "ASKU": "asked-unknown", "NAV": "temp-unknown",
-           "NASK": "not-asked", "MSK": "masked", "NA": "not-applicable"}
+# The FHIR system URIs the reader writes codes under (identifiers, as the namespaces above; every code system's OIDs
+# and URI are in rules/records/code_systems.toml).
+SNOMED, LOINC = "http://snomed.info/sct", "http://loinc.org"
+_E = "2.16.840.1.113883.10.20.22.4."  # C-CDA entry templateIds: an entry is recognised by its extension ("7")
 _TS = re.compile(r"(\d{4})(?:(\d{2})(?:(\d{2})(?:(\d{2})(?:(\d{2})(?:(\d{2})(\.\d{1,6})?)?)?)?)?)?"
                  r"([+-]\d{2}(?:\d{2})?)?")
+
+
+class Coded(NamedTuple):
+    """A code the reader writes, with its display name."""
+
+    code: str
+    display: str
+
+    @classmethod
+    def of(cls, raw: Any, where: str) -> Coded:
+        if not isinstance(raw, Mapping) or not all(isinstance(raw.get(k), str) and raw[k] for k in ("code", "display")):
+            raise ValueError(f"{where} needs a `code` and a `display`")
+        return cls(raw["code"], raw["display"])
+
+
+@dataclass(frozen=True)
+class CcdaCodes:
+    """rules/records/ccda.toml, checked: each table keyed by the code a C-CDA document writes."""
+
+    allergy_category: Mapping[str, str]  # allergy type (SNOMED CT) -> AllergyIntolerance.category
+    intolerance: frozenset[str]  # the allergy types that are intolerances
+    generic_substances: frozenset[str]
+    generic_problems: frozenset[str]
+    clinical_status: Mapping[str, str]  # status observation value -> FHIR clinical status
+    criticality: Mapping[str, str]  # severity / criticality value -> AllergyIntolerance.criticality
+    severity: Mapping[str, str]  # severity value -> reaction severity
+    status_observation: str  # the code of a status observation (LOINC 33999-4)
+    criticality_observation: str
+    severity_observation: str
+    smoking: Coded
+    act_status: Mapping[str, Mapping[str, str]]  # "medication" | "observation" | ... -> ActStatus -> FHIR status
+    medication_ended: frozenset[str]
+    encounter_classes: frozenset[str]
+    unlisted_encounter_class: str
+    null_flavors: Mapping[str, str]  # NullFlavor -> words
+    absent_reasons: Mapping[str, str]  # NullFlavor -> data-absent-reason code
+    gender: Mapping[str, str]
+    address_use: Mapping[str, str]
+    telecom_use: Mapping[str, str]
+
+
+_FHIR_VALUES = {"category": {"medication", "food", "environment", "biologic"}, "type": {"allergy", "intolerance"},
+                "status": {"active", "inactive", "resolved"}, "criticality": {"high", "low"},
+                "severity": {"mild", "moderate", "severe"}}
+_STATUS_TABLES = ("medication", "observation", "report", "procedure", "encounter")
+
+
+def _coded_table(raw: Mapping[str, Any], table: str, fields: tuple[str, ...],
+                 required: int) -> dict[str, dict[str, str]]:
+    """`[table]` as code -> {field: FHIR code}: each entry has a `display`, at least `required` of `fields`, and
+    only values FHIR defines for them."""
+    found = raw[table]
+    for code, entry in found.items():
+        given = [f for f in fields if f in entry]
+        if not isinstance(entry.get("display"), str) or len(given) < required:
+            raise ValueError(f"[{table}] {code!r} needs a `display` and {' / '.join(fields)}")
+        wrong = [f for f in given if entry[f] not in _FHIR_VALUES[f]]
+        if wrong:
+            raise ValueError(f"[{table}] {code!r}: {wrong[0]} {entry[wrong[0]]!r} is not one of "
+                             f"{sorted(_FHIR_VALUES[wrong[0]])}")
+    return {code: {f: entry[f] for f in fields if f in entry} for code, entry in found.items()}
+
+
+@rule_file("records/ccda.toml")
+def ccda_codes(raw: Mapping[str, Any]) -> CcdaCodes:
+    def texts(table: str) -> dict[str, str]:
+        found: Any = raw
+        for part in table.split("."):
+            found = found.get(part) if isinstance(found, Mapping) else None
+        return text_table(found, table)
+
+    types = _coded_table(raw, "allergy_type", ("category", "type"), 2)
+    severities = _coded_table(raw, "severity", ("criticality", "severity"), 1)
+    clinical = _coded_table(raw, "clinical_status", ("status",), 1)
+    statuses = {table: texts(f"act_status.{table}") for table in _STATUS_TABLES}
+    ended = frozenset(raw["act_status"]["medication_ended"])
+    if not ended <= set(statuses["medication"]):
+        raise ValueError("[act_status] medication_ended names a status [act_status.medication] does not map")
+    observation, flavors = raw["observation"], raw["null_flavor"]
+    if not all(isinstance(f.get("display"), str) for f in flavors.values()):
+        raise ValueError("[null_flavor] every entry needs a `display`")
+    return CcdaCodes(
+        allergy_category={code: t["category"] for code, t in types.items()},
+        intolerance=frozenset(code for code, t in types.items() if t["type"] == "intolerance"),
+        generic_substances=frozenset(texts("generic_substance")),
+        generic_problems=frozenset(texts("generic_problem")),
+        clinical_status={code: s["status"] for code, s in clinical.items()},
+        criticality={code: s["criticality"] for code, s in severities.items() if "criticality" in s},
+        severity={code: s["severity"] for code, s in severities.items() if "severity" in s},
+        status_observation=str(observation["status"]),
+        criticality_observation=str(observation["criticality"]),
+        severity_observation=str(observation["severity"]),
+        smoking=Coded.of(observation["smoking"], "[observation] smoking"),
+        act_status=statuses,
+        medication_ended=ended,
+        encounter_classes=frozenset(texts("encounter.class")),
+        unlisted_encounter_class=str(raw["encounter"]["unlisted_class"]),
+        null_flavors={code: f["display"] for code, f in flavors.items()},
+        absent_reasons={code: f["absent_reason"] for code, f in flavors.items() if "absent_reason" in f},
+        gender=texts("gender"), address_use=texts("address_use"), telecom_use=texts("telecom_use"))
 
 
 @dataclass
@@ -145,8 +202,9 @@ def resolve(el: Element | None, refs: dict[str, str]) -> str:
 
 def coding(system: str | None, code: str | None, display: str | None) -> dict[str, str]:
     out: dict[str, str] = {}
-    if system and not system.startswith(FHIR_OID_ARC):
-        out["system"] = OID_SYSTEMS.get(system) or (f"urn:oid:{system}" if re.fullmatch(r"[0-2](\.\d+)+", system)
+    systems = code_systems()
+    if system and not system.startswith(systems.fhir_oid_arc):
+        out["system"] = systems.uri_by_oid.get(system) or (f"urn:oid:{system}" if re.fullmatch(r"[0-2](\.\d+)+", system)
                                                     else f"urn:uuid:{system.lower()}")
     if code:
         out["code"] = code.strip()
@@ -211,7 +269,7 @@ def status_concept(kind: str, code: str) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Section:
-    kind: str  # "allergies", "medications", ... (values.SECTION_CODES)
+    kind: str  # "allergies", "medications", ... (rules/records/sections.toml)
     label: str  # "48765-2 Allergies" in notes
     refs: dict[str, str]  # narrative ID -> text (this section's over the document's)
 
@@ -250,11 +308,12 @@ def new_resource(kind: str, resource_type: str, ctx: Context, subject_key: str =
 
 
 def absent(value: Element | None) -> Resource:
-    flavor = value.get("nullFlavor") if value is not None else None
+    flavor = str(value.get("nullFlavor") or "") if value is not None else ""
     reason: Resource = {"text": "no value recorded"}
-    if flavor in _ABSENT:
+    codes = ccda_codes()
+    if flavor in codes.absent_reasons:
         reason["coding"] = [{"system": "http://terminology.hl7.org/CodeSystem/data-absent-reason",
-                             "code": _ABSENT[flavor], "display": NULL_FLAVORS.get(str(flavor), "")}]
+                             "code": codes.absent_reasons[flavor], "display": codes.null_flavors.get(flavor, "")}]
     return {"dataAbsentReason": reason}
 
 

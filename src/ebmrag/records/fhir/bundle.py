@@ -29,6 +29,7 @@ from typing import Any
 from ebmrag.errors import RecordError
 from ebmrag.records.dates import Today, as_written, partial_timestamp
 from ebmrag.records.fhir import facts
+from ebmrag.records.fhir.chart_facts import ChartFacts, Medications, read_facts
 from ebmrag.records.fhir.checks import defects
 from ebmrag.records.fhir.composition import section_notes
 from ebmrag.records.fhir.index import ChartIndex, Entry, Resource, bundle_entries, reference_of, type_id
@@ -112,15 +113,27 @@ class _Chart:
 def record_from_fhir_bundle(bundle: Any, origin: str, *, stale_after: timedelta = DEFAULT_STALE_AFTER,
                             today: Today | None = None) -> PatientRecord:
     """A Bundle of any type (document, collection, batch, transaction, searchset, message, history)."""
+    return read_fhir_bundle(bundle, origin, stale_after=stale_after, today=today)[0]
+
+
+def read_fhir_bundle(bundle: Any, origin: str, *, stale_after: timedelta = DEFAULT_STALE_AFTER,
+                     today: Today | None = None) -> tuple[PatientRecord, ChartFacts]:
+    """The record of a Bundle and the facts its face sheet was built from (the CDS cards cite the same)."""
     if not isinstance(bundle, Mapping) or bundle.get("resourceType") != "Bundle":
         raise RecordError(origin, "not a FHIR Bundle (resourceType must be \"Bundle\")")
     problems: list[str] = []
-    return record_from_entries(bundle_entries(bundle, origin, problems), origin, problems, stale_after=stale_after,
-                               today=today)
+    return read_entries(bundle_entries(bundle, origin, problems), origin, problems, stale_after=stale_after,
+                        today=today)
 
 
 def record_from_entries(entries: Sequence[Entry], origin: str, problems: Sequence[str] = (), *,
                         stale_after: timedelta = DEFAULT_STALE_AFTER, today: Today | None = None) -> PatientRecord:
+    return read_entries(entries, origin, problems, stale_after=stale_after, today=today)[0]
+
+
+def read_entries(entries: Sequence[Entry], origin: str, problems: Sequence[str] = (), *,
+                 stale_after: timedelta = DEFAULT_STALE_AFTER,
+                 today: Today | None = None) -> tuple[PatientRecord, ChartFacts]:
     """`today`: the present the chart's dates are read against (default: the wall clock now)."""
     chart = _identify(entries, origin)
     chart.today = today or Today.wall_clock()
@@ -138,7 +151,8 @@ def record_from_entries(entries: Sequence[Entry], origin: str, problems: Sequenc
     reconcile(medications, lists, index, newest_recorded, stale_after, today=chart.today)
     fragments = _fragments(clinical, chart)
     fragments += _narratives(clinical, chart)
-    summary = _face_sheet(chart, fragments, medications, clinical)
+    chart_facts = read_facts(index.unique(), chart.today, _medications(chart, fragments, medications))
+    summary = _face_sheet(chart, fragments, chart_facts)
     skipped = _skipped(chart, problems)
     for note in skipped:
         log.debug("%s: %s", origin, note)  # a note may quote the chart: not at INFO, where logs are kept
@@ -146,7 +160,7 @@ def record_from_entries(entries: Sequence[Entry], origin: str, problems: Sequenc
         raise RecordError(origin, "the chart holds neither a Patient nor a clinical resource that could be read"
                                   + (f" ({'; '.join(skipped[:3])})" if skipped else ""))
     return PatientRecord(chart.subject, tuple(_unique_ids([*summary, *fragments])), origin, tuple(skipped),
-                         facts.identifiers(chart.patient))
+                         facts.identifiers(chart.patient)), chart_facts
 
 
 def _identify(entries: Sequence[Entry], origin: str) -> _Chart:
@@ -353,26 +367,27 @@ def _narratives(entries: Sequence[Entry], chart: _Chart) -> list[Fragment]:
     return fragments
 
 
-def _face_sheet(chart: _Chart, fragments: Sequence[Fragment], medications: Sequence[Resource],
-                clinical: Sequence[Entry]) -> list[Fragment]:
+def _medications(chart: _Chart, fragments: Sequence[Fragment], medications: Sequence[Resource]) -> Medications:
+    """The reconciled medication list (after `reconcile` filled the index's states)."""
+    current, unknown = current_names(medications, chart.index)
+    stated = next((f.text.removeprefix("Medications: ") for f in fragments if f.section == "Medication status"), "")
+    ended = sum(chart.index.medication_state.get(id(m), ("",))[0] == NOT_ACTIVE for m in medications)
+    return Medications(tuple(current), tuple(unknown), stated, ended)
+
+
+def _face_sheet(chart: _Chart, fragments: Sequence[Fragment], chart_facts: ChartFacts) -> list[Fragment]:
+    """The face sheet's lines, rendered from the chart's facts (records.fhir.facts)."""
     today = chart.today
     newest = today.newest(f.timestamp for f in fragments if not f.date_in_future)
-    current, unknown = current_names(medications, chart.index)
-    stated_none = next((f.text.removeprefix("Medications: ") for f in fragments if f.section == "Medication status"),
-                       "")
-    conditions = [e.resource for e in clinical if e.resource.get("resourceType") == "Condition"]
-    results = facts.observations(chart.index)
-    pregnancy = facts.pregnancy_status(results, conditions, today)
     if (born := facts.birth_defect(chart.patient, today)):
         chart.defect(chart.subject, born)
-    sheet = (facts.demographics(chart.patient, chart.subject, newest, pregnancy, today),
+    sheet = (facts.demographics(chart.patient, chart.subject, newest, facts.pregnancy_status(chart_facts.pregnancy),
+                                today),
              facts.allergy_status(chart.subject, fragments, newest),
              facts.problem_summary(chart.subject, fragments, newest),
-             facts.medication_summary(chart.subject, current, unknown, stated_none, newest,
-                                      ended=sum(chart.index.medication_state.get(id(m), ("",))[0] == NOT_ACTIVE
-                                                for m in medications)),
-             facts.drug_facts(chart.subject, results, today),
-             facts.latest_results(chart.subject, results, today))
+             facts.medication_summary(chart.subject, chart_facts.medications, newest),
+             facts.drug_facts(chart.subject, chart_facts),
+             facts.latest_results(chart.subject, chart_facts))
     return [f for f in sheet if f is not None]
 
 

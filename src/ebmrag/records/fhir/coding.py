@@ -5,25 +5,21 @@ coding that has a display (a German chart stays German), else the code named wit
 bare number. `obj`/`objects`/`concepts` read an element that should be an object or a list and return
 an empty one when the chart wrote something else, so one malformed element costs that element only.
 `states_absence` recognises statements of absence ("no known allergy") by code system and code, with the
-phrase as fallback (vocab/absent.toml).
+phrase as fallback (rules/records/absent.toml). A code system's short name is rules/records/code_systems.toml's.
 """
 
 from __future__ import annotations
 
 import re
-import tomllib
 from collections.abc import Mapping
-from functools import cache
-from pathlib import Path
 from typing import Any
+
+from ebmrag.records.codes import code_systems
+from ebmrag.rules import rule_file
 
 _SEMANTIC_TAG = re.compile(r"\s+\((?:disorder|finding|situation|procedure|qualifier value|physical object|"
                            r"record artifact|regime/therapy|observable entity|morphologic abnormality|"
                            r"clinical drug|substance|event|body structure|product|medicinal product)\)")
-_SYSTEMS = {"http://snomed.info/sct": "SNOMED CT", "http://loinc.org": "LOINC",
-            "http://www.nlm.nih.gov/research/umls/rxnorm": "RxNorm", "http://www.whocc.no/atc": "ATC",
-            "http://hl7.org/fhir/sid/icd-10": "ICD-10", "http://hl7.org/fhir/sid/icd-10-cm": "ICD-10-CM"}
-_VOCAB = Path(__file__).resolve().parent.parent / "vocab"
 _IPS_ABSENT = "absent-unknown"
 _DATA_ABSENT = "data-absent-reason"
 
@@ -80,14 +76,12 @@ def text_of(concept: Any) -> str:
     system, code, _ = next((c for c in found if c[1]), ("", "", ""))
     if not code:
         return ""
-    named = _SYSTEMS.get(system) or system.rstrip("/").rsplit("/", 1)[-1].removeprefix("urn:oid:")
+    named = code_systems().name_by_uri.get(system) or system.rstrip("/").rsplit("/", 1)[-1].removeprefix("urn:oid:")
     return f"{code} ({named})" if named else code
 
 
-@cache
-def _absent() -> dict[str, dict[str, Any]]:
-    with open(_VOCAB / "absent.toml", "rb") as handle:
-        raw = tomllib.load(handle)
+@rule_file("records/absent.toml")
+def _absent(raw: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     return {kind: {"snomed": frozenset(v.get("snomed", [])), "ips": frozenset(v.get("ips", [])),
                    "text": re.compile(v["text"], re.IGNORECASE), "statement": v["statement"]}
             for kind, v in raw.items()}

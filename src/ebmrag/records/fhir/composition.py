@@ -16,6 +16,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ebmrag.records.codes import document_sections
 from ebmrag.records.fhir.coding import codings, obj, objects, text_of
 from ebmrag.records.fhir.index import ChartIndex, Resource
 from ebmrag.records.notes import html_to_text, note_sections, slug
@@ -25,14 +26,6 @@ _WORD = re.compile(r"[^\W\d_]{3,}", re.UNICODE)
 _PLACEHOLDER = re.compile(r"^(?:to be (?:populated|generated|completed)|narrative (?:needs to be|to be|will be) "
                           r"generated|not (?:yet )?(?:available|populated|generated)|no (?:information|narrative|"
                           r"data)(?: available)?|n/?a|none|not applicable)\b", re.IGNORECASE)
-# Sections whose emptiness is itself a fact a drug question needs (LOINC section codes, as IPS and C-CDA use them):
-# an empty allergy section "Nil Known" is a statement of no known allergies, "Not Asked" is not.
-_STATUS_SECTIONS = {"48765-2": ("Allergy status", "Allergy status"), "10160-0": ("Medication status", "Medications"),
-                    "11450-4": ("Problem list > status", "Problem list"),
-                    "11348-0": ("Problem list > status", "Past problems")}
-# HL7 list-empty-reason codes, for sections that give the code without a display.
-_EMPTY_REASON = {"nilknown": "Nil known", "notasked": "Not asked", "withheld": "Withheld", "unavailable": "Unavailable",
-                 "notstarted": "Not started", "closed": "Closed"}
 _NOVEL_SHARE = 0.35  # below this share of words not found in its entries, a narrative repeats them
 _NOVEL_LEAST = 3  # ... or when fewer words than this are new
 _HEADER_CELL = re.compile(r"<th\b[^>]*>.*?</th>|<thead\b[^>]*>.*?</thead>", re.IGNORECASE | re.DOTALL)
@@ -112,22 +105,25 @@ def section_notes(composition: Resource, index: ChartIndex, unused: Counter[str]
 
 def _empty_sections(composition: Resource) -> list[SectionNote]:
     """An allergy, medication or problem section that is empty on purpose (`emptyReason`: "Nil Known", "Not
-    Asked", "Unavailable") becomes that status, in the chart's words: its reason and its narrative."""
+    Asked", "Unavailable") becomes that status, in the chart's words: its reason and its narrative. Which
+    sections state a fact when empty (an empty allergy section "Nil Known" is a statement of no known allergies,
+    "Not Asked" is not) is rules/records/sections.toml's `empty`."""
     notes = []
+    known = document_sections()
     for section in _sections(composition.get("section")):
         if not section.get("emptyReason"):
             continue
-        kind = next((_STATUS_SECTIONS[code] for _, code, _ in codings(section.get("code")) if code in _STATUS_SECTIONS),
-                    None)
+        kind = next((known.empty_status[code] for _, code, _ in codings(section.get("code"))
+                     if code in known.empty_status), None)
         if kind is None:
             continue
         div = obj(section.get("text")).get("div")
         narrative = _statement(div) if isinstance(div, str) else ""
         code = next((c for _, c, _ in codings(section.get("emptyReason"))), "")
         named = obj(section.get("emptyReason")).get("text") or any(d for _, _, d in codings(section.get("emptyReason")))
-        reason = text_of(section.get("emptyReason")) if named else _EMPTY_REASON.get(code, code)
+        reason = text_of(section.get("emptyReason")) if named else known.empty_reason.get(code, code)
         said = "; ".join(dict.fromkeys(s for s in (reason, narrative if len(narrative.split()) <= 40 else "") if s))
-        notes.append(SectionNote(kind[0], f"{kind[1]}: {said.rstrip('.')}.", f"#empty-{slug(kind[0])}"))
+        notes.append(SectionNote(kind.section, f"{kind.label}: {said.rstrip('.')}.", f"#empty-{slug(kind.section)}"))
     return notes
 
 

@@ -7,7 +7,8 @@ so each medication record gets a state, with the reason a reader can check:
   it marks deleted or stopped, is not current;
 - a record whose status is stopped, cancelled, completed, not-taken, entered-in-error or draft is never
   current, nor is an order replaced by a newer one (`priorPrescription`) or followed by a newer record of
-  the same drug that ends it;
+  the same drug that ends it ("the same drug": the same INN ingredients when the drug vocabulary knows the drug,
+  so an order for "Lipitor 20 mg" and a record of "atorvastatin 20 MG Oral Tablet" are one drug);
 - a record without a status is "status unknown" (listed apart, never as active);
 - an active record older than `stale_after` with no newer record of the drug stays current but is marked
   "not recently confirmed".
@@ -18,19 +19,27 @@ today's orders or make them stale.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
+from ebmrag.records.codes import text_table
 from ebmrag.records.dates import Today, as_written, partial_timestamp
 from ebmrag.records.fhir.coding import codings, obj, objects, states_absence, text_of
 from ebmrag.records.fhir.index import ChartIndex, Resource
 from ebmrag.records.fhir.resources import drug_name, started
+from ebmrag.rules import rule_file
+from ebmrag.vocab.drugs import vocabulary
 
 MEDICATION_TYPES = ("MedicationRequest", "MedicationOrder", "MedicationStatement", "MedicationAdministration")
 _CURRENT = {"active", "on-hold", "intended"}
 _ENDED = {"stopped", "cancelled", "completed", "entered-in-error", "not-taken", "draft", "revoked", "superseded"}
-# LOINC codes of medication lists (History of medication use; Medications; Medication administered; Medication summary)
-_LIST_CODES = {"10160-0", "52471-0", "29549-3", "56445-0", "11586-5", "10183-2", "75311-1"}
+
+
+@rule_file("records/fhir.toml")
+def _list_codes(raw: Mapping[str, Any]) -> frozenset[str]:
+    """The LOINC codes of a medication List (rules/records/fhir.toml [medication_lists])."""
+    return frozenset(text_table(raw.get("medication_lists"), "medication_lists"))
 _STOPPED_FLAGS = re.compile(r"stop|cancel|discontinu|cease|delet|remov|suspend", re.IGNORECASE)
 ACTIVE, NOT_ACTIVE, UNKNOWN = "active", "not active", "status unknown"
 
@@ -67,10 +76,14 @@ def _by_status(r: Resource) -> tuple[str, str]:
 
 
 def drug_key(r: Resource, index: ChartIndex) -> str:
-    """Which drug a record is about: an RxNorm or ATC code when there is one, else the first word of its name
-    (the ingredient of "metFORMIN hydrochloride 500 MG")."""
+    """Which drug a record is about: its INN ingredients when the drug vocabulary knows the drug by a code or a
+    name (a brand and its generic are one drug), else an RxNorm or ATC code when there is one, else the first
+    word of its name (the ingredient of "metFORMIN hydrochloride 500 MG")."""
     concept = r.get("medicationCodeableConcept") \
         or obj(index.resolve(r.get("medicationReference"), within=r)).get("code")
+    ingredients = vocabulary().identify([concept, drug_name(r, index)]).ingredients
+    if ingredients:
+        return "inn|" + "+".join(sorted(ingredients))
     for system, code, _ in codings(concept):
         if code and ("rxnorm" in system or "atc" in system):
             return f"{system}|{code}"
@@ -111,7 +124,7 @@ def _is_medication_list(resource: Resource) -> bool:
     if resource.get("status") not in (None, "current"):
         return False
     concept = resource.get("code")
-    if any(code in _LIST_CODES and "loinc" in system for system, code, _ in codings(concept)):
+    if any(code in _list_codes() and "loinc" in system for system, code, _ in codings(concept)):
         return True
     words = f"{text_of(concept)} {resource.get('title') if isinstance(resource.get('title'), str) else ''}"
     return bool(re.search(r"\bmedicat|\bdrug|\bmedikament|\bmédicament|\bfarmac|\bgenees", words, re.IGNORECASE))

@@ -4,11 +4,11 @@ are in fhir.results.
 
 Each renderer takes the resource and the chart's index (to resolve references: a medication's name, a
 contained Medication) and returns `Rendered` parts, or a `Skip` naming why nothing is packed. Sections
-are chosen so the tier rules (evidence/rules/tiers.toml) decide by resource type, category and status,
+are chosen so the tier rules (rules/evidence/tiers.toml) decide by resource type, category and status,
 never by a word that happens to occur in a display name. Renderers read what a resource does say: an
 element of the wrong shape is passed over (the caller reports a resource that cannot be read at all),
 dates keep the precision the chart wrote, and statements of absence ("no known allergy") set a status
-instead of becoming an allergy (vocab/absent.toml).
+instead of becoming an allergy (rules/records/absent.toml).
 """
 
 from __future__ import annotations
@@ -17,16 +17,24 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ebmrag.records.codes import text_table
 from ebmrag.records.dates import as_written
+from ebmrag.records.fhir.chart_facts import RETRACTED, status_of, taken_back
 from ebmrag.records.fhir.coding import concepts, obj, objects, states_absence, strings, text_of
 from ebmrag.records.fhir.index import ChartIndex, Resource
 from ebmrag.records.fhir.rendered import Rendered, Skip, status_code
 from ebmrag.records.fhir.results import quantity
+from ebmrag.rules import rule_file
 
 _RESOLVED = {"resolved", "inactive", "remission"}
-_RETRACTED = {"refuted", "entered-in-error"}
+
 _SAYS_ALLERGY = re.compile(r"\b(allerg|intoleran|hypersensitiv|unverträglich|overgevoelig)", re.IGNORECASE)
-_ALLERGY_CATEGORY = {"medication": "Drug", "food": "Food", "environment": "Environmental", "biologic": "Biologic"}
+
+
+@rule_file("records/fhir.toml")
+def _allergy_categories(raw: Mapping[str, Any]) -> dict[str, str]:
+    """fhir.toml [allergy_category]: AllergyIntolerance.category -> the word its line opens with."""
+    return text_table(raw.get("allergy_category"), "allergy_category")
 
 
 def onset_of(r: Resource) -> str:
@@ -64,12 +72,15 @@ def allergy(r: Resource, index: ChartIndex) -> Sequence[Rendered] | Skip:
     """A drug, food or other allergy in one short line ("Drug allergy to penicillin G (high criticality:
     hives); since 2007"), which the face sheet repeats verbatim so the two collapse into one when packed;
     "no known allergy" codes become an allergy status, never an allergy."""
-    verification = status_code(r.get("verificationStatus"))
-    if verification in _RETRACTED:
+    verification = status_of(r.get("verificationStatus"))  # the code, or its words where a code belongs
+    if verification in RETRACTED:
         return Skip("refuted or entered in error")
     if states_absence(r.get("code"), "allergy"):
         return [Rendered("Allergy status", f"Allergy status: {text_of(r.get('code'))}.")]
-    category = next((_ALLERGY_CATEGORY[c] for c in strings(r.get("category")) if c in _ALLERGY_CATEGORY), "")
+    if taken_back(r):  # "Not allergic to penicillin": what the chart states, not an allergy
+        return [Rendered("Allergy status", f"Allergy status: {_allergen(r)}.")]
+    words = _allergy_categories()
+    category = next((words[c] for c in strings(r.get("category")) if c in words), "")
     allergen = _allergen(r) or "unspecified substance"
     kind = "intolerance" if status_code(r.get("type")) == "intolerance" else "allergy"  # R5 codes `type` as a concept
     if _SAYS_ALLERGY.search(allergen):  # SNOMED names the disorder: "Intolerance to lactose", "Allergy to egg"
@@ -79,7 +90,7 @@ def allergy(r: Resource, index: ChartIndex) -> Sequence[Rendered] | Skip:
     reactions = objects(r.get("reaction"))
     said = ", ".join(dict.fromkeys(t for reaction in reactions for m in concepts(reaction.get("manifestation"))
                                    if (t := text_of(m) or text_of(m.get("concept")))))  # R5: CodeableReference
-    status = [s for s in (status_code(r.get("clinicalStatus")), verification)
+    status = [s for s in (status_of(r.get("clinicalStatus")), verification)
               if s in ("inactive", "resolved", "unconfirmed")]
     bits = [*status, "high criticality" if r.get("criticality") == "high" else "",
             "severe reaction" if any(x.get("severity") == "severe" for x in reactions) else ""]
@@ -93,7 +104,7 @@ def allergy(r: Resource, index: ChartIndex) -> Sequence[Rendered] | Skip:
 def condition(r: Resource, index: ChartIndex) -> Sequence[Rendered] | Skip:
     """Active problems stand (no decay); resolved ones are dated by their abatement and weigh less; refuted
     and entered-in-error diagnoses are never packed; "no current problems" is a status, not a problem."""
-    if status_code(r.get("verificationStatus")) in _RETRACTED:
+    if status_code(r.get("verificationStatus")) in RETRACTED:
         return Skip("refuted or entered in error")
     name, clinical = text_of(r.get("code")) or "unnamed condition", status_code(r.get("clinicalStatus"))
     if states_absence(r.get("code"), "problem"):

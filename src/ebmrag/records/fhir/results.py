@@ -6,33 +6,54 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ebmrag.records.attachments import attachment_text
+from ebmrag.records.codes import text_table
 from ebmrag.records.dates import as_written
 from ebmrag.records.fhir.coding import codings, concepts, obj, objects, text_of, without_semantic_tags
 from ebmrag.records.fhir.index import ChartIndex, Resource
 from ebmrag.records.fhir.rendered import Rendered, Skip, codes_of, status_code
 from ebmrag.records.fhir.shapes import shape_problems
 from ebmrag.records.notes import note_sections, slug
+from ebmrag.rules import rule_file
 
-_REPORT_CATEGORY = {
-    "PAT": "Pathology report", "SP": "Pathology report", "CP": "Pathology report", "RAD": "Imaging report",
-    "LAB": "Laboratory report", "GE": "Genetics report", "EC": "ECG report", "CUS": "Ultrasound report",
-    "CT": "Imaging report", "MB": "Microbiology report",
-}
-_OBSERVATION_CATEGORY = {
-    "laboratory": "Laboratory", "vital-signs": "Vital signs", "exam": "Physical exam", "imaging": "Imaging",
-    "procedure": "Procedure", "survey": "Patient history", "social-history": "Social history",
-}
-# Antimicrobial susceptibility (HL7 ObservationInterpretation): a panel says S/I/R, a reader wants words.
-_SUSCEPTIBILITY = {"S": "susceptible", "I": "intermediate", "R": "resistant", "SDD": "susceptible-dose dependent",
-                   "NS": "non-susceptible", "SYN-R": "synergy resistant", "SYN-S": "synergy susceptible"}
-# The other HL7 ObservationInterpretation codes, for results that carry a code without a display.
-_INTERPRETATION = {"H": "high", "L": "low", "N": "normal", "A": "abnormal", "AA": "critically abnormal",
-                   "HH": "critically high", "LL": "critically low", "HU": "significantly high",
-                   "LU": "significantly low", "POS": "positive", "NEG": "negative", "DET": "detected",
-                   "ND": "not detected", "IND": "indeterminate", "E": "equivocal", "EX": "outside threshold"}
+
+@dataclass(frozen=True)
+class Categories:
+    """The section a result or report is packed under, by its category code (rules/records/fhir.toml)."""
+
+    observation: Mapping[str, str]  # observation-category code -> section ("Observation" otherwise)
+    report: Mapping[str, str]  # v2-0074 code -> section ("Diagnostic report" otherwise)
+
+
+@rule_file("records/fhir.toml")
+def categories(raw: Mapping[str, Any]) -> Categories:
+    return Categories(text_table(raw.get("observation_category"), "observation_category"),
+                      text_table(raw.get("report_category"), "report_category"))
+
+
+@dataclass(frozen=True)
+class Interpretation:
+    """HL7 ObservationInterpretation codes (rules/records/interpretation.toml): the words of a code without a
+    display, the susceptibility words, and which codes and words call a result abnormal or critical."""
+
+    words: Mapping[str, str]
+    susceptibility: Mapping[str, str]
+    critical: frozenset[str]
+    abnormal: frozenset[str]  # critical codes included
+    critical_words: re.Pattern[str]
+    abnormal_words: re.Pattern[str]
+
+
+@rule_file("records/interpretation.toml")
+def interpretation(raw: Mapping[str, Any]) -> Interpretation:
+    flags = raw["flags"]
+    return Interpretation(dict(raw["words"]), dict(raw["susceptibility"]), frozenset(flags["critical"]),
+                          frozenset(flags["abnormal"]) | frozenset(flags["critical"]),
+                          re.compile(flags["critical_words"], re.IGNORECASE),
+                          re.compile(flags["abnormal_words"], re.IGNORECASE))
 
 
 def _number(value: Any) -> str:
@@ -79,15 +100,16 @@ def _interpretation(r: Resource) -> str:
     for concept in concepts(r.get("interpretation")):
         code = status_code(concept).upper()
         named = bool(concept.get("text")) or any(display for _, _, display in codings(concept))
-        words.append(_SUSCEPTIBILITY.get(code) or (text_of(concept) if named else "")
-                     or _INTERPRETATION.get(code) or text_of(concept))
+        words.append(interpretation().susceptibility.get(code) or (text_of(concept) if named else "")
+                     or interpretation().words.get(code) or text_of(concept))
     return ", ".join(w for w in words if w)
 
 
 def _susceptibility(r: Resource) -> str:
     """'resistant' when the interpretation is a susceptibility (S/I/R), the result such a panel reports."""
-    words = [_SUSCEPTIBILITY[code] for concept in concepts(r.get("interpretation"))
-             if (code := status_code(concept).upper()) in _SUSCEPTIBILITY]
+    table = interpretation().susceptibility
+    words = [table[code] for concept in concepts(r.get("interpretation"))
+             if (code := status_code(concept).upper()) in table]
     return ", ".join(words)
 
 
@@ -127,7 +149,8 @@ def observation(r: Resource, index: ChartIndex) -> Sequence[Rendered] | Skip:
     if id(r) in index.in_panel:
         return Skip("read as part of their panel (DiagnosticReport or Observation.hasMember)")
     codes = codes_of(r.get("category"))
-    section = next((_OBSERVATION_CATEGORY[c] for c in codes if c in _OBSERVATION_CATEGORY), "Observation")
+    sections = categories().observation
+    section = next((sections[c] for c in codes if c in sections), "Observation")
     absent = text_of(r.get("dataAbsentReason"))
     flags = _interpretation(r)
     measured = _measurement(r, index) or (
@@ -148,7 +171,8 @@ def report(r: Resource, index: ChartIndex) -> Sequence[Rendered] | Skip:
     """A report's conclusion, its results (each with its analyte: a susceptibility panel names the organism,
     drug and S/I/R) and its note."""
     codes = codes_of(r.get("category"))
-    section = next((_REPORT_CATEGORY[c] for c in codes if c in _REPORT_CATEGORY), "Diagnostic report")
+    sections = categories().report
+    section = next((sections[c] for c in codes if c in sections), "Diagnostic report")
     name = text_of(r.get("code")) or "Report"
     parts: list[Rendered] = []
     conclusion = r.get("conclusion") if isinstance(r.get("conclusion"), str) else ""
