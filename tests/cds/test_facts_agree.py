@@ -71,7 +71,7 @@ def check_agreement(chart: Chart) -> None:
     # every renal value a card cites is the one on the face sheet, with its date
     drug_line = face_sheet(record, "summary/drug-facts")
     for fact in renal_facts(chart, NOW):
-        assert f"{fact.name} {fact.value}" in drug_line, (fact, drug_line)
+        assert f"{fact.result.name} {fact.result.value}" in drug_line, (fact, drug_line)
         assert fact.cited.shown_date in drug_line
     # the allergies a card compares are the ones the context lists, and no other
     banner = face_sheet(record, "summary/allergies")
@@ -160,7 +160,7 @@ def test_the_agreement_is_the_safe_reading() -> None:
     def chart(name: str) -> Chart:
         return Chart("p1", [PATIENT, *CASES[name]])
 
-    assert [f.value for f in renal_facts(chart("creatinine timed by effectiveInstant"), NOW)] == ["2.4 mg/dL"]
+    assert [f.result.value for f in renal_facts(chart("creatinine timed by effectiveInstant"), NOW)] == ["2.4 mg/dL"]
     assert pregnancy_fact(chart("refuted pregnancy condition"), NOW) is None
     assert pregnancy_fact(chart("confirmed pregnancy condition"), NOW) is not None
     old = chart("pregnancy recorded three years ago")

@@ -220,7 +220,8 @@ def renal_card(instance: str, order: Order, group: RenalGroup, results: Sequence
         detail = [f"**Ordered:** {quote(order.name)} ({code(order.reference)})", "",
                   "**The chart holds** no creatinine, eGFR or creatinine clearance result.", ""]
     else:
-        said = "; ".join(f"{r.name} {r.value}" + (f" ({r.cited.shown_date})" if r.cited.date else "") for r in shown)
+        said = "; ".join(f"{r.result.name} {r.result.value}" + (f" ({r.cited.shown_date})" if r.cited.date else "")
+                         for r in shown)
         summary = f"Renal function for {drug}: {said}"
         detail = [f"**Ordered:** {quote(order.name)} ({code(order.reference)})", ""]
         if trusted:
@@ -233,19 +234,19 @@ def renal_card(instance: str, order: Order, group: RenalGroup, results: Sequence
                    "renal result, or a newer one, may be among them.", ""]
     detail += [f"**Why this card:** {quote(drug)} is on ebmrag's list of drugs whose labelling ties use or dose to "
                f"renal function ({quote(group.name)}).", "", FOOTER]
-    flagged = any(r.abnormal for r in shown)
+    flagged = any(r.result.abnormal for r in shown)
     cited = tuple(r.cited for r in results)
     return Card("renal", "warning" if flagged else "info", plain(summary), "\n".join(detail), cited,
                 card_id(instance, "renal", order.reference, *(c.label for c in cited)))
 
 
 def _result_line(r: LabFact) -> str:
-    flags = f"; laboratory flag: {quote(r.flags)}" if r.flags else ""
-    ranges = f"; reference range {quote(r.reference_range)}" if r.reference_range else ""
-    written = r.time or r.cited.date
+    flags = f"; laboratory flag: {quote(r.result.flags)}" if r.result.flags else ""
+    ranges = f"; reference range {quote(r.result.reference_range)}" if r.result.reference_range else ""
+    written = r.result.time or r.cited.date
     when = f" ({quote(r.cited.shown_date)})" if r.future else f" on {quote(written)}" if written else " (undated)"
     critical = f"; {quote(r.critical)}" if r.critical else ""
-    return (f"- {quote(r.test)}: **{quote(r.value)}**{when}{flags}{ranges}{critical}. "
+    return (f"- {quote(r.result.test)}: **{quote(r.result.value)}**{when}{flags}{ranges}{critical}. "
             + source_line(r.cited))
 
 
@@ -277,10 +278,10 @@ def critical_card(instance: str, results: Sequence[LabFact], hours: float) -> Ca
     first = results[0]
     span = f"{hours:g} h"
     if len(results) == 1:
-        summary = f"Critical result in the last {span}: {first.test} {first.value} ({first.critical})"
+        summary = f"Critical result in the last {span}: {first.result.test} {first.result.value} ({first.critical})"
     else:
         summary = f"{len(results)} critical results in the last {span}: " + "; ".join(
-            f"{r.test} {r.value}" for r in results)
+            f"{r.result.test} {r.result.value}" for r in results)
     detail = [f"**Critical results the chart holds from the last {span}:**", ""]
     detail += [_result_line(r) for r in results] + ["", FOOTER]
     cited = tuple(r.cited for r in results)

@@ -82,16 +82,12 @@ class AllergyFact:
 
 @dataclass(frozen=True)
 class LabFact:
+    """A result as the chart reader read it (`result`), cited; `critical`: why it is critical (the laboratory's flag,
+    or a limit of ebmrag's rules) or ""."""
+
     cited: Cited
-    name: str  # "creatinine" (the vocabulary's name), else the chart's test name
-    test: str  # the chart's own name of the test
-    value: str  # "1.51 mg/dL", as written
-    when: datetime | None
-    time: str  # when, as written ("2024-05-01T09:30:00+02:00")
-    flags: str  # the laboratory's interpretation in words ("high", "critically low") or ""
-    reference_range: str  # as written, or ""
-    abnormal: bool  # the laboratory flags it outside its range
-    critical: str  # why it is critical ("flagged critically high by the laboratory", ...) or ""
+    result: LabResult
+    critical: str = ""
 
     @property
     def future(self) -> bool:
@@ -193,8 +189,7 @@ def _lab_fact(chart: Chart, result: LabResult, critical: str = "") -> LabFact:
     """The result as a card shows it; `critical`: why ebmrag's rules call it critical, unless the laboratory did."""
     if result.flagged_critical:  # the laboratory's own call first
         critical = f"flagged {result.flags or 'critical'} by the laboratory"
-    return LabFact(chart.cited(result.source), result.name, result.test, result.value, result.when, result.time,
-                   result.flags, result.reference_range, result.abnormal, critical)
+    return LabFact(chart.cited(result.source), result, critical)
 
 
 def renal_facts(chart: Chart, now: datetime | None = None) -> list[LabFact]:
@@ -249,7 +244,7 @@ def critical_facts(chart: Chart, now: datetime, hours: float) -> list[LabFact]:
         fact = _lab_fact(chart, lab_result(r, "", today), beyond_limit(r))
         if fact.critical:
             found.append(fact)
-    return sorted(found, key=lambda f: f.when or now, reverse=True)
+    return sorted(found, key=lambda f: f.result.when or now, reverse=True)
 
 
 # ------------------------------------------------------------------------------------------------ pregnancy
