@@ -187,10 +187,10 @@ def main() -> None:
     parser.add_argument("--vsac", type=Path, required=True,
                         help="canvas_sdk/value_set of canvas-medical/canvas-plugins")
     args = parser.parse_args()
-    tables = DrugVocabulary(names_path=None, codes_path=None)
+    tables = DrugVocabulary.from_files(names_path=None, codes_path=None)
     names = brand_names(tables, dner_names(args.dner))
     write_names(names, NAMES_PATH)
-    with_names = DrugVocabulary(codes_path=None)
+    with_names = DrugVocabulary.from_files(codes_path=None)
     snomed, rxnorm = snomed_codes(with_names, args.ch_term), rxnorm_codes(with_names, args.vsac)
     write_codes(snomed, rxnorm, CODES_PATH)
     print(f"{len(names)} names -> {NAMES_PATH}; {len(snomed)} SNOMED CT and {len(rxnorm)} RxNorm codes -> {CODES_PATH}")

@@ -42,9 +42,9 @@ def engine_from_parts(resources: Resources, params: AnswerParams | None = None, 
     relevance filter when `params` asks for it and a client is given). Its configuration is the resources'
     settings with `params` as [answer]: a hand-plugged client or rewriter is not in it."""
     params = params or AnswerParams()
-    gate = gate or RetrievalGate(RuleLabeller(resources.tier_classifier, resources.extractor),
+    gate = gate or RetrievalGate(RuleLabeller(resources.tier_classifier, resources.extractor), resources.questions,
                                  GateParams(params.gate_alpha, params.gate_beta, params.gate_gamma,
-                                            params.gate_theta1, params.gate_theta2), resources.questions)
+                                            params.gate_theta1, params.gate_theta2))
     relevance = RelevanceFilter(client) if params.relevance_filter and client is not None else None
     return Engine(params, tiering=build_tiering(resources), packer=packer or build_packer(resources), gate=gate,
                   grounding=GroundingChecker(resources.embedder, params.grounding_threshold,

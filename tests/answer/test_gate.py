@@ -8,6 +8,7 @@ from ebmrag.answer.gate import Action, GateParams, Label, LabelledSentence, Retr
 from ebmrag.eval.cases import load_cases
 from ebmrag.eval.gate_report import gate_report, gate_runs
 from ebmrag.evidence.entities import default_extractor
+from ebmrag.evidence.questions import QuestionClassifier, default_question_classifier
 from ebmrag.evidence.tiers import TierClassifier
 from ebmrag.kvcache import KeyValueCache
 from ebmrag.records.fragment import Fragment, PatientRecord
@@ -19,7 +20,7 @@ def _labeller(store: KeyValueCache | None = None) -> RuleLabeller:
 
 
 def _gate(params: GateParams | None = None) -> RetrievalGate:
-    return RetrievalGate(_labeller(), params)
+    return RetrievalGate(_labeller(), default_question_classifier(), params)
 
 
 def _record(*texts: str, section: str | None = None) -> PatientRecord:
@@ -58,6 +59,19 @@ def test_completeness_formula_and_thresholds() -> None:
     with pytest.raises(ValueError, match="weights"):
         GateParams(beta=2.0)
     assert RetrievalGate.from_dict(gate.to_dict(), extractor=default_extractor()).params == gate.params
+
+
+def test_a_sites_question_rules_survive_the_gates_settings(tmp_path: Path) -> None:
+    """The gate is handed its question classifier; its settings name a site's rule file, so the rebuilt gate types
+    questions by that file, not by the bundled one."""
+    rules = tmp_path / "questions.toml"
+    rules.write_text('[[types]]\nid = "dosing"\nretrieve = true\npatterns = ["\\\\bdose\\\\b"]\n', encoding="utf-8")
+    gate = RetrievalGate(_labeller(), QuestionClassifier(rules))
+    again = RetrievalGate.from_dict(gate.to_dict(), extractor=default_extractor())
+    assert [t.id for t in again.questions.types] == ["dosing"]
+    assert again.questions.classify("What dose of amoxicillin?").retrieve
+    bundled = RetrievalGate.from_dict(_gate().to_dict(), extractor=default_extractor())
+    assert bundled.questions is default_question_classifier()
 
 
 def test_only_a_and_b_sentences_become_queries() -> None:
@@ -101,15 +115,15 @@ def test_a_records_labels_are_stored_read_back_and_forgotten(tmp_path: Path, mon
     forgets them."""
     store = KeyValueCache(tmp_path / "derived.sqlite", "gate_labels")
     record = _record("Biopsy shows adenocarcinoma. She reports chest pain.", "Denies fever.", section="History")
-    plain = RetrievalGate(_labeller()).run(record)
-    stored = RetrievalGate(_labeller(store)).run(record)
+    plain = RetrievalGate(_labeller(), default_question_classifier()).run(record)
+    stored = RetrievalGate(_labeller(store), default_question_classifier()).run(record)
     assert stored.sentences == plain.sentences and len(plain.sentences) == 3
     monkeypatch.setattr(RuleLabeller, "label", lambda *a: pytest.fail("labelled again"))
-    again = RetrievalGate(_labeller(store)).run(record)
+    again = RetrievalGate(_labeller(store), default_question_classifier()).run(record)
     assert again.sentences == plain.sentences and again.completeness == plain.completeness
     moved = _record("Denies fever.", section="Social_History")
     with pytest.raises(pytest.fail.Exception, match="labelled again"):
-        RetrievalGate(_labeller(store)).run(moved)
+        RetrievalGate(_labeller(store), default_question_classifier()).run(moved)
     assert _labeller(store).forget(record.fragments) == 2
     with pytest.raises(pytest.fail.Exception, match="labelled again"):
-        RetrievalGate(_labeller(store)).run(record)
+        RetrievalGate(_labeller(store), default_question_classifier()).run(record)

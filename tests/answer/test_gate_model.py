@@ -16,6 +16,7 @@ from ebmrag.answer.gate_model import (
     train_classifier,
 )
 from ebmrag.errors import ConfigError
+from ebmrag.evidence.questions import default_question_classifier
 from ebmrag.llm.openai import OpenAIChatClient
 from ebmrag.records.fragment import Fragment, PatientRecord
 from ebmrag.retrieve.vote import DocumentVoter
@@ -71,7 +72,7 @@ def test_trained_classifier_labels_like_its_training_data(embedder: Any, tmp_pat
     assert labeller.label("Liver biopsy shows hepatocellular carcinoma.", None)[0] is Label.A
     assert labeller.label("Her daughter visited on Sunday.", None)[0] is Label.C
     record = PatientRecord("p", (Fragment("f1", "p", "Biopsy shows lymphoma. Her son visited."),))
-    decision = RetrievalGate(labeller).run(record)
+    decision = RetrievalGate(labeller, default_question_classifier()).run(record)
     assert [s.label for s in decision.sentences] == [Label.A, Label.C]
     assert decision.sentences[0].reason.startswith("classifier p=")
 

@@ -420,7 +420,7 @@ def test_a_broken_class_table_is_refused_with_its_file(tmp_path: Path) -> None:
     broken = tmp_path / "classes.toml"
     broken.write_text('version = 1\n[[class]]\nid = "x"\nlabel = "x class"\n[class.atc.J01XX9]\nfoo = "12a"\n')
     with pytest.raises(ConfigError, match=r"classes\.toml.*J01XX9"):
-        DrugVocabulary(broken)
+        DrugVocabulary.from_files(broken)
 
 
 # ------------------------------------------------------------------------------------------------ real charts

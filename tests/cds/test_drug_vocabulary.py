@@ -382,7 +382,7 @@ def test_a_code_whose_name_names_no_drug_is_refused_with_its_file(tmp_path: Path
     codes = tmp_path / "codes.toml"
     codes.write_text('version = 1\n[snomed]\n"123" = "Allergy to peanut"\n', "utf-8")
     with pytest.raises(ConfigError, match=r"codes\.toml.*123.*names no drug"):
-        DrugVocabulary(CLASSES_PATH, RENAL_PATH, names_path=None, codes_path=codes)
+        DrugVocabulary.from_files(CLASSES_PATH, RENAL_PATH, names_path=None, codes_path=codes)
 
 
 def test_two_drugs_spelled_alike_are_refused(tmp_path: Path) -> None:
@@ -390,14 +390,14 @@ def test_two_drugs_spelled_alike_are_refused(tmp_path: Path) -> None:
     renal.write_text('version = 1\n[[group]]\nname = "x"\natc = ["J01XX99"]\n[group.ingredients]\n'
                      'amoxicilina = ""\n', "utf-8")  # a second drug spelled like amoxicillin
     with pytest.raises(ConfigError, match="spelled like"):
-        DrugVocabulary(CLASSES_PATH, renal, names_path=None, codes_path=None)
+        DrugVocabulary.from_files(CLASSES_PATH, renal, names_path=None, codes_path=None)
 
 
 def test_a_level_three_atc_prefix_is_refused(tmp_path: Path) -> None:
     renal = tmp_path / "renal.toml"
     renal.write_text('version = 1\n[[group]]\nname = "x"\natc = ["M01A"]\n[group.ingredients]\nfoo = ""\n', "utf-8")
     with pytest.raises(ConfigError, match="level 4 or 5"):
-        DrugVocabulary(CLASSES_PATH, renal, names_path=None, codes_path=None)
+        DrugVocabulary.from_files(CLASSES_PATH, renal, names_path=None, codes_path=None)
 
 
 # ------------------------------------------------------------------------------------------------ through the cards

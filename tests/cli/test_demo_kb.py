@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -43,9 +44,20 @@ def answer_of(output: str) -> tuple[str, list[str], list[str]]:
     return data["answer"], [c["id"] for c in data["citations"]], [d["doc_id"] for d in data["trace"]["retrieved"]]
 
 
+@pytest.fixture(scope="module")
+def built_once(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A cache folder with the demo knowledge base built, once for the module (seconds of embedding)."""
+    cache = tmp_path_factory.mktemp("demo-kb-built") / "cache"
+    ensure_demo_kb(cache)
+    return cache
+
+
 @pytest.mark.slow
-def test_ask_answers_the_same_after_the_demo_kb_is_damaged(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_ask_answers_the_same_after_the_demo_kb_is_damaged(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                                           built_once: Path) -> None:
+    """The first ask answers from a sound copy of the module's demo KB (test_ask.py builds one on first use)."""
     cache = tmp_path / "cache"
+    shutil.copytree(built_once, cache)
     config = tmp_path / "ebmrag.toml"
     config.write_text(f'[models]\ncache_dir = "{cache}"\n')
     ask = ["ask", QUESTION, "--patient", "demo-colon", "--retrieval", "always", "--json", "--config", str(config)]
@@ -65,7 +77,9 @@ def test_ask_answers_the_same_after_the_demo_kb_is_damaged(tmp_path: Path, caplo
 
 
 @pytest.fixture
-def built_demo(tmp_path: Path) -> Path:
+def built_demo(tmp_path: Path, built_once: Path) -> Path:
+    """A demo knowledge base of the test's own to damage: a copy of the one built once, found sound as it is."""
+    shutil.copytree(built_once, tmp_path / "cache")
     return ensure_demo_kb(tmp_path / "cache")
 
 

@@ -104,10 +104,12 @@ def test_a_slow_drip_stops_at_the_pulls_deadline(fhir: FhirServer, tmp_path: Pat
     connection = register(fhir, tmp_path)
     fhir.faults(drip_ms=20)  # a byte every 20 ms: each read is quick, the answer never ends
     store = SQLiteStore(tmp_path / "s.sqlite")
+    params = quick(pull_seconds=1.5)
     started = time.monotonic()
     with pytest.raises(EhrError) as caught:
-        pull_patient(store, connection, patient, params=quick(pull_seconds=1.5))
-    assert time.monotonic() - started < 4, "stopped at the deadline, not when the answer ends"
+        pull_patient(store, connection, patient, params=params)
+    assert time.monotonic() - started < 3 * params.pull_seconds, \
+        "stopped at the deadline, not when the answer ends (minutes of dripping away)"
     assert str(caught.value) == ("Patient $everything: not done after 1.5 s ([ehr] pull_seconds); stopped, nothing "
                                  "stored")
     assert store.record(TENANT, patient) is None

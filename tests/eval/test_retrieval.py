@@ -43,21 +43,23 @@ def test_liveqa_queries_use_the_consumer_text_and_graded_gains(shared_data: Path
 @pytest.mark.data
 @pytest.mark.model
 def test_pubmedqa_slice_end_to_end(shared_data: Path, tmp_path: Path, embedder) -> None:  # type: ignore[no-untyped-def]
+    """30 questions and 50 distractors: embedding the abstracts is most of the time (60 and 100 took twice as long
+    for the same ranking of the modes; issue 44)."""
     source = shared_data / "pubmedqa"
     questions = json.loads((source / "ori_pqal_shared.json").read_text(encoding="utf-8"))
-    chosen = dict(list(questions.items())[:60])
+    chosen = dict(list(questions.items())[:30])
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "ori_pqal_slice.json").write_text(json.dumps(chosen), encoding="utf-8")
     corpus = tmp_path / "abstracts.jsonl"
     with (source / "pubmedqa_corpus_contexts.jsonl").open(encoding="utf-8") as handle:
         lines = list(handle)
     gold = [line for line in lines if json.loads(line)["pmid"] in chosen]
-    distractors = [line for line in lines if json.loads(line)["pmid"] not in chosen][:100]
+    distractors = [line for line in lines if json.loads(line)["pmid"] not in chosen][:50]
     corpus.write_text("".join(gold + distractors), encoding="utf-8")
     kb = KnowledgeBase(tmp_path / "kb", embedder=embedder)
     ingest_paths(kb, [corpus])
     queries = load_queries("pubmedqa", tmp_path / "data", [])
-    assert len(queries) == 60 and all(q.gains == {q.query_id: 1.0} for q in queries)
+    assert len(queries) == 30 and all(q.gains == {q.query_id: 1.0} for q in queries)
     report = evaluate_retrieval(kb, "pubmedqa", queries, "score", (0.3, 0.7), ablation=True)
     for mode in ("bm25", "dense", "hybrid"):
         assert report.modes[mode].ndcg_at_10 > 0.85, mode

@@ -114,5 +114,6 @@ def test_a_broken_vocabulary_is_a_clear_error(tmp_path: Path) -> None:
     bad = tmp_path / "evidence" / "adr.toml"
     bad.parent.mkdir()
     bad.write_text("version = 1\n[drugs]\ninn_stems_suffix = 3\n", encoding="utf-8")
+    (tmp_path / "evidence" / "reactions.txt").write_text("rash\n", encoding="utf-8")  # read from the same book
     with pytest.raises(ConfigError, match="adr"):
         vocabulary(RuleBook(tmp_path))

@@ -218,7 +218,7 @@ def _copy(tmp_path: Path, analytes: str | None = None, critical: str | None = No
 
 
 def test_a_custom_vocabulary_reads_like_the_bundled_one(tmp_path: Path) -> None:
-    vocabulary = ResultVocabulary(*_copy(tmp_path))
+    vocabulary = ResultVocabulary.from_files(*_copy(tmp_path))
     assert vocabulary.mentions("K 6.8") == result_mentions("K 6.8")
 
 
@@ -246,4 +246,4 @@ _ORIGINAL = DEFAULT_ANALYTES_PATH.read_text(encoding="utf-8")
 def test_bad_vocabulary_files_name_the_file_and_entry(tmp_path: Path, analytes: str | None, critical: str | None,
                                                       message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        ResultVocabulary(*_copy(tmp_path, analytes, critical))
+        ResultVocabulary.from_files(*_copy(tmp_path, analytes, critical))

@@ -109,18 +109,22 @@ def test_a_document_id_with_a_slash_can_be_deleted(tmp_path: Any, store: Any, re
 
 
 def test_waiting_for_results_ends_within_the_request_time(serve: Callable[..., Live]) -> None:
-    live = serve(request_seconds=2)
+    """Bounds in the test's own settings, not seconds of a machine (issue 44): the ask asks to wait 3x the request
+    time and ends within 3/4 of that wait."""
+    request_seconds, wait_ms = 2.0, 6000
+    live = serve(request_seconds=request_seconds)
     announced = {"tenant": "t", "patient_id": "p1", "result_id": "s9", "kind": "pathology",
                  "producer": "slide-model 2.1", "produced_at": "2026-03-14T09:00:00Z", "status": "pending"}
     with live.client(live.key("t", "service")) as http:
         http.put("/v1/patients/p1", json=RECORD)
         http.post("/v1/results", json=[announced])
         started = time.monotonic()
-        answer = http.post("/v1/patients/p1/ask", json={"question": "What did the biopsy show?", "wait_ms": 6000})
+        answer = http.post("/v1/patients/p1/ask", json={"question": "What did the biopsy show?", "wait_ms": wait_ms})
         elapsed = time.monotonic() - started
-    assert answer.status_code in (200, 504) and elapsed < 4.5, elapsed
+    assert answer.status_code in (200, 504) and elapsed < 0.75 * wait_ms / 1000, elapsed
     if answer.status_code == 200:
-        assert answer.json()["trace"]["waited_ms"] < 1300, "the wait takes at most half the request time (+ a poll)"
+        assert answer.json()["trace"]["waited_ms"] < 0.65 * request_seconds * 1000, \
+            "the wait takes at most half the request time (+ a poll)"
 
 
 def test_request_ids_are_bounded_sanitised_and_unique(serve: Callable[..., Live]) -> None:

@@ -23,6 +23,7 @@ from ebmrag.config import Settings
 from ebmrag.demo import load_patient
 from ebmrag.records.fragment import PatientRecord
 from ebmrag.serve.service import Service
+from ebmrag.serve.throttle import FailedCredentials
 from ebmrag.store import audit
 from ebmrag.store.access import create_key
 from ebmrag.store.patients import SQLiteStore
@@ -55,11 +56,14 @@ def seeded_store(path: Path) -> tuple[SQLiteStore, str]:
 
 
 @contextmanager
-def running_mcp(tmp_path: Path, engine: tuple[Engine, Resources],
-                settings: Settings) -> Iterator[tuple[str, SQLiteStore, str]]:
-    """`engine`: an engine and the resources it was built from (`demo_engine`)."""
+def running_mcp(tmp_path: Path, engine: tuple[Engine, Resources], settings: Settings,
+                failed_keys: FailedCredentials | None = None) -> Iterator[tuple[str, SQLiteStore, str]]:
+    """`engine`: an engine and the resources it was built from (`demo_engine`); `failed_keys`: the throttle of
+    failed credentials in place of the service's (one on a test's clock)."""
     store, key = seeded_store(tmp_path / "store.sqlite")
     service = Service(store, settings, ServiceParts(settings, engine[1], engine[0]))
+    if failed_keys is not None:
+        service.failed_keys = failed_keys
     with serving(http_app(service)) as (url, _):
         yield f"{url}/mcp", store, key
 
@@ -162,10 +166,14 @@ def test_stdio_server_lists_and_calls_tools(tmp_path: Path) -> None:
 def test_http_refusals_are_audited_throttled_and_bounded_like_the_http_api(
         tmp_path: Path, resources: Resources, context_packer: Any, demo_voter: Any) -> None:
     """The same guard as the HTTP API: a body over [serve] max_body_mb is refused while it streams, an expired
-    key is refused and audited under its id, bad keys are throttled per address, and each refusal is audited."""
+    key is refused and audited under its id, bad keys are throttled per address, and each refusal is audited.
+    The throttle's clock stands still: its allowance comes back with time (tests/serve/test_throttle.py), which
+    on a loaded machine let a 21st failure through as 401 (issue 44)."""
     settings = Settings()
     settings = replace(settings, serve=replace(settings.serve, max_body_mb=0.05))
-    with running_mcp(tmp_path, demo_engine(resources, context_packer, demo_voter), settings) as (url, store, key):
+    still = FailedCredentials(clock=lambda: 0.0)
+    with running_mcp(tmp_path, demo_engine(resources, context_packer, demo_voter), settings,
+                     still) as (url, store, key):
         accept = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
         chunks = (b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list", "pad": "' + b"x" * 20_000 for _ in range(5))
         too_large = httpx.post(url, content=chunks, headers={**accept, "Authorization": f"Bearer {key}"})

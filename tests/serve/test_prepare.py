@@ -39,8 +39,9 @@ QUESTION = "What is the current treatment plan for this patient?"
 SECTIONS = ("Notes", "Labs", "Medications", "Allergies", "Assessment")
 # Chart sizes (issue 44: the smallest that still show the effect; each fragment costs ~0.06 s of embedding alone):
 # a cold ask of CHART fragments is many times a prepared one's; one of BACKGROUND fragments is still being prepared
-# after several asks beside it; one of TWO_BATCHES spans more than one preparation job (prepare.BATCH).
-CHART, BACKGROUND, TWO_BATCHES = 120, 200, 150
+# after several asks beside it; one of TWO_BATCHES spans more than one preparation job (prepare.BATCH), so an
+# erasure during its first job leaves work still to come.
+CHART, BACKGROUND, TWO_BATCHES = 80, 200, 150
 
 
 def chart(patient: str, tag: str, n: int, start: int = 0) -> dict[str, Any]:
@@ -193,7 +194,8 @@ def test_erasure_during_preparation_leaves_no_prepared_data(serve: Callable[...,
     searched with it), a tier decision or a compressed state behind, in memory or in the cache files."""
     tag = uuid.uuid4().hex[:12]
     live = serve(prepare_charts=True)
-    done, running, queued = chart("p0", f"done{tag}", 30), chart("p1", f"run{tag}", 500), chart("p2", f"q{tag}", 40)
+    done, running, queued = (chart("p0", f"done{tag}", 30), chart("p1", f"run{tag}", TWO_BATCHES),
+                             chart("p2", f"q{tag}", 40))
     engine = live.app.state.service.engine()
     packer = engine.packer
     with live.client(live.key("t", "service")) as feed, live.client(live.key("t", "admin")) as admin:

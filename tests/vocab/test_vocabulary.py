@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 
 from ebmrag.errors import ConfigError
+from ebmrag.rules import RuleBook, bundled
 from ebmrag.vocab.drugs import DrugVocabulary, Relation, concept_parts, vocabulary
-from ebmrag.vocab.lexicon import TERMS_PATH, drug_mentions, terms
-from ebmrag.vocab.negation import NEGATION_PATH, negation
+from ebmrag.vocab.lexicon import TERMS, TERMS_PATH, drug_mentions, terms
+from ebmrag.vocab.negation import NEGATION, negation
 
 SNOMED, RXNORM = "http://snomed.info/sct", "http://www.nlm.nih.gov/research/umls/rxnorm"
 
@@ -76,11 +77,12 @@ def test_a_chinese_name_the_tables_lack_is_an_error_naming_the_file(tmp_path: Pa
     bad = tmp_path / "drug_terms.toml"
     bad.write_text(TERMS_PATH.read_text(encoding="utf-8") + '"某药" = { ingredient = "notadrugatall" }\n', "utf-8")
     with pytest.raises(ConfigError, match=r"drug_terms\.toml.*某药"):
-        DrugVocabulary(names_path=None, codes_path=None, terms_path=bad)
-    shapeless = tmp_path / "shapeless.toml"
+        DrugVocabulary.from_files(names_path=None, codes_path=None, terms_path=bad)
+    shapeless = tmp_path / "shapeless" / TERMS
+    shapeless.parent.mkdir(parents=True)
     shapeless.write_text('version = 1\n[general]\nen = ["drug"]\n[chinese]\n"药" = "drug"\n', "utf-8")
-    with pytest.raises(ConfigError, match=r"shapeless\.toml"):
-        terms(shapeless)
+    with pytest.raises(ConfigError, match=r"shapeless/drugs/drug_terms\.toml: \[chinese\] '药'"):
+        terms(RuleBook(tmp_path / "shapeless"))
 
 
 def test_a_codeable_concept_is_read_without_the_chart_reader() -> None:
@@ -112,10 +114,18 @@ def test_the_patient_and_leading_cues() -> None:
 
 
 def test_a_bad_negation_file_is_an_error_naming_it(tmp_path: Path) -> None:
-    bad = tmp_path / "negation.toml"
-    bad.write_text(NEGATION_PATH.read_text(encoding="utf-8").replace("after = [", "later = ["), "utf-8")
+    bad = tmp_path / NEGATION
+    bad.write_text(bundled().source(NEGATION).replace("after = [", "later = ["), "utf-8")
     with pytest.raises(ConfigError, match=r"negation\.toml: \[english\] after"):
-        negation(bad)
-    (tmp_path / "broken.toml").write_text("version = 1\n[english\n", "utf-8")
-    with pytest.raises(ConfigError, match=r"broken\.toml"):
-        negation(tmp_path / "broken.toml")
+        negation(RuleBook(tmp_path))
+    bad.write_text("version = 1\n[english\n", "utf-8")
+    with pytest.raises(ConfigError, match=r"negation\.toml"):
+        negation(RuleBook(tmp_path))
+
+
+def test_a_book_builds_its_own_cues_once(tmp_path: Path) -> None:
+    (tmp_path / NEGATION).write_text(bundled().source(NEGATION).replace('"nope"', '"nah"'), "utf-8")
+    book = RuleBook(tmp_path)
+    assert negation(book) is negation(book) and negation() is negation()
+    assert negation(book).patient.search("nah") and not negation().patient.search("nah")
+    assert negation(book).source == (tmp_path / NEGATION).read_text("utf-8")

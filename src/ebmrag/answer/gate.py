@@ -35,7 +35,7 @@ from typing import Any, Protocol
 
 from ebmrag.answer.params import check_gate_params
 from ebmrag.evidence.entities import EntityExtractor, EntityKind
-from ebmrag.evidence.questions import QuestionClassifier, QuestionType, default_question_classifier
+from ebmrag.evidence.questions import QuestionClassifier, QuestionType
 from ebmrag.evidence.tiers import TierClassifier
 from ebmrag.kvcache import KeyValueCache, digest
 from ebmrag.protocols import CHECK_EVERY, checkpoint
@@ -206,12 +206,13 @@ def _sentences_from_json(blob: bytes, fragment_id: str) -> list[LabelledSentence
 class RetrievalGate:
     """Pipeline step: a patient record -> labelled sentences, completeness and the retrieval decision."""
 
-    def __init__(self, labeller: SentenceLabeller, params: GateParams | None = None,
-                 questions: QuestionClassifier | None = None) -> None:
-        """`labeller`: the root's (compose.Resources.gate_labeller), rules or a trained classifier."""
+    def __init__(self, labeller: SentenceLabeller, questions: QuestionClassifier,
+                 params: GateParams | None = None) -> None:
+        """`labeller` and `questions`: the root's (compose.Resources.gate_labeller and .questions): rules or a
+        trained classifier, the bundled question rules or a site's; the gate builds neither itself."""
         self.labeller = labeller
+        self.questions = questions
         self.params = params or GateParams()
-        self.questions = questions or default_question_classifier()
 
     def run(self, record: PatientRecord, question: str = "", question_type: QuestionType | None = None) -> GateDecision:
         """Completeness decides for the record; the question can only add retrieval: a record complete
@@ -242,7 +243,8 @@ class RetrievalGate:
         return GateDecision(score, action, warning, tuple(sentences), reason=reason)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"params": asdict(self.params), "labeller": self.labeller.to_dict()}
+        return {"params": asdict(self.params), "labeller": self.labeller.to_dict(),
+                "questions": self.questions.to_dict()}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], labeller: SentenceLabeller | None = None,
@@ -258,4 +260,5 @@ class RetrievalGate:
                 raise ValueError("a rule labeller is rebuilt with the entity extractor: pass extractor= "
                                  "(compose.Resources.extractor)")
             labeller = RuleLabeller(TierClassifier(spec.get("tier_rules")), extractor)
-        return cls(labeller, GateParams(**data.get("params", {})))
+        return cls(labeller, QuestionClassifier.from_dict(data.get("questions") or {}),
+                   GateParams(**data.get("params", {})))

@@ -18,11 +18,10 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from functools import cache
 
 from ebmrag.ehr.compartment import belongs_to
 from ebmrag.errors import RecordError
-from ebmrag.evidence.result_tables import Analyte, unit_key
+from ebmrag.evidence.result_tables import unit_key
 from ebmrag.evidence.results import load_vocabulary
 from ebmrag.records.dates import Today, shown_date
 from ebmrag.records.fhir.bundle import read_fhir_bundle
@@ -201,18 +200,12 @@ def renal_facts(chart: Chart, now: datetime | None = None) -> list[LabFact]:
     return [_lab_fact(chart, r) for r in [found[0] for found in picked] + [r for found in picked for r in found[1:]]]
 
 
-@cache
-def _critical_analytes() -> dict[str, Analyte]:
-    """LOINC code -> the analyte of rules/evidence/analytes.toml that has a critical limit."""
-    return {code: a for a in load_vocabulary().analytes.values()
-            if a.critical_low is not None or a.critical_high is not None for code in a.loinc}
-
-
 def beyond_limit(r: Resource) -> str:
     """Why the value is critical by ebmrag's critical-value rules, or "": the result's LOINC code names the
     analyte, its unit is one the analyte is written in, and the value (converted, to three significant digits)
     is at or beyond a limit. A value written "<x" can only be critically low, ">x" only critically high."""
-    analyte = next((a for _, code, _ in codings(r.get("code")) if (a := _critical_analytes().get(code))), None)
+    critical = load_vocabulary().critical  # LOINC code -> an analyte with a critical limit
+    analyte = next((a for _, code, _ in codings(r.get("code")) if (a := critical.get(code))), None)
     quantity = obj(r.get("valueQuantity"))
     value = quantity.get("value")
     if analyte is None or isinstance(value, bool) or not isinstance(value, (int, float)):

@@ -99,7 +99,7 @@ def build_rewriter(resources: Resources) -> QueryRewriter | None:
 def build_gate(resources: Resources) -> RetrievalGate:
     a = resources.settings.answer
     params = GateParams(a.gate_alpha, a.gate_beta, a.gate_gamma, a.gate_theta1, a.gate_theta2)
-    return RetrievalGate(resources.gate_labeller, params, resources.questions)
+    return RetrievalGate(resources.gate_labeller, resources.questions, params)
 
 
 def build_engine_from(resources: Resources) -> Engine:

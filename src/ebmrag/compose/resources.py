@@ -16,6 +16,7 @@ from pathlib import Path
 from ebmrag.answer.gate import RuleLabeller, SentenceLabeller
 from ebmrag.answer.gate_model import ClassifierLabeller
 from ebmrag.config import Settings
+from ebmrag.evidence.adr import adr_model
 from ebmrag.evidence.entities import EntityCompressor, default_extractor
 from ebmrag.evidence.questions import QuestionClassifier, default_question_classifier
 from ebmrag.evidence.tiers import BUNDLED_TIER_MODEL, TierClassifier
@@ -47,6 +48,7 @@ class Resources:
         that nothing but its builder writes (`demo.ensure_demo_kb`)."""
         self.rules = bundled()
         self.rules.check()  # every rule file and every declared reader of one, now: a bad file stops start-up
+        adr_model()  # the bundled ADR model too (evidence.adr reads it where rules find no link)
         m = settings.models
         self.settings = settings
         self.cache_dir = cache_dir_of(settings)

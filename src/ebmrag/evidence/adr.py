@@ -22,7 +22,7 @@ from typing import Any
 
 from ebmrag.errors import ConfigError
 from ebmrag.models.ngram_classifier import HashedNgramClassifier
-from ebmrag.rules import bundled, rule_file
+from ebmrag.rules import rule_file
 from ebmrag.vocab.lexicon import drug_names, terms
 from ebmrag.vocab.negation import negation
 
@@ -101,11 +101,11 @@ def _alternation(patterns: list[str], key: str, path: str) -> re.Pattern[str]:
         raise ConfigError(f"ADR rules {path}: a pattern in `{key}` is not a valid regex: {exc}") from exc
 
 
-@rule_file(ADR_RULES)
-def vocabulary(data: Mapping[str, Any]) -> _Vocabulary:
-    """The ADR rules (rules/evidence/adr.toml) with the reaction terms (rules/evidence/reactions.txt)."""
+@rule_file(ADR_RULES, REACTIONS)
+def vocabulary(data: Mapping[str, Any], terms: tuple[str, ...]) -> _Vocabulary:
+    """The ADR rules (rules/evidence/adr.toml) with the reaction terms (rules/evidence/reactions.txt), both from the
+    same book. The negation cues and drug names come from the bundled vocabularies (vocab/), shared by every reader."""
     rules_path = ADR_RULES
-    terms = bundled().read(REACTIONS)
     drugs, reactions, links, qualifiers = (data.get(k) for k in ("drugs", "reactions", "links", "qualifiers"))
     if not all(isinstance(t, dict) for t in (drugs, reactions, links, qualifiers)):
         raise ConfigError(f"ADR rules {rules_path}: needs [drugs], [reactions], [links] and [qualifiers] tables")

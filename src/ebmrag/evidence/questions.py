@@ -56,6 +56,7 @@ class QuestionClassifier:
 
     def __init__(self, rules_path: str | Path | None = None, *, table: Mapping[str, Any] | None = None) -> None:
         path: Path | str = Path(rules_path) if rules_path else QUESTION_RULES
+        self.rules_path = str(rules_path) if rules_path else None
         if table is not None:
             data = table
         elif rules_path:
@@ -79,6 +80,15 @@ class QuestionClassifier:
 
     def classify(self, question: str) -> QuestionType:
         return next((t for t in self.types if any(p.search(question) for p in t.patterns)), GENERAL)
+
+    def to_dict(self) -> dict[str, Any]:
+        """None: the bundled rules."""
+        return {"question_rules": self.rules_path}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> QuestionClassifier:
+        path = data.get("question_rules")
+        return cls(path) if path else default_question_classifier()
 
 
 @rule_file(QUESTION_RULES)

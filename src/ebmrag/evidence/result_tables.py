@@ -6,6 +6,10 @@ else, and the words around a value that make it a dose rather than a result; `ru
 holds the critical (panic) limits in the analyte's canonical unit. A mistake a clinician can make in either
 file (an unknown key, a bad LOINC check digit, a limit outside the plausible range, a name listed twice) is a
 ConfigError naming the file and the entry, raised when the vocabulary is built, before it reads any text.
+
+`result_tables` reads the files as the rules loader hands them (`load_vocabulary()` declares both, so
+`RuleBook.check()` builds it at start-up); `read_result_tables` reads a test's or a site's own files by their paths.
+Either way the fingerprint digests the two files' texts, the same value as `vocabulary_fingerprint()`.
 """
 
 from __future__ import annotations
@@ -19,11 +23,10 @@ from typing import Any
 
 from ebmrag.errors import ConfigError
 from ebmrag.kvcache import digest
-from ebmrag.rules import FOLDER, bundled, read_user_file
+from ebmrag.rules import FOLDER, RuleBook, RuleFile, bundled, read_user_file
 
-RULES = FOLDER / "evidence"  # the bundled tables, in the rules folder
-DEFAULT_ANALYTES_PATH = RULES / "analytes.toml"
-DEFAULT_CRITICAL_PATH = RULES / "critical_values.toml"
+ANALYTES, CRITICAL = "evidence/analytes.toml", "evidence/critical_values.toml"  # in the rules folder
+DEFAULT_ANALYTES_PATH, DEFAULT_CRITICAL_PATH = FOLDER / ANALYTES, FOLDER / CRITICAL
 
 
 @dataclass(frozen=True)
@@ -82,12 +85,10 @@ def unit_key(unit: str) -> str:
 _IGNORED, _TIMES = re.compile(r"[\s^*]"), re.compile(r"^[×x](?=10)")
 
 
-def read_result_tables(analytes_path: Path = DEFAULT_ANALYTES_PATH,
-                       critical_path: Path = DEFAULT_CRITICAL_PATH) -> ResultTables:
-    """The two files read and checked; the first mistake found is a ConfigError."""
-    raw, analytes_source = _read(analytes_path)
-    critical, critical_source = _read(critical_path)
-    fingerprint = digest("results", analytes_source, critical_source)
+def result_tables(analytes_file: RuleFile, critical_file: RuleFile) -> ResultTables:
+    """The two files read and checked; the first mistake found is a ConfigError naming its file."""
+    raw, critical = analytes_file.table, critical_file.table
+    analytes_path, critical_path = analytes_file.path, critical_file.path
     context = _context(analytes_path, raw)
     spellings = _synonyms(analytes_path, raw)
     synonyms = {unit_key(alias): unit_key(unit) for alias, unit in spellings.items()}
@@ -97,13 +98,25 @@ def read_result_tables(analytes_path: Path = DEFAULT_ANALYTES_PATH,
     surfaces += [(s, None, False, s == phrase, "[context] not_results")
                  for phrase in context["not_results"] for s in _case_variants(phrase)]
     return ResultTables(analytes, _surface_table(analytes_path, analytes, surfaces), context, spellings, synonyms,
-                        fingerprint)
+                        _fingerprint(analytes_file.source, critical_file.source))
 
 
-def vocabulary_fingerprint(analytes_path: Path = DEFAULT_ANALYTES_PATH,
-                           critical_path: Path = DEFAULT_CRITICAL_PATH) -> str:
-    """What results computed with this vocabulary depend on, without compiling it (for cache keys)."""
-    return digest("results", _read(Path(analytes_path))[1], _read(Path(critical_path))[1])
+def read_result_tables(analytes_path: Path = DEFAULT_ANALYTES_PATH,
+                       critical_path: Path = DEFAULT_CRITICAL_PATH) -> ResultTables:
+    """The tables of these files (a test's or a site's own), read from disk each time."""
+    return result_tables(*(RuleFile(Path(path), *read_user_file(Path(path), "result vocabulary"))
+                           for path in (analytes_path, critical_path)))
+
+
+def vocabulary_fingerprint(book: RuleBook | None = None) -> str:
+    """What results computed with the book's vocabulary (default: the bundled one) depend on, without compiling
+    it (for cache keys)."""
+    book = book or bundled()
+    return _fingerprint(book.source(ANALYTES), book.source(CRITICAL))
+
+
+def _fingerprint(analytes_source: str, critical_source: str) -> str:
+    return digest("results", analytes_source, critical_source)
 
 
 SurfaceRows = list[tuple[str, str | None, bool, bool, str]]  # surface, analyte name, short, listed as is, entry
@@ -129,15 +142,6 @@ def _case_variants(phrase: str) -> list[str]:
     """"hemoglobin A1c" is also written "Hemoglobin A1c", "HEMOGLOBIN A1C", "Hemoglobin A1C", "hemoglobin a1c"."""
     return list(dict.fromkeys([phrase, phrase[:1].upper() + phrase[1:], phrase.lower(), phrase.upper(),
                                phrase.capitalize(), phrase.title()]))
-
-
-def _read(path: Path) -> tuple[Mapping[str, Any], str]:
-    """(the table, its text): a bundled file from the rule book (parsed once), another through the same reader."""
-    resolved = path.resolve()
-    if resolved.is_relative_to(FOLDER) and resolved.is_file():
-        name = str(resolved.relative_to(FOLDER))
-        return bundled().read(name), bundled().source(name)
-    return read_user_file(path, "result vocabulary")
 
 
 def _strings(path: Path, where: str, value: Any) -> list[str]:

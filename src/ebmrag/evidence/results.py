@@ -1,9 +1,10 @@
 """Laboratory results recognised from their parts: an analyte name, a value and (usually) a unit.
 
-The analytes, their units and critical limits come from `rules/analytes.toml` and `rules/critical_values.toml`,
-read and validated by `evidence/result_tables.py`. No example sentence is encoded anywhere: one
-compiled regex (a trie of every name, then an optional value and unit) scans the text once, and each hit
-is judged here:
+The analytes, their units and critical limits come from `rules/evidence/analytes.toml` and
+`rules/evidence/critical_values.toml`, read and validated by `evidence/result_tables.py`; `load_vocabulary()`
+declares both with the rules loader (ebmrag.rules), so `RuleBook.check()` compiles them at start-up. No example
+sentence is encoded anywhere: one compiled regex (a trie of every name, then an optional value and unit) scans the
+text once, and each hit is judged here:
 
 - a short name ("K", "Na", "Hb", 钾) needs its value right after it (only spaces, ":", "=" or "|" between);
 - the value must be plausible for the analyte in its unit. A bare value is read in each unit the analyte is
@@ -23,18 +24,22 @@ import re
 import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 from ebmrag.evidence.result_tables import (
+    ANALYTES,
+    CRITICAL,
     DEFAULT_ANALYTES_PATH,
     DEFAULT_CRITICAL_PATH,
     Analyte,
+    ResultTables,
     Unit,
     read_result_tables,
+    result_tables,
     unit_key,
 )
+from ebmrag.rules import RuleFile, rule_file
 
 
 @dataclass(frozen=True)
@@ -58,15 +63,16 @@ _BELOW, _ABOVE = ("<", "≤", "≦"), (">", "≥", "≧")
 
 
 class ResultVocabulary:
-    """The analytes, their units and critical limits, compiled once into one scanning regex."""
+    """The analytes, their units and critical limits, compiled once into one scanning regex. `critical` holds,
+    by LOINC code, the analytes that have a critical limit (what CDS compares a coded result with)."""
 
-    def __init__(self, analytes_path: Path = DEFAULT_ANALYTES_PATH,
-                 critical_path: Path = DEFAULT_CRITICAL_PATH) -> None:
-        tables = read_result_tables(analytes_path, critical_path)
+    def __init__(self, tables: ResultTables) -> None:
         self.fingerprint = tables.fingerprint  # = vocabulary_fingerprint()
         context, spellings = tables.context, tables.spellings
         self._synonyms = tables.synonyms
         self.analytes, self._surfaces = tables.analytes, tables.surfaces
+        self.critical = {code: a for a in self.analytes.values()
+                         if a.critical_low is not None or a.critical_high is not None for code in a.loinc}
         units = {u for a in self.analytes.values() for unit in a.units.values() for u in _unit_variants(unit.written)}
         units |= {u for w in (*context["dose_units"], *context["other_units"], *spellings) for u in _unit_variants(w)}
         gap = (r"(?:[\s:=|]|\([A-Za-z ]{1,15}\))*"
@@ -81,6 +87,13 @@ class ResultVocabulary:
         verbs = context["dose_before"]
         self._dose_before = re.compile(rf"(?:(?:{_words(w for w in verbs if w.isascii())})\s+(?:(?i:iv|po)\s+)?"
                                        rf"|(?:{_words(w for w in verbs if not w.isascii())})\s*)$")
+
+    @classmethod
+    def from_files(cls, analytes_path: Path = DEFAULT_ANALYTES_PATH,
+                   critical_path: Path = DEFAULT_CRITICAL_PATH) -> ResultVocabulary:
+        """The vocabulary of these files (a test's or a site's own), read each time; `load_vocabulary()` gives
+        the bundled one, built once."""
+        return cls(read_result_tables(analytes_path, critical_path))
 
     def mentions(self, text: str) -> list[ResultMention]:
         """Every laboratory result in `text`, in order."""
@@ -139,11 +152,10 @@ class ResultVocabulary:
         return bool(self._dose_before.search(_CLAUSE_STOP.split(text[max(0, start - 25):start])[-1]))
 
 
-@cache
-def load_vocabulary(analytes_path: Path = DEFAULT_ANALYTES_PATH,
-                    critical_path: Path = DEFAULT_CRITICAL_PATH) -> ResultVocabulary:
-    """The vocabulary of these two files, read, validated and compiled once per process."""
-    return ResultVocabulary(Path(analytes_path), Path(critical_path))
+@rule_file(ANALYTES, CRITICAL, as_files=True)
+def load_vocabulary(analytes: RuleFile, critical: RuleFile) -> ResultVocabulary:
+    """The vocabulary of the two files, read, validated and compiled once per book (default: the bundled one)."""
+    return ResultVocabulary(result_tables(analytes, critical))
 
 
 def result_mentions(text: str) -> list[ResultMention]:

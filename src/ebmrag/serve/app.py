@@ -233,7 +233,7 @@ def _install_patients(app: FastAPI, service: Service) -> None:
             raise AccessError(404, "no such patient")
         service.audit(key, pid, "erase", request, tuple(f.id for f in erased))  # committed: audited whatever follows
         forgotten = await service.run(lambda: service.forget(erased, key.tenant, pid), tenant=key.tenant,
-                                      engine=False)
+                                      engine=False, seconds=service.erase_seconds())
         return {"patient": pid, "erased_fragments": len(erased), "cache_entries_forgotten": forgotten}
 
 

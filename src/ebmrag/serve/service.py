@@ -209,9 +209,18 @@ class Service:
         that checkpoint may come seconds later (a forward pass), so the wait allows `ERASE_GRACE` beyond."""
         with self._in_use_changed:
             busy = bool(self._in_use[(tenant, patient)])
-            self._in_use_changed.wait_for(lambda: not self._in_use[(tenant, patient)],
-                                          timeout=self.settings.serve.request_seconds + ERASE_GRACE)
+            self._in_use_changed.wait_for(lambda: not self._in_use[(tenant, patient)], timeout=self.erase_wait())
         return busy
+
+    def erase_wait(self) -> float:
+        """How long an erasure waits for work reading the record to end: that work's own deadline, plus the grace."""
+        return self.settings.serve.request_seconds + ERASE_GRACE
+
+    def erase_seconds(self) -> float:
+        """An erasure's own bound: the wait above and the forgetting after it. The erasure is committed before
+        either, so a 504 only ever meant "erased, caches still being forgotten"; bounded by the request time alone,
+        it answered that whenever an ask on the record ran to its own deadline first."""
+        return self.erase_wait() + ERASE_GRACE
 
     def change_knowledge_base(self, documents: Sequence[Document], delete_ids: Sequence[str] = ()) -> IngestReport:
         """Upsert and delete knowledge-base documents, one write at a time (searches go on meanwhile)."""
@@ -230,13 +239,14 @@ class Service:
                                                        "([serve] max_chart_fragments)")
         return record
 
-    async def run(self, work: Callable[[], T], *, tenant: str, patient: str = "", engine: bool = True) -> T:
+    async def run(self, work: Callable[[], T], *, tenant: str, patient: str = "", engine: bool = True,
+                  seconds: float | None = None) -> T:
         """Blocking work on a worker thread, bounded by [serve] request_seconds (504 after it, and the work stops
         at its next checkpoint). Engine work waits for a slot of the fair scheduler in `tenant`'s turn (429/503
         when the queues are full); `engine=False` is work that needs no engine slot (tiering a chart to list
         it, reading the knowledge base's statistics): it starts at once and is only stopped at the deadline.
-        `patient`: the record the work reads, which an erasure waits for."""
-        seconds = self.settings.serve.request_seconds
+        `patient`: the record the work reads, which an erasure waits for. `seconds`: another bound (an erasure's)."""
+        seconds = seconds or self.settings.serve.request_seconds
         try:
             if engine:
                 job = self._admit(work, tenant, patient)

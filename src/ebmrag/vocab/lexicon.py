@@ -5,6 +5,7 @@ cefuroxime") ask this lexicon rather than a regex: 27,000 names do not fit a rea
 set lookup per word costs microseconds. General words and Chinese names are listed beside the names because a
 chart says "after an antibiotic" or "头孢类" as often as it names the molecule; which drug a Chinese name
 identifies (阿莫西林 -> amoxicillin) is the drug vocabulary's business (vocab/drugs.py), read from the same file.
+Both files are declared with the rules loader (ebmrag.rules): `RuleBook.check()` reads them at start-up.
 """
 
 from __future__ import annotations
@@ -13,15 +14,15 @@ import itertools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 from ebmrag.errors import ConfigError
-from ebmrag.vocab._files import DRUGS, read_lines, read_toml
+from ebmrag.rules import FOLDER, RuleFile, rule_file
+from ebmrag.vocab._files import versioned
 
-NAMES_PATH = DRUGS / "lexicon.txt"
-TERMS_PATH = DRUGS / "drug_terms.toml"
+LEXICON, TERMS = "drugs/lexicon.txt", "drugs/drug_terms.toml"  # in the rules folder
+TERMS_PATH = FOLDER / TERMS
 _MEANINGS = ("ingredient", "class", "general")
 _TOKEN = re.compile(r"[a-z][a-z-]+")
 
@@ -46,28 +47,30 @@ class Terms:
     def chinese_general(self) -> frozenset[str]:
         return frozenset(name for name, meaning in self.chinese.items() if meaning.kind == "general")
 
+    @classmethod
+    def of(cls, file: RuleFile) -> Terms:
+        """drug_terms.toml read and checked (the bundled file's through `terms()`, a test's or a site's through
+        the drug vocabulary's `from_files`)."""
+        raw, path = versioned(file, "drug terms"), file.path
+        general = raw.get("general", {}).get("en") if isinstance(raw.get("general"), dict) else None
+        if not isinstance(general, list) or not all(isinstance(w, str) and w.strip() for w in general):
+            raise ConfigError(f"drug terms {path}: [general] en must be a list of words")
+        table = raw.get("chinese")
+        if not isinstance(table, dict):
+            raise ConfigError(f"drug terms {path}: [chinese] must be a table of name = {{ kind = value }}")
+        return cls(frozenset(general), {name: _meaning(name, means, path) for name, means in table.items()})
 
-def drug_names() -> frozenset[str]:
-    """The bundled lexicon's names (lower case)."""
-    return _names()
+
+@rule_file(LEXICON)
+def drug_names(lines: tuple[str, ...]) -> frozenset[str]:
+    """The lexicon's names (lower case), once per book (default: the bundled one)."""
+    return frozenset(lines)
 
 
-@cache
-def _names(path: Path = NAMES_PATH) -> frozenset[str]:
-    return frozenset(read_lines(path, "drug lexicon"))
-
-
-@cache
-def terms(path: Path = TERMS_PATH) -> Terms:
-    """The general words and Chinese names, read and checked once."""
-    raw = read_toml(path, "drug terms")
-    general = raw.get("general", {}).get("en") if isinstance(raw.get("general"), dict) else None
-    if not isinstance(general, list) or not all(isinstance(w, str) and w.strip() for w in general):
-        raise ConfigError(f"drug terms {path}: [general] en must be a list of words")
-    table = raw.get("chinese")
-    if not isinstance(table, dict):
-        raise ConfigError(f"drug terms {path}: [chinese] must be a table of name = {{ kind = value }}")
-    return Terms(frozenset(general), {name: _meaning(name, means, path) for name, means in table.items()})
+@rule_file(TERMS, as_files=True)
+def terms(file: RuleFile) -> Terms:
+    """The general words and Chinese names, read and checked once per book (default: the bundled one)."""
+    return Terms.of(file)
 
 
 def _meaning(name: str, means: Any, path: Path) -> ChineseName:
@@ -81,7 +84,7 @@ def _meaning(name: str, means: Any, path: Path) -> ChineseName:
 def drug_mentions(text: str) -> list[str]:
     """The drug names and classes a text mentions, in order (Chinese by substring)."""
     lowered = text.lower()
-    names, general = _names(), terms().general
+    names, general = drug_names(), terms().general
     words = _TOKEN.findall(lowered)
     parts = [part for word in words if "-" in word for part in word.split("-")]  # "metoclopramide-induced"
     found = [w for w in words + parts if w in names or w in general]

@@ -3,21 +3,23 @@
 The entity compressor, the ADR recogniser, the CDS allergy statements and the differential's finding mapper
 each kept a list of their own, and the lists had drifted apart ("denies" here, "never" there, "排除" in one of
 three); one file, read here, gives them the same cues. How far a cue reaches (to the end of a sentence, 45
-characters back from a reaction, a whole clause) stays each reader's decision.
+characters back from a reaction, a whole clause) stays each reader's decision. The file is declared with the rules
+loader (ebmrag.rules), so `RuleBook.check()` compiles it at start-up and a test passes a book of its own.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 from ebmrag.errors import ConfigError
-from ebmrag.vocab._files import RULES, read_toml
+from ebmrag.rules import RuleFile, rule_file
+from ebmrag.vocab._files import versioned
 
-NEGATION_PATH = RULES / "negation.toml"
+NEGATION = "negation.toml"  # in the rules folder
 _LISTS = {"english": ("before", "after", "patient"), "chinese": ("before",)}
 
 
@@ -33,18 +35,19 @@ class Negation:
     source: str
 
 
-@cache
-def negation(path: Path = NEGATION_PATH) -> Negation:
-    """The bundled cues, read once per process."""
-    raw = read_toml(path, "negation cues")
-    lists = {(language, key): _cues(raw, language, key, path) for language, keys in _LISTS.items() for key in keys}
+@rule_file(NEGATION, as_files=True)
+def negation(file: RuleFile) -> Negation:
+    """The cues of rules/negation.toml, compiled once per book (default: the bundled one)."""
+    raw = versioned(file, "negation cues")
+    lists = {(language, key): _cues(raw, language, key, file.path) for language, keys in _LISTS.items()
+             for key in keys}
     every = [cue for cues in lists.values() for cue in cues]
     opening = [*lists["english", "before"], *lists["english", "patient"], *lists["chinese", "before"]]
     return Negation(_pattern(every), _pattern(lists["english", "patient"]), re.compile(
-        rf"\s*(?:{_pattern(opening).pattern})", re.IGNORECASE), path.read_text(encoding="utf-8"))
+        rf"\s*(?:{_pattern(opening).pattern})", re.IGNORECASE), file.source)
 
 
-def _cues(raw: dict[str, Any], language: str, key: str, path: Path) -> list[str]:
+def _cues(raw: Mapping[str, Any], language: str, key: str, path: Path) -> list[str]:
     table = raw.get(language)
     value = table.get(key) if isinstance(table, dict) else None
     if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
