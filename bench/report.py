@@ -41,6 +41,7 @@ def write_section(path: Path, name: str, text: str) -> None:
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     with os.fdopen(handle, "w", encoding="utf-8") as out:
         out.write(new)
+    os.chmod(temporary, 0o644)  # mkstemp makes it private; the report is a tracked document, readable like its peers
     os.replace(temporary, path)
 
 

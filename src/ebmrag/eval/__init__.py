@@ -1,1 +1,2 @@
-"""Measurements of ebmrag on public data (tier agreement now; packing and retrieval experiments later)."""
+"""Measurements of ebmrag on public data: tier agreement and labelled corpora, the gate, packing, retrieval,
+generation and the differential, each a documented command writing its report."""

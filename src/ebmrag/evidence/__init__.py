@@ -1,4 +1,5 @@
-"""Evidence model: patient fragments, their tiers, entity-preserving compression, tokens and embeddings."""
+"""What a fragment says and how much it matters: tier rules and the tiering step, the ADR, result and question
+recognisers, and entity-preserving compression (the fragment types themselves live in records.fragment)."""
 
 from ebmrag.records.fragment import Fragment, PatientRecord, Tier, TierDecision
 
