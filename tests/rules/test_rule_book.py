@@ -1,6 +1,6 @@
 """The one loader of the rule files (ebmrag.rules): a reader may declare several files and receive them in order,
-and a damaged file of the drug vocabulary, the negation cues or the result vocabulary stops `check()` (start-up)
-naming the file, the copy's and not the bundled one."""
+and a damaged file (a chart reader's code table, the drug vocabulary, the negation cues, the result vocabulary)
+stops `check()` (start-up) naming the file, the copy's and not the bundled one, and the entry at fault."""
 
 from __future__ import annotations
 
@@ -13,6 +13,9 @@ import pytest
 # importing the readers declares how each reads its rule files
 import ebmrag.cds.facts
 import ebmrag.evidence.results
+import ebmrag.records.ccda.document
+import ebmrag.records.fhir.bundle
+import ebmrag.records.fhir.facts
 from ebmrag import rules
 from ebmrag.errors import ConfigError
 from ebmrag.rules import FOLDER, RuleBook, RuleFile, bundled, rule_file
@@ -75,6 +78,17 @@ def test_the_vocabularies_are_built_once_per_book() -> None:
 
 
 @pytest.mark.parametrize(("name", "old", "new", "message"), [
+    ("records/ccda.toml", 'category = "medication", type = "intolerance"', 'category = "drug", type = "intolerance"',
+     "'59037007': category 'drug' is not one of"),
+    ("records/ccda.toml", 'medication_ended = ["aborted"', 'medication_ended = ["stopped"',
+     "medication_ended names a status"),
+    ("records/sections.toml", 'kind = "vital-signs"', 'kind = "vitals"', "[loinc.'8716-3'] needs a `display`"),
+    ("records/absent.toml", 'food = { code = "429625007"', 'food = { code = "999"', "[allergy.ccda] writes 999"),
+    ("records/drug_facts.toml", 'not_pregnant = { code = "60001007"', 'not_pregnant = { code = "77386006"',
+     "does not list"),
+    ("records/code_systems.toml", 'oids = ["2.16.840.1.113883.6.1"]', 'oids = ["2.16.840.1.113883.6.96"]',
+     "is listed under both"),
+    ("records/fhir.toml", 'f = "female"', 'F = "female"', "keys are lower-cased"),
     ("drugs/drug_terms.toml", '"麻醉" = { general = "anaesthesia" }',
      '"麻醉" = { general = "anaesthesia" }\n"某药" = { ingredient = "notadrugatall" }',
      "'某药' names ingredient 'notadrugatall'"),
@@ -85,7 +99,7 @@ def test_the_vocabularies_are_built_once_per_book() -> None:
     ("evidence/critical_values.toml", 'unit = "mmol/L"\nlow = 2.5', 'unit = "mg/dL"\nlow = 2.5',
      "[potassium]: unit 'mg/dL'"),
 ])
-def test_a_damaged_vocabulary_file_stops_check_naming_it(tmp_path: Path, name: str, old: str, new: str,
+def test_a_damaged_rule_file_stops_check_naming_it(tmp_path: Path, name: str, old: str, new: str,
                                                          message: str) -> None:
     folder = copy_of_rules(tmp_path)
     path = folder / name
