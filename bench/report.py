@@ -37,6 +37,9 @@ def write_section(path: Path, name: str, text: str) -> None:
         new = old[:start] + block + old[stop + len(end):]
     else:
         new = old.rstrip("\n") + "\n\n" + block + "\n"
+    if path.exists() and not path.is_file():  # a device or a pipe (--out /dev/null): renaming over it would replace
+        path.write_text(new, encoding="utf-8")  # the device with a file, so write through it
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     with os.fdopen(handle, "w", encoding="utf-8") as out:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import stat
+import threading
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "report.py"
@@ -41,3 +44,26 @@ def test_emit_prints_and_writes_the_section_it_names(tmp_path: Path, capsys) -> 
     assert "<!-- bench:x -->\n## X\nMachine: " in out.read_text() and "## X" in capsys.readouterr().out
     module.emit(None, "y", ["## Y"])
     assert "bench:y" not in out.read_text()
+
+
+def _read_fifo_in_background(fifo: Path, got: list[str]) -> threading.Thread:
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text(encoding="utf-8")), daemon=True)
+    reader.start()
+    return reader
+
+
+def test_an_out_that_is_a_device_or_pipe_is_written_through_never_replaced(tmp_path: Path) -> None:
+    """`--out /dev/null` once replaced the machine's /dev/null with a private regular file (a rename over it): a
+    report or a JSONL written to a device or a pipe goes through it, and the device stays what it was."""
+    from ebmrag.cli.common import write_jsonl
+
+    for write in (lambda path: load_write_section()(path, "packing", "## Packing\nnumbers"),
+                  lambda path: write_jsonl(path, [{"a": 1}, {"b": 2}])):
+        fifo = tmp_path / f"pipe{len(list(tmp_path.iterdir()))}"
+        os.mkfifo(fifo)
+        got: list[str] = []
+        reader = _read_fifo_in_background(fifo, got)
+        write(fifo)
+        reader.join(10)
+        assert stat.S_ISFIFO(fifo.stat().st_mode), "the pipe is still a pipe"
+        assert got and ("numbers" in got[0] or '{"b": 2}' in got[0])

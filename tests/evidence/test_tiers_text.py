@@ -60,3 +60,27 @@ def test_the_bundled_model_speaks_only_where_rules_are_silent(tiering) -> None: 
     decided = classifier.classify("Findings: Enlarged left ventricle and left atrium")
     assert decided.rule_id.startswith("model:tier_ngram p=") and decided.tier is Tier.T2
     assert classifier.to_dict()["model_path"].endswith("tier_ngram.npz")
+
+
+@pytest.mark.parametrize(("text", "named"), [
+    ("CYP2C19 *2/*2, poor metabolizer.", ("CYP2C19", "*2/*2", "clopidogrel")),
+    ("HLA-B*58:01 positive.", ("HLA-B", "*58:01", "allopurinol")),
+    ("DPYD c.1905+1G>A heterozygous.", ("DPYD", "c.1905+1G>A", "fluorouracil")),
+    ("PALB2 c.3113G>A pathogenic variant.", ("PALB2", "c.3113G>A")),
+    ("CCDC6-RET fusion on RNA sequencing.", ("CCDC6::RET", "fusion")),
+    ("检出PIK3CA基因E545K突变。", ("PIK3CA", "E545K")),
+])
+def test_a_genetic_result_of_any_gene_is_kept_with_its_gene_variant_and_drugs(text: str, named: tuple[str, ...]
+                                                                              ) -> None:
+    decision = RULES.classify(text)
+    assert (decision.tier, decision.must_keep, decision.standing) == (Tier.T1, True, True), decision.rule_id
+    assert decision.rule_id == "text.genetic.detected"
+    assert all(part in decision.finding for part in named), decision.finding
+
+
+@pytest.mark.parametrize("text", [
+    "MET with the family to discuss discharge.", "Her CAT scan showed a focal ileus.",
+    "C5-C6 anterior cervical discectomy and fusion.", "CD20 positive B cells on flow cytometry.",
+])
+def test_a_gene_symbol_that_is_also_a_word_is_no_genetic_result(text: str) -> None:
+    assert not RULES.classify(text).rule_id.startswith("text.genetic")

@@ -73,6 +73,9 @@ def progress_callback(bar: Progress) -> ProgressCallback:
 def write_jsonl(out: Path, rows: Iterable[dict[str, Any]]) -> int:
     """Replace `out` atomically with one JSON object per line; returns the rows written."""
     lines = [json.dumps(r, ensure_ascii=False) + "\n" for r in rows]
+    if out.exists() and not out.is_file():  # a device or a pipe (--out /dev/null): a rename would replace the device
+        out.write_text("".join(lines), encoding="utf-8")
+        return len(lines)
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(out.name + ".partial")
     partial.write_text("".join(lines), encoding="utf-8")

@@ -294,13 +294,30 @@ def _treated(clause: str, reaction: Span, vocab: _Vocabulary) -> bool:
 
 
 def _stated(clause: str, drug: Span, reaction: Span, vocab: _Vocabulary) -> bool:
-    """Not negated, not tolerated, not hypothetical."""
+    """Not negated, not tolerated, not hypothetical, not excluded or taken back after it (the shared grammar of
+    vocab.negation: "青霉素过敏史已排除", "既往头孢过敏经激发试验证实为非过敏", "allergy label removed after a negative
+    challenge")."""
     first = min(drug.start, reaction.start)
     if vocab.negation.search(_before(clause, reaction.start, 45)):
+        return False
+    if negation().taken_back(clause, [(reaction.start, reaction.end)], preceding=False)[0]:
         return False
     if vocab.tolerated.search(clause[max(0, drug.start - 40): drug.end + 30]):
         return False
     return not vocab.hypothetical.search(clause[max(0, first - 60): reaction.start])
+
+
+def allergy_taken_back(text: str, entry: bool = False) -> str:
+    """The words that take back every allergy and reaction the text names, or '' when one of them stands (or it
+    names none): "Penicillin allergy delabelled after a negative oral challenge", "否认药物过敏史". A reaction told
+    without the word allergy ("anaphylaxis to peanuts") is named too, so that a denial beside it never hides it.
+    `entry`: the text is an allergy entry, which names its allergy in its head ("Penicillin: tolerated
+    amoxicillin 2023"; vocab.negation). What the tier rules ask before a fragment is packed as an allergy."""
+    normalized = unicodedata.normalize("NFKC", text).lower()
+    cues = negation()
+    named = cues.allergy_mentions(normalized, entry) + [(s.start, s.end) for s, _ in reaction_spans(normalized)]
+    found = cues.taken_back(normalized, named, entry)
+    return "" if not found or not all(found) else found[0]
 
 
 def adr_mentions(text: str, use_model: bool = True) -> list[AdrMention]:

@@ -17,14 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from ebmrag.errors import ConfigError
-from ebmrag.evidence.adr import SERIOUS, AdrMention, adr_mentions
+from ebmrag.evidence.adr import SERIOUS, AdrMention, adr_mentions, allergy_taken_back
 from ebmrag.evidence.results import critical_results, result_mentions
 from ebmrag.kvcache import KeyValueCache, digest
 from ebmrag.protocols import CHECK_EVERY, TextClassifier, checkpoint
 from ebmrag.records.fragment import PatientRecord, Tier, TierDecision
 from ebmrag.rules import bundled, read_user_file
 from ebmrag.text.injection import fold, without_instructions
-from ebmrag.vocab import lexicon, negation
+from ebmrag.vocab import genes, lexicon, negation
+from ebmrag.vocab.genes import gene_mentions
 from ebmrag.vocab.lexicon import drug_mentions
 
 TIER_RULES = "evidence/tiers.toml"  # the bundled tier rules, in the rules folder
@@ -109,11 +110,18 @@ def _critical(text: str) -> str | None:
     return "; ".join(dict.fromkeys(m.critical for m in found)) if found else None
 
 
+def _genetic(text: str) -> str | None:
+    """The genetic results a text states: gene, variant and the drugs CPIC pairs with the gene."""
+    found = gene_mentions(text)
+    return "; ".join(dict.fromkeys(m.describe() for m in found)) if found else None
+
+
 def _vocabulary_fingerprint() -> str:
     """The detectors' code, their models and every rule file: a stored decision is stale when any of them changes."""
     here = Path(__file__).parent
     files = [here / name for name in ("tiers.py", "adr.py", "results.py", "result_tables.py")]
-    files += [here.parent / "text" / "injection.py", Path(lexicon.__file__), Path(negation.__file__)]
+    files += [here.parent / "text" / "injection.py", Path(lexicon.__file__), Path(negation.__file__),
+              Path(genes.__file__)]
     files += sorted((here / "models").glob("*.npz"))
     return digest(bundled().fingerprint(), *(hashlib.sha256(path.read_bytes()).hexdigest() for path in files))
 
@@ -130,8 +138,23 @@ def _path_digest(path: Path) -> str:
                     f"{hashlib.sha256(f.read_bytes()).hexdigest()}" for f in files))
 
 
+def _allergy_stands(text: str) -> str | None:
+    """'' when an allergy or reaction the text names stands, None when every one is denied or taken back
+    ("Penicillin allergy de-labelled after a negative oral challenge", "否认药物过敏史"): the shared negation
+    grammar (vocab.negation), so a de-labelled allergy is never packed at level 1."""
+    return None if allergy_taken_back(text) else ""
+
+
+def _allergy_entry_stands(text: str) -> str | None:
+    """`_allergy_stands` for an allergy section's entry, whose head names its allergy ("Penicillin - label removed
+    after a negative challenge")."""
+    return None if allergy_taken_back(text, entry=True) else ""
+
+
 # What a rule's `detector` may name: each returns what it found, or None
-DETECTORS = {"adr": _adr, "adr_serious": _serious_adr, "result": _results, "critical_result": _critical}
+DETECTORS = {"adr": _adr, "adr_serious": _serious_adr, "result": _results, "critical_result": _critical,
+             "genetic": _genetic,
+             "allergy": _allergy_stands, "allergy_entry": _allergy_entry_stands}
 
 
 def _decision_to_json(decision: TierDecision | None) -> bytes:

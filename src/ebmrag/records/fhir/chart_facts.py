@@ -177,12 +177,9 @@ _SEVERITY = ["mild", "moderate", "severe"]
 
 
 @rule_file("records/allergy_statements.toml")
-def statements(raw: Mapping[str, Any]) -> tuple[re.Pattern[str], tuple[tuple[str, re.Pattern[str]], ...]]:
-    """(the words of an entry taking its allergy back, [(status code, its words)]): allergy_statements.toml, with
-    the shared negation cues (rules/negation.toml: "not allergic to", "denies")."""
-    taken_back = re.compile("|".join([negation().cue.pattern, *raw["retracted"]]), re.IGNORECASE)
-    words = tuple((code, re.compile(pattern, re.IGNORECASE)) for code, pattern in raw["status_words"].items())
-    return taken_back, words
+def statements(raw: Mapping[str, Any]) -> tuple[tuple[str, re.Pattern[str]], ...]:
+    """[(status code, its words)]: the statuses a chart writes as text (allergy_statements.toml)."""
+    return tuple((code, re.compile(pattern, re.IGNORECASE)) for code, pattern in raw["status_words"].items())
 
 
 def status_of(concept: Any) -> str:
@@ -191,14 +188,17 @@ def status_of(concept: Any) -> str:
     if code:
         return code
     text = text_of(concept)
-    return next((name for name, words in statements()[1] if words.search(text)), "") if text else ""
+    return next((name for name, words in statements() if words.search(text)), "") if text else ""
 
 
 def taken_back(r: Resource) -> bool:
-    """The entry's own words say the allergy is not there ("not allergic to penicillin", "penicillin allergy
-    delabelled after oral challenge"): its code and substance text only, never its notes or reactions, where "no
-    rash" says something else. The reader shows such an entry as an allergy status, never as an allergy."""
-    return any(statements()[0].search(t) for t in (text_of(r.get("code")), text_of(r.get("substance"))) if t)
+    """The entry's own words say the allergy is not there ("not allergic to penicillin", "否认青霉素过敏",
+    "penicillin allergy delabelled after oral challenge"), read with the scope of the shared negation grammar
+    (vocab.negation: a cue governs its clause, doubt takes nothing back, so "阿莫西林过敏（未确认）" stands): its
+    code and substance text only, never its notes or reactions, where "no rash" says something else. The reader
+    shows such an entry as an allergy status, never as an allergy."""
+    return any(negation().allergy_taken_back(t, entry=True)
+               for t in (text_of(r.get("code")), text_of(r.get("substance"))) if t)
 
 
 def allergy_stands(r: Resource) -> bool:
