@@ -120,8 +120,9 @@ def _vocabulary_fingerprint() -> str:
     """The detectors' code, their models and every rule file: a stored decision is stale when any of them changes."""
     here = Path(__file__).parent
     files = [here / name for name in ("tiers.py", "adr.py", "results.py", "result_tables.py")]
-    files += [here.parent / "text" / "injection.py", Path(lexicon.__file__), Path(negation.__file__),
-              Path(genes.__file__)]
+    files += [here.parent / "text" / "injection.py", Path(lexicon.__file__), Path(negation.__file__)]
+    files += [Path(genes.__file__).with_name(name)  # the gene detector, its notations and its vocabulary's reading
+              for name in ("genes.py", "variant_notation.py", "gene_vocabulary.py")]
     files += sorted((here / "models").glob("*.npz"))
     return digest(bundled().fingerprint(), *(hashlib.sha256(path.read_bytes()).hexdigest() for path in files))
 

@@ -20,86 +20,54 @@ A gene family written without its member number (BRCA, NTRK, FGFR: a stem of fou
 to four symbols) counts as the family.
 
 Each mention names the gene, the variant as written and, through CPIC's gene-drug table
-(rules/genes/cpic_pairs.toml), the drugs with a level A or B recommendation for that gene. The three files are
-declared with the rules loader, so `RuleBook.check()` builds the vocabulary at start-up: one dictionary of
-written forms looked up per token, one regex of cues, built once.
+(rules/genes/cpic_pairs.toml), the drugs with a level A or B recommendation for that gene. This module reads a
+text; the notations' patterns are `variant_notation`'s and the three rule files are read and compiled, once per
+book, by `gene_vocabulary`, whose public names (`vocabulary`, `GeneVocabulary`, the files' paths) are importable
+from here too.
 """
 
 from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass
 
-from ebmrag.errors import ConfigError
-from ebmrag.rules import FOLDER, RuleFile, rule_file
-from ebmrag.vocab._files import read_file, versioned
+from ebmrag.vocab.gene_vocabulary import (
+    ACTIONABLE,
+    GRAMMAR,
+    GRAMMAR_PATH,
+    PAIRS,
+    PAIRS_PATH,
+    SYMBOLS,
+    SYMBOLS_PATH,
+    WORD_KINDS,
+    GeneVocabulary,
+    Grammar,
+    vocabulary,
+)
+from ebmrag.vocab.variant_notation import HLA_TYPE, TRANSCRIPT_GENE
 
-SYMBOLS, PAIRS, GRAMMAR = "genes/hgnc_symbols.txt", "genes/cpic_pairs.toml", "genes/grammar.toml"
-SYMBOLS_PATH, PAIRS_PATH, GRAMMAR_PATH = (FOLDER / name for name in (SYMBOLS, PAIRS, GRAMMAR))
-ACTIONABLE = ("A", "A/B", "B")  # CPIC levels whose genotype should change prescribing
+__all__ = ["ACTIONABLE", "DETACHED", "GRAMMAR", "GRAMMAR_PATH", "MAX_GAP", "NOTATIONS", "PAIRS", "PAIRS_PATH",
+           "SHOWN_DRUGS", "STANDALONE", "SYMBOLS", "SYMBOLS_PATH", "GeneMention", "GeneVocabulary", "Grammar",
+           "gene_mentions", "vocabulary"]
+
 SHOWN_DRUGS = 8  # drugs a description names before "+N more"
-
-# Notations, after their nomenclatures (HGVS, PharmVar, WHO HLA, dbSNP, ISCN); the words are in grammar.toml.
-_AA = (r"(?:Ala|Arg|Asn|Asp|Cys|Gln|Glu|Gly|His|Ile|Leu|Lys|Met|Phe|Pro|Ser|Thr|Trp|Tyr|Val|Sec|Ter"
-       r"|[ACDEFGHIKLMNPQRSTVWY*X])")
-_POS = r"[-*]?\d+(?:[+-]\d+)?"
-_DNA_CHANGE = r"(?:[ACGTUacgu]+>[ACGTUacgu]+|delins[ACGTN]*\d*|del[ACGTN]*\d*|dup[ACGTN]*\d*|ins[ACGTN]+\d*|inv\d*|=)"
-_PROTEIN_CHANGE = (rf"(?:{_AA}\d+(?:_{_AA}\d+)?(?:delins{_AA}+|del|dup|ins{_AA}+|fs(?:{_AA}|\*)?\d*|ext\S*|{_AA}|=)"
-                   rf"(?:fs(?:Ter|\*)\d*)?)")
-_HGVS = (rf"(?<![A-Za-z0-9])(?:(?:N[MCGRP]|X[MR]|NC|LRG|ENS[TG])_?\d+(?:\.\d+)?(?:\([A-Za-z0-9-]+\))?:)?"
-         rf"(?:[cgnmr]\.(?:\({_POS}(?:_{_POS})?\)|{_POS}(?:_{_POS})?){_DNA_CHANGE}|p\.(?:\({_PROTEIN_CHANGE}\)|{_PROTEIN_CHANGE}))")
-_SHORTHAND = (rf"(?<![A-Za-z0-9.*/])(?:[Δ∆]\s?{_AA}\d+|delta ?F508|{_AA}\d{{1,5}}(?:_{_AA}\d{{1,5}})?"
-              rf"(?:fs(?:\*\d+)?|delins[A-Z]+|del|dup|ins[A-Z]+|{_AA}))(?![A-Za-z0-9])")
-_TRANSCRIPT_GENE = re.compile(r"\(([A-Za-z0-9-]+)\):")  # NM_007294.4(BRCA1):c.68_69del
-_HLA_TYPE = re.compile(r"(?<![A-Za-z0-9])HLA[- ]?(A|B|C|DR|DQ|DP|Cw|Bw)"  # serotypes: HLA-B27, HLA-DR3/4-DQ8
-                       r"(\d{1,2}(?:/\d{1,2})*(?:[-/](?:DR|DQ|DP)\d{1,2})*)(?![0-9:*.])")
-_NUMBERED = re.compile(r"([A-Za-z]{2,}[0-9A-Za-z]*?)-(\d{1,2})")  # a symbol written with a hyphen before its number
-_FUSION_NEXT = re.compile(r"\W*(?:fusion|rearrang|transcript|融合)")  # "BCR/ABL1 fusion": a slash that fuses
-_STAR = r"\*\d{1,3}[A-Z]?(?:\.\d{3})?(?:\s?[x×]\s?(?:\d|N))?"
-_RSID = r"(?<![A-Za-z0-9])[Rr]s\d{3,12}(?:\s?[(\[]?[ACGT][;/]?[ACGT]?[)\]]?(?![A-Za-z0-9])|\s?[ACGT]>[ACGT])?"
-_EXON = (r"(?<![A-Za-z0-9])(?i:ex(?:on)?s?\s?\d{1,2}(?:\s?(?:-|to|and|–)\s?\d{1,2})?\s?(?:in-frame\s)?"
-         r"(?:deletions?|del|insertions?|ins|duplications?|dup|skipping|mutations?|alterations?|variants?|"
-         r"substitutions?|indels?|delins)|\d{1,2}-?del|\d{1,2}-?ins)(?![A-Za-z0-9])"
-         r"|(?:\d{1,2}\s?号?外显子|外显子\s?\d{1,2})[^。；;]{0,6}?(?:缺失|插入|突变|跳跃|重复|变异)")
-_CHROMOSOME = r"(?:1\d|2[0-2]|[1-9]|X|Y)"
-_BAND = rf"{_CHROMOSOME}[pq](?:\d{{1,2}}(?:\.\d{{1,3}})*)?"
-_KARYOTYPE = (rf"(?<![A-Za-z0-9])(?:4[4-9],\s?X{{1,4}}Y{{0,2}}(?![A-Za-z-])"
-              rf"|(?:t|der|ins)\({_CHROMOSOME}(?:;{_CHROMOSOME})+\)(?:\([pq][\d.;pq]*\))?"
-              rf"|(?:inv|del|dup|idic|i|r|der)\({_CHROMOSOME}\)\([pq][\d.;pq]*\)|(?:inv|del|dup|i)\({_BAND}\)"
-              rf"|inv\({_CHROMOSOME}\)"
-              rf"|{_BAND}(?:/{_BAND})?\s?(?i:co-?deletion|deletion|del|duplication|dup|gain|loss|amplification|"
-              rf"microdeletion|microduplication)s?|{_BAND}(?:缺失|重复|扩增)"
-              rf"|(?i:mono|tri|tetra)somy\s?{_CHROMOSOME}(?![A-Za-z0-9])"
-              rf"|(?i:deletion|loss|gain|duplication)s? (?i:of )(?i:chromosome )?{_BAND})(?![A-Za-z0-9])")
-_REPEAT = (r"(?<![A-Za-z0-9])(?:\([ACGT]{3,6}\)n|\d+\s?[ACGT]{3,6}\s?(?i:repeats?)|[ACGT]{3,6}\s?(?i:(?:(?:tri|hexa)?"
-           r"nucleotide\s|triplet\s)?(?:repeat\s)?expansions?)|[ACGT]{3,6} (?i:repeats? (?:of |length |number |size |"
-           r"count )?)[(:=]?\s?\d+|(?i:(?:tri|hexa)nucleotide repeats?(?: expansions?)?))(?![A-Za-z0-9])")
-_CODON = r"(?<![A-Za-z0-9])(?i:codons?)\s?\d{1,4}(?:\s?(?:/|,|and|or)\s?\d{1,4})*(?![A-Za-z0-9])"
-
 NOTATIONS = ("hgvs", "hla", "rsid", "diplotype", "star", "exon", "protein", "codon")
 STANDALONE = frozenset({"hgvs", "hla", "rsid", "diplotype", "exon", "karyotype", "repeat", "biomarker",
                         "classification", "zygosity", "phenotype"})  # a result even when no gene is named
 DETACHED = frozenset({"karyotype", "biomarker"})  # results that name no gene: never given one
-_WORD_KINDS = ("classification", "biomarker", "zygosity", "phenotype", "genetic", "fusion", "ambiguous", "status")
-_LISTS = (*_WORD_KINDS, "surgical", "context", "before", "filler", "sought", "anchors")
 _ADJECTIVES = ("genetic", "zygosity", "classification")  # may stand right before their gene
-_ANCHORED = ("zygosity", "phenotype", "classification", "biomarker")  # word kinds that are results on their own
 _TOKEN = re.compile(r"(?<![A-Za-z0-9*])[A-Za-z][A-Za-z0-9]*(?:(?:-|::|/)[A-Za-z0-9]+)*")
 _SEPARATOR = re.compile(r"::|-|/")
+_NUMBERED = re.compile(r"([A-Za-z]{2,}[0-9A-Za-z]*?)-(\d{1,2})")  # a symbol written with a hyphen before its number
+_FUSION_NEXT = re.compile(r"\W*(?:fusion|rearrang|transcript|融合)")  # "BCR/ABL1 fusion": a slash that fuses
 _BOUNDARY = re.compile(r"[;。；!?！？\n]|\.(?:\s|$)")
 _WORD = re.compile(r"[A-Za-z0-9]+(?:['-][A-Za-z0-9]+)*")
 _CJK = re.compile(r"[\u4e00-\u9fff]")
 _COORDINATION = re.compile(r"\s*(?:,|/|&|、|和|或|及|与)?\s*(?:(?:and|or)\s+)?", re.IGNORECASE)
 _LOCATION = re.compile(r"(?<![A-Za-z0-9])(?:exon|intron|codon)s?\s?\d+(?![A-Za-z0-9])|\d+\s?号?外显子", re.IGNORECASE)
 _LOWER = re.compile(r"[a-z]")
-_ALNUM = re.compile(r"[A-Za-z][A-Za-z0-9]*")
-_ALNUM_DIGIT = re.compile(r"(?<![a-z])[a-z]+\d[a-z0-9]*")  # a lower-cased word holding a digit
-_DIGIT = re.compile(r"\d")
-_NOTATION_HINT = re.compile(r"[\d*]|repeat|expansion|nucleotide|\)n", re.IGNORECASE)  # in every notation
 _LEVEL = re.compile(r"[A-Z]\d{1,2}")  # C5, F8: a vertebra, a lead, a stage as often as a gene
 _CD_ANTIGEN = re.compile(r"CD\d+[A-Z]?")  # the protein flow cytometry and immunohistochemistry read
 _NUCLEOTIDES = re.compile(r"[ACGT]{3,}")  # CAT, TACC: a DNA sequence as often as a gene ("TACC haplotype")
@@ -152,185 +120,6 @@ class _Cue:
     gene: str = ""  # the gene a notation names itself (an HLA allele)
 
 
-@dataclass(frozen=True)
-class Grammar:
-    """grammar.toml compiled: `cues` finds every notation and word at once (its group names the kind); the rest
-    are the word lists that decide whether a cue reaches a gene."""
-
-    cues: re.Pattern[str]
-    surgical: re.Pattern[str]
-    context: re.Pattern[str]
-    before: re.Pattern[str]
-    filler: re.Pattern[str]
-    chinese_before: re.Pattern[str]
-    sought: re.Pattern[str]  # ends a text just before a word that is being looked for, not found
-    anchors: tuple[str, ...]  # lower case: one of them is in every result word that names no gene
-    notation: re.Pattern[str]  # the notations that are results on their own (a text's quick test)
-
-
-@dataclass(frozen=True)
-class GeneVocabulary:
-    """`written`: every form a text may write -> its approved symbol (case as written); `folded`: the lower case of
-    forms holding a digit -> approved symbol; `families`: stem -> members; `stems`: every stem two symbols
-    share (ABL of ABL1 and ABL2), read only as a fusion's partner; `pairs`: gene -> CPIC level -> drugs;
-    `source`: the three files' texts, for the fingerprint of results computed with them."""
-
-    written: Mapping[str, str]
-    folded: Mapping[str, str]
-    families: Mapping[str, tuple[str, ...]]
-    stems: frozenset[str]
-    pairs: Mapping[str, Mapping[str, tuple[str, ...]]]
-    grammar: Grammar
-    source: str = field(repr=False, default="")
-    triggers: frozenset[str] = field(repr=False, default=frozenset())  # a written form's longest word, as written
-    folded_triggers: frozenset[str] = field(repr=False, default=frozenset())  # ... lower case, those with a digit
-
-    def __post_init__(self) -> None:
-        words = {max(_ALNUM.findall(form), key=len) for form in [*self.written, *self.stems, "HLA"]}
-        object.__setattr__(self, "triggers", frozenset(words))
-        object.__setattr__(self, "folded_triggers", frozenset(w.lower() for w in words if _DIGIT.search(w)))
-
-    def worth_reading(self, text: str) -> bool:
-        """A quick test, a few microseconds: may the text state a result? No when it writes no word of a gene, no
-        anchor of a result word and no notation; the grammar is read only where it may."""
-        if not self.triggers.isdisjoint(_ALNUM.findall(text)):
-            return True
-        if not self.folded_triggers.isdisjoint(_ALNUM_DIGIT.findall(text.lower())):
-            return True
-        lowered = text.lower()
-        return any(anchor in lowered for anchor in self.grammar.anchors) or (
-            _NOTATION_HINT.search(text) is not None and self.grammar.notation.search(text) is not None)
-
-    @classmethod
-    def of(cls, symbols: RuleFile, pairs: RuleFile, grammar: RuleFile) -> GeneVocabulary:
-        written, folded, families, stems = _symbols(symbols.table, symbols.path)
-        table = _pairs(pairs, written)
-        for gene, entry in versioned(pairs, "CPIC pairs")["genes"].items():
-            if isinstance(entry.get("cpic_symbol"), str):
-                written.setdefault(entry["cpic_symbol"], gene)
-        hla = sorted((s[4:] for s in written.values() if s.startswith("HLA-")), key=len, reverse=True)
-        return cls(written, folded, families, stems, table, _grammar(grammar, hla),
-                   symbols.source + pairs.source + grammar.source)
-
-    @classmethod
-    def from_files(cls, symbols: Path = SYMBOLS_PATH, pairs: Path = PAIRS_PATH,
-                   grammar: Path = GRAMMAR_PATH) -> GeneVocabulary:
-        """The vocabulary of other files (a test's, the bench's while it regenerates the tables)."""
-        lines = Path(symbols).read_text(encoding="utf-8").splitlines()
-        table = tuple(s for line in lines if (s := line.strip()) and not s.startswith("#"))
-        return cls.of(RuleFile(Path(symbols), table, "\n".join(lines)), read_file(pairs, "CPIC pairs"),
-                      read_file(grammar, "gene grammar"))
-
-    def drugs(self, gene: str) -> tuple[str, ...]:
-        """The drugs CPIC gives a level A or B recommendation for, for this gene (each partner of a fusion)."""
-        found = [drug for part in gene.split("::") for level in ACTIONABLE
-                 for drug in self.pairs.get(part, {}).get(level, ())]
-        return tuple(dict.fromkeys(found))
-
-    def gene(self, token: str) -> str | None:
-        """The approved symbol a written form names, or None."""
-        if token in self.written:
-            return self.written[token]
-        if len(token) >= 4 and any(c.isdigit() for c in token):
-            return self.folded.get(token.lower())
-        return None
-
-
-def _symbols(lines: Any, path: Path
-             ) -> tuple[dict[str, str], dict[str, str], dict[str, tuple[str, ...]], frozenset[str]]:
-    """The written forms, their folded forms, the families (stems of four letters or more shared by two to four
-    symbols) and every stem shared by two symbols or more (a fusion partner may be written so: BCR-ABL)."""
-    if not isinstance(lines, tuple) or not lines:
-        raise ConfigError(f"gene symbols {path}: no symbols")
-    written: dict[str, str] = {}
-    for line in lines:
-        symbol, *forms = line.split()
-        written[symbol] = symbol
-        for form in forms:
-            if form in written and written[form] != symbol:
-                raise ConfigError(f"gene symbols {path}: {form!r} names both {written[form]} and {symbol}")
-            written[form] = symbol
-    lowered: dict[str, set[str]] = defaultdict(set)
-    for form, symbol in written.items():
-        if len(form) >= 4 and any(c.isdigit() for c in form):
-            lowered[form.lower()].add(symbol)
-    folded = {form: next(iter(symbols)) for form, symbols in lowered.items() if len(symbols) == 1}
-    grouped: dict[str, list[str]] = defaultdict(list)
-    for symbol in set(written.values()):
-        if match := re.fullmatch(r"([A-Z]{3,})\d+", symbol):
-            grouped[match.group(1)].append(symbol)
-    stems = {stem: members for stem, members in grouped.items() if len(members) >= 2 and stem not in written}
-    families = {stem: tuple(sorted(members)) for stem, members in stems.items() if len(stem) >= 4 and len(members) <= 4}
-    return written, folded, families, frozenset(stems)
-
-
-def _pairs(file: RuleFile, written: Mapping[str, str]) -> dict[str, dict[str, tuple[str, ...]]]:
-    genes = versioned(file, "CPIC pairs").get("genes")
-    if not isinstance(genes, Mapping):
-        raise ConfigError(f"CPIC pairs {file.path}: [genes] must be a table of gene = {{ level = [drugs] }}")
-    table: dict[str, dict[str, tuple[str, ...]]] = {}
-    for gene, levels in genes.items():
-        if gene not in written:
-            raise ConfigError(f"CPIC pairs {file.path}: {gene!r} is not a symbol of {SYMBOLS}")
-        table[gene] = {level: tuple(drugs) for level, drugs in levels.items() if level != "cpic_symbol"}
-    return table
-
-
-def _words(raw: Mapping[str, Any], language: str, key: str, path: Path) -> list[str]:
-    table = raw.get(language)
-    value = table.get(key) if isinstance(table, Mapping) else None
-    if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
-        raise ConfigError(f"gene grammar {path}: [{language}] {key} must be a list of regex fragments")
-    return value
-
-
-def _either(english: Sequence[str], chinese: Sequence[str]) -> str:
-    """English fragments as whole words, case-insensitive; Chinese ones anywhere."""
-    parts = [rf"(?<![A-Za-z0-9])(?i:{'|'.join(english)})(?![A-Za-z0-9])"] if english else []
-    return "|".join(parts + ([f"(?:{'|'.join(chinese)})"] if chinese else []))
-
-
-def _grammar(file: RuleFile, hla_loci: Sequence[str]) -> Grammar:
-    raw = versioned(file, "gene grammar")
-    lists = {(language, key): _words(raw, language, key, file.path) for language in ("english", "chinese")
-             for key in _LISTS if (language, key) != ("chinese", "filler")}
-    hla = rf"(?<![A-Za-z0-9])HLA[- ]?(?P<locus>{'|'.join(hla_loci)})"
-    notations = {
-        "hgvs": _HGVS, "hla": rf"{hla}(?:\s?\*\s?\d{{2,4}}(?::\d{{2,3}}){{0,3}}[A-Z]?|\d{{4}}[A-Z]?)(?![0-9])",
-        "rsid": _RSID, "diplotype": rf"{_STAR}\s?/\s?{_STAR}", "star": _STAR, "exon": _EXON,
-        "karyotype": _KARYOTYPE, "repeat": _REPEAT, "codon": _CODON, "protein": _SHORTHAND,
-    }
-    words = {kind: _either(lists["english", kind], lists["chinese", kind]) for kind in _WORD_KINDS}
-    cues = "|".join(f"(?P<{kind}>{pattern})" for kind, pattern in {**notations, **words}.items())
-    return Grammar(
-        re.compile(cues), re.compile(_either(lists["english", "surgical"], lists["chinese", "surgical"])),
-        re.compile(_either(lists["english", "context"], lists["chinese", "context"])),
-        re.compile(rf"\s*(?:(?i:{'|'.join(lists['english', 'before'])})\s+)(?:(?i:the|a|an|both|his|her|their)\s+)?"),
-        re.compile(_either(lists["english", "filler"], ())),
-        re.compile(rf"(?:{'|'.join(lists['chinese', 'before'])})[\s：:]{{0,2}}"),
-        re.compile(rf"(?:{_either(lists['english', 'sought'], lists['chinese', 'sought'])})\s*(?:(?i:the|a|an)\s+)?$"),
-        _anchors(lists, file.path),
-        re.compile("|".join(notations[kind] for kind in ("hgvs", "hla", "rsid", "diplotype", "exon", "karyotype",
-                                                         "repeat", "protein"))),
-    )
-
-
-def _anchors(lists: Mapping[tuple[str, str], list[str]], path: Path) -> tuple[str, ...]:
-    """The anchors, once every word that is a result on its own holds one (grammar.toml says why)."""
-    anchors = tuple(a.lower() for language in ("english", "chinese") for a in lists[language, "anchors"])
-    for language in ("english", "chinese"):
-        for kind in _ANCHORED:
-            for entry in lists[language, kind]:
-                if not any(anchor in entry.lower() for anchor in anchors):
-                    raise ConfigError(f"gene grammar {path}: [{language}] {kind} entry {entry!r} holds no anchor")
-    return anchors
-
-
-@rule_file(SYMBOLS, PAIRS, GRAMMAR, as_files=True)
-def vocabulary(symbols: RuleFile, pairs: RuleFile, grammar: RuleFile) -> GeneVocabulary:
-    """The HGNC symbols, CPIC pairs and grammar, read and compiled once per book (default: the bundled one)."""
-    return GeneVocabulary.of(symbols, pairs, grammar)
-
 
 def gene_mentions(text: str, vocabulary_: GeneVocabulary | None = None) -> list[GeneMention]:
     """The genetic and pharmacogenomic results a text states, in order (module docstring)."""
@@ -376,13 +165,13 @@ def _cues(text: str, vocab: GeneVocabulary) -> list[_Cue]:
             surgical = bool(grammar.surgical.search(text)) if surgical is None else surgical
             if surgical:
                 continue
-        if kind in _WORD_KINDS and grammar.sought.search(text, max(0, match.start() - 40), match.start()):
+        if kind in WORD_KINDS and grammar.sought.search(text, max(0, match.start() - 40), match.start()):
             continue
         written, gene = match.group().strip(), ""
         if kind == "hla":  # HLA-B*57:01: the gene HLA-B, the allele *57:01
             gene = f"HLA-{match.group('locus')}"
             written = ("*" if "*" in written else "") + text[match.end("locus"):match.end()].strip(" *")
-        elif kind == "hgvs" and (named := _TRANSCRIPT_GENE.search(written)):
+        elif kind == "hgvs" and (named := TRANSCRIPT_GENE.search(written)):
             gene = vocab.gene(named.group(1)) or ""
         found.append(_Cue(kind, match.start(), match.end(), written, gene))
     return found
@@ -394,7 +183,7 @@ def _genes(text: str, vocab: GeneVocabulary, cues: Sequence[_Cue]) -> list[_Gene
     genes = [gene for token in _TOKEN.finditer(text)
              for gene in _joined(text, token, _parts(token.group(), token.start()), vocab)]
     typed = [_Gene(vocab.written.get(f"HLA-{m.group(1)}", f"HLA-{m.group(1)}"), m.start(), m.end(), "hla",
-                   written=m.group(1) + m.group(2)) for m in _HLA_TYPE.finditer(text)]
+                   written=m.group(1) + m.group(2)) for m in HLA_TYPE.finditer(text)]
     spans = [(c.start, c.end) for c in cues] + [(t.start, t.end) for t in typed]
     kept = [g for g in genes if not any(start <= g.start and g.end <= end for start, end in spans)]
     return sorted(kept + typed, key=lambda g: g.start)
@@ -487,7 +276,7 @@ class _Reading:
         """The genes a cue belongs to: the nearest gene before it within reach, else the first after it across a
         preposition ("mutation in BRCA2", "检出EGFR") or right after an adjective ("mutant KRAS"), with the genes
         listed beside that one ("BRCA1 and BRCA2 mutations"; not "EGFR, KRAS G12C")."""
-        listed = cue.kind in _WORD_KINDS
+        listed = cue.kind in WORD_KINDS
         before = [i for i, g in enumerate(self.genes) if g.end <= cue.start]
         if before and self._reaches(self.genes[before[-1]], cue, self.text[self.genes[before[-1]].end:cue.start]):
             return self._listed(before[-1], step=-1) if listed else [before[-1]]
