@@ -31,15 +31,15 @@ def emit(out: Path | None, name: str, lines: Sequence[str]) -> None:
 def write_section(path: Path, name: str, text: str) -> None:
     begin, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
     block = f"{begin}\n{text.strip()}\n{end}"
+    if path.exists() and not path.is_file():  # a device or a pipe (--out /dev/null): nothing to keep from it, and
+        path.write_text(block + "\n", encoding="utf-8")  # a rename over it would replace the device with a file
+        return
     old = path.read_text(encoding="utf-8") if path.exists() else "# Benchmarks\n"
     start, stop = old.find(begin), old.find(end)
     if start >= 0 and stop > start:
         new = old[:start] + block + old[stop + len(end):]
     else:
         new = old.rstrip("\n") + "\n\n" + block + "\n"
-    if path.exists() and not path.is_file():  # a device or a pipe (--out /dev/null): renaming over it would replace
-        path.write_text(new, encoding="utf-8")  # the device with a file, so write through it
-        return
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     with os.fdopen(handle, "w", encoding="utf-8") as out:

@@ -63,7 +63,10 @@ def test_an_out_that_is_a_device_or_pipe_is_written_through_never_replaced(tmp_p
         os.mkfifo(fifo)
         got: list[str] = []
         reader = _read_fifo_in_background(fifo, got)
-        write(fifo)
+        writer = threading.Thread(target=write, args=(fifo,), daemon=True)  # a writer that reads the pipe first
+        writer.start()  # would wait for ever: the test fails instead of hanging
+        writer.join(10)
+        assert not writer.is_alive(), "the write went through the pipe without waiting to read it"
         reader.join(10)
         assert stat.S_ISFIFO(fifo.stat().st_mode), "the pipe is still a pipe"
         assert got and ("numbers" in got[0] or '{"b": 2}' in got[0])
