@@ -27,3 +27,14 @@ def versioned(file: RuleFile, what: str) -> Mapping[str, Any]:
 def read_file(path: Path, what: str) -> RuleFile:
     """A TOML table a caller names by its path, read as the book would hand it to a builder."""
     return RuleFile(path, *read_user_file(Path(path), what))
+
+
+def language_list(raw: Mapping[str, Any], language: str, key: str, where: str,
+                  items: str = "non-empty strings") -> list[str]:
+    """`[language] key` of a table written per language (`[english]`, `[chinese]`): a list of `items`, or a
+    ConfigError naming `where` (the file's role and path) and the entry."""
+    table = raw.get(language)
+    value = table.get(key) if isinstance(table, Mapping) else None
+    if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
+        raise ConfigError(f"{where}: [{language}] {key} must be a list of {items}")
+    return value

@@ -20,7 +20,7 @@ from typing import Any
 
 from ebmrag.errors import ConfigError
 from ebmrag.rules import FOLDER, RuleFile, rule_file
-from ebmrag.vocab._files import read_file, versioned
+from ebmrag.vocab._files import language_list, read_file, versioned
 from ebmrag.vocab.variant_notation import NOTATION_HINT, notation_patterns
 
 SYMBOLS, PAIRS, GRAMMAR = "genes/hgnc_symbols.txt", "genes/cpic_pairs.toml", "genes/grammar.toml"
@@ -159,14 +159,6 @@ def _pairs(file: RuleFile, written: Mapping[str, str]) -> dict[str, dict[str, tu
     return table
 
 
-def _words(raw: Mapping[str, Any], language: str, key: str, path: Path) -> list[str]:
-    table = raw.get(language)
-    value = table.get(key) if isinstance(table, Mapping) else None
-    if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
-        raise ConfigError(f"gene grammar {path}: [{language}] {key} must be a list of regex fragments")
-    return value
-
-
 def _either(english: Sequence[str], chinese: Sequence[str]) -> str:
     """English fragments as whole words, case-insensitive; Chinese ones anywhere."""
     parts = [rf"(?<![A-Za-z0-9])(?i:{'|'.join(english)})(?![A-Za-z0-9])"] if english else []
@@ -175,8 +167,9 @@ def _either(english: Sequence[str], chinese: Sequence[str]) -> str:
 
 def _grammar(file: RuleFile, hla_loci: Sequence[str]) -> Grammar:
     raw = versioned(file, "gene grammar")
-    lists = {(language, key): _words(raw, language, key, file.path) for language in ("english", "chinese")
-             for key in _LISTS if (language, key) != ("chinese", "filler")}
+    where = f"gene grammar {file.path}"
+    lists = {(language, key): language_list(raw, language, key, where, "regex fragments")
+             for language in ("english", "chinese") for key in _LISTS if (language, key) != ("chinese", "filler")}
     notations = notation_patterns(hla_loci)
     words = {kind: _either(lists["english", kind], lists["chinese", kind]) for kind in WORD_KINDS}
     cues = "|".join(f"(?P<{kind}>{pattern})" for kind, pattern in {**notations, **words}.items())

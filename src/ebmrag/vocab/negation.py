@@ -25,14 +25,11 @@ start-up and a test passes a book of its own.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
-from ebmrag.errors import ConfigError
 from ebmrag.rules import RuleFile, rule_file
-from ebmrag.vocab._files import versioned
+from ebmrag.vocab._files import language_list, versioned
 
 NEGATION = "negation.toml"  # in the rules folder
 _GRAMMAR = ("pseudo", "uncertain", "delabel", "removed", "record", "challenge", "skin_test", "negative", "tolerated",
@@ -287,7 +284,8 @@ def _short(gap: str) -> bool:
 def negation(file: RuleFile) -> Negation:
     """The cues of rules/negation.toml, compiled once per book (default: the bundled one)."""
     raw = versioned(file, "negation cues")
-    lists = {(language, key): _cues(raw, language, key, file.path) for language, keys in _LISTS.items()
+    where = f"negation cues {file.path}"
+    lists = {(language, key): language_list(raw, language, key, where) for language, keys in _LISTS.items()
              for key in keys}
     pseudo = [*lists["english", "pseudo"], *lists["chinese", "pseudo"]]
 
@@ -299,14 +297,6 @@ def negation(file: RuleFile) -> Negation:
     grammar = _Grammar(**{key: both(key) for key in ("before", "after", "predicate", *_GRAMMAR) if key != "pseudo"})
     return Negation(_pattern(every, pseudo), _pattern(lists["english", "patient"], pseudo), re.compile(
         rf"\s*(?:{_pattern(opening, pseudo).pattern})", re.IGNORECASE), file.source, grammar)
-
-
-def _cues(raw: Mapping[str, Any], language: str, key: str, path: Path) -> list[str]:
-    table = raw.get(language)
-    value = table.get(key) if isinstance(table, dict) else None
-    if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
-        raise ConfigError(f"negation cues {path}: [{language}] {key} must be a list of non-empty strings")
-    return value
 
 
 def _pattern(cues: list[str], pseudo: Sequence[str] = ()) -> re.Pattern[str]:
