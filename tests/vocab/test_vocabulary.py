@@ -11,7 +11,7 @@ import pytest
 from ebmrag.errors import ConfigError
 from ebmrag.rules import RuleBook, bundled
 from ebmrag.vocab.drugs import DrugVocabulary, Relation, concept_parts, vocabulary
-from ebmrag.vocab.lexicon import TERMS, TERMS_PATH, drug_mentions, terms
+from ebmrag.vocab.lexicon import TERMS, TERMS_PATH, drug_mentions, terms, zh_drug_names
 from ebmrag.vocab.negation import NEGATION, negation
 
 SNOMED, RXNORM = "http://snomed.info/sct", "http://www.nlm.nih.gov/research/umls/rxnorm"
@@ -66,6 +66,19 @@ def test_general_words_identify_no_drug_in_either_language() -> None:
     assert v.relation(v.identify(["medication"]), v.identify(["medication allergy"])) is None
     assert "霉素" in drug_mentions("红霉素过敏"), "the lexicon still finds the drug for tiering"
 
+
+
+def test_a_harvested_chinese_brand_is_a_drug_mention() -> None:
+    """A brand or preparation with no INN stem and no class word (zh_drug_names.txt) names a drug; a general word
+    does not, and a name already found as a longer one is not found again inside it."""
+    assert {"希罗达", "速效救心丸"} <= set(zh_drug_names())
+    assert drug_mentions("服用希罗达后出现皮疹") == ["希罗达"]
+    assert drug_mentions("予奥沙利铂联合希罗达化疗") == ["奥沙利铂", "希罗达"]
+    assert drug_mentions("含服速效救心丸后胸闷缓解") == ["速效救心丸"]
+    assert drug_mentions("口服卡培他滨片") == ["卡培他滨片"], "longest first: not 卡培他滨 a second time"
+    assert drug_mentions("阿司匹林肠溶片") == ["阿司匹林"], "a known name keeps its ingredient; no second drug"
+    assert drug_mentions("服用中药后出现皮疹") == []
+    assert all(len(name) >= 2 and name not in terms().chinese for name in zh_drug_names())
 
 def test_every_chinese_name_says_what_it_names() -> None:
     chinese = terms().chinese
@@ -129,3 +142,15 @@ def test_a_book_builds_its_own_cues_once(tmp_path: Path) -> None:
     assert negation(book) is negation(book) and negation() is negation()
     assert negation(book).patient.search("nah") and not negation().patient.search("nah")
     assert negation(book).source == (tmp_path / NEGATION).read_text("utf-8")
+
+
+def test_a_chinese_brand_without_an_inn_stem_is_linked_to_its_reaction() -> None:
+    """A harvested Chinese drug name (rules/drugs/zh_drug_names.txt) stands where the ADR recogniser looks for a
+    drug: a reaction after a brand or a preparation is an adverse reaction, as after an INN-stem name."""
+    from ebmrag.evidence.adr import adr_mentions
+    from ebmrag.vocab.lexicon import chinese_drug_spans
+
+    text = "患者自行服用希罗达两周后手足出现皮疹。"
+    assert [name for *_, name in chinese_drug_spans(text)] == ["希罗达"]
+    assert [m.drug for m in adr_mentions(text)] == ["希罗达"]
+    assert not adr_mentions("患者服用希罗达两周，无不适。")

@@ -23,7 +23,7 @@ from typing import Any
 from ebmrag.errors import ConfigError
 from ebmrag.models.ngram_classifier import HashedNgramClassifier
 from ebmrag.rules import rule_file
-from ebmrag.vocab.lexicon import drug_names, terms
+from ebmrag.vocab.lexicon import chinese_drug_spans, drug_names, terms
 from ebmrag.vocab.negation import negation
 
 ADR_RULES, REACTIONS = "evidence/adr.toml", "evidence/reactions.txt"  # in the rules folder
@@ -185,6 +185,9 @@ def drug_spans(text: str, vocab: _Vocabulary | None = None) -> list[Span]:
         for m in vocab.zh_drug.finditer(text):
             lead = _ZH_ROUTE.match(m.group())  # "肌注青霉素": the route is not the drug's name
             spans.append(Span(m.start() + (lead.end() if lead else 0), m.end(), m.group()[lead.end() if lead else 0:]))
+        stems = [(s.start, s.end) for s in spans]  # a brand or preparation without an INN stem: the vocabulary's names
+        spans += [Span(a, b, name) for a, b, name in chinese_drug_spans(text)
+                  if all(b <= x or a >= y for x, y in stems)]
     blocked = [m.span() for m in vocab.not_drug_context.finditer(text)]
     return [s for s in spans if not any(a <= s.start < b for a, b in blocked)]
 

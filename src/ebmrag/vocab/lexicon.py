@@ -5,7 +5,10 @@ cefuroxime") ask this lexicon rather than a regex: 27,000 names do not fit a rea
 set lookup per word costs microseconds. General words and Chinese names are listed beside the names because a
 chart says "after an antibiotic" or "头孢类" as often as it names the molecule; which drug a Chinese name
 identifies (阿莫西林 -> amoxicillin) is the drug vocabulary's business (vocab/drugs.py), read from the same file.
-Both files are declared with the rules loader (ebmrag.rules): `RuleBook.check()` reads them at start-up.
+A Chinese brand or preparation (希罗达, 速效救心丸) has no INN stem and no class word: rules/drugs/zh_drug_names.txt,
+harvested from the drug spans of annotated Chinese corpora (bench/build_zh_drug_names.py), names it as a drug of
+unknown ingredient. The files are declared with the rules loader (ebmrag.rules): `RuleBook.check()` reads them
+at start-up.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from ebmrag.errors import ConfigError
 from ebmrag.rules import FOLDER, RuleFile, rule_file
 from ebmrag.vocab._files import versioned
 
-LEXICON, TERMS = "drugs/lexicon.txt", "drugs/drug_terms.toml"  # in the rules folder
+LEXICON, TERMS, ZH_NAMES = "drugs/lexicon.txt", "drugs/drug_terms.toml", "drugs/zh_drug_names.txt"  # rules folder
 TERMS_PATH = FOLDER / TERMS
 _MEANINGS = ("ingredient", "class", "general")
 _TOKEN = re.compile(r"[a-z][a-z-]+")
@@ -73,6 +76,12 @@ def terms(file: RuleFile) -> Terms:
     return Terms.of(file)
 
 
+@rule_file(ZH_NAMES)
+def zh_drug_names(lines: tuple[str, ...]) -> tuple[str, ...]:
+    """The harvested Chinese drug names, longest first (a name inside a longer one is not a second drug)."""
+    return tuple(sorted(dict.fromkeys(lines), key=len, reverse=True))
+
+
 def _meaning(name: str, means: Any, path: Path) -> ChineseName:
     if not isinstance(means, dict) or len(means) != 1 or next(iter(means)) not in _MEANINGS \
             or not isinstance(value := next(iter(means.values())), str) or not value.strip():
@@ -89,5 +98,41 @@ def drug_mentions(text: str) -> list[str]:
     parts = [part for word in words if "-" in word for part in word.split("-")]  # "metoclopramide-induced"
     found = [w for w in words + parts if w in names or w in general]
     found += [f"{a} {b}" for a, b in itertools.pairwise(words) if f"{a} {b}" in general]
-    found += [name for name in terms().chinese if name in text]
+    chinese = [name for name in terms().chinese if name in text]
+    return found + chinese + _harvested(text, chinese)
+
+
+def _harvested(text: str, known: list[str]) -> list[str]:
+    """The harvested Chinese names in `text`, longest first, each where no known or longer name was found."""
+    if not any("\u4e00" <= c <= "\u9fff" for c in text):
+        return []
+    taken = {i for name in known for start in _starts(text, name) for i in range(start, start + len(name))}
+    found = []
+    for name in zh_drug_names():
+        free = [s for s in _starts(text, name) if taken.isdisjoint(range(s, s + len(name)))]
+        if free:
+            found.append(name)
+            taken.update(i for s in free for i in range(s, s + len(name)))
     return found
+
+
+def chinese_drug_spans(text: str) -> list[tuple[int, int, str]]:
+    """(start, end, name) of every Chinese drug name in `text` (a named ingredient or class of drug_terms.toml, or
+    a harvested name), longest first and never inside a longer one: for readers that need where a drug stands
+    (the ADR recogniser links it to a reaction), not only that it is named."""
+    if not any("\u4e00" <= c <= "\u9fff" for c in text):
+        return []
+    general = terms().chinese_general
+    names = sorted({*(n for n in terms().chinese if n not in general), *zh_drug_names()}, key=len, reverse=True)
+    taken: set[int] = set()
+    spans = []
+    for name in names:
+        for start in _starts(text, name):
+            if taken.isdisjoint(range(start, start + len(name))):
+                spans.append((start, start + len(name), name))
+                taken.update(range(start, start + len(name)))
+    return sorted(spans)
+
+
+def _starts(text: str, name: str) -> list[int]:
+    return [m.start() for m in re.finditer(re.escape(name), text)]
