@@ -16,7 +16,7 @@ import re
 import unicodedata
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -310,6 +310,7 @@ def _stated(clause: str, drug: Span, reaction: Span, vocab: _Vocabulary) -> bool
     return not vocab.hypothetical.search(clause[max(0, first - 60): reaction.start])
 
 
+@lru_cache(maxsize=4096)  # the tier rules' allergy detectors may ask of one text in turn
 def allergy_taken_back(text: str, entry: bool = False) -> str:
     """The words that take back every allergy and reaction the text names, or '' when one of them stands (or it
     names none): "Penicillin allergy delabelled after a negative oral challenge", "否认药物过敏史". A reaction told
@@ -317,10 +318,7 @@ def allergy_taken_back(text: str, entry: bool = False) -> str:
     `entry`: the text is an allergy entry, which names its allergy in its head ("Penicillin: tolerated
     amoxicillin 2023"; vocab.negation). What the tier rules ask before a fragment is packed as an allergy."""
     normalized = unicodedata.normalize("NFKC", text).lower()
-    cues = negation()
-    named = cues.allergy_mentions(normalized, entry) + [(s.start, s.end) for s, _ in reaction_spans(normalized)]
-    found = cues.taken_back(normalized, named, entry)
-    return "" if not found or not all(found) else found[0]
+    return negation().allergy_taken_back(normalized, entry, [(s.start, s.end) for s, _ in reaction_spans(normalized)])
 
 
 def adr_mentions(text: str, use_model: bool = True) -> list[AdrMention]:

@@ -81,11 +81,12 @@ class Negation:
     source: str
     grammar: _Grammar
 
-    def allergy_taken_back(self, text: str, entry: bool = False) -> str:
+    def allergy_taken_back(self, text: str, entry: bool = False, also: Sequence[Span] = ()) -> str:
         """The words that take back every allergy the text names ('' when one stands, or when it names none).
         `entry`: the text is an allergy entry's own words ("Penicillin: tolerated amoxicillin course 2023"), whose
-        head names the allergy without saying so, and where a drug tolerated speaks of that allergy."""
-        found = self.taken_back(text, self.allergy_mentions(text, entry), entry)
+        head names the allergy without saying so, and where a drug tolerated speaks of that allergy. `also`: more
+        spans that must be taken back too (the ADR recogniser's reactions: "anaphylaxis to peanuts")."""
+        found = self.taken_back(text, [*self.allergy_mentions(text, entry), *also], entry)
         return "" if not found or not all(found) else found[0]
 
     def allergy_mentions(self, text: str, entry: bool = False) -> list[Span]:
