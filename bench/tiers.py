@@ -6,7 +6,8 @@ Texts: 5,000 MTSamples sentences and 1,000 cEHRNER sentences (../shared/data/tex
 of sha256 of their ids (a fixed spread over the notes), and a 20,000-fragment chart of those 6,000 sentences
 repeated and shuffled (seed 0), each classified in one `classify_many` call as the packer does for a record.
 The classifier is the default one as the composition root builds it for the packer (the configured rules, the
-configured tier model over the embedding model) without its disk store; cold = a fresh classifier over a fresh
+configured tier model over the embedding model, the critical-fact recogniser where rules are unsure) without its
+disk store; cold = a fresh classifier over a fresh
 embedder with no cache, built and its model loaded before the clock starts, for every run of every row, so each
 text no rule speaks for is embedded inside the timing. The same texts with the rules alone are timed beside it.
 Exits 1 when the default classifier's cold median on the 6,000 sentences exceeds `--limit-ms` a fragment (0.2).
@@ -24,6 +25,7 @@ from collections.abc import Callable, Sequence
 from datetime import date
 from pathlib import Path
 
+from ebmrag.compose.resources import load_recogniser
 from ebmrag.config import Settings, load_settings
 from ebmrag.evidence.tiers import BUNDLED_TIER_MODEL, TierClassifier
 from ebmrag.models.embeddings import SentenceEmbedder
@@ -44,7 +46,8 @@ def default_classifier(settings: Settings) -> TierClassifier:
     embedder = SentenceEmbedder(m.embedding_model or None)
     embedder.warm_up()
     tier_model = BUNDLED_TIER_MODEL if m.tier_model == "bundled" else m.tier_model
-    return TierClassifier(m.tier_rules or None, load_text_classifier(tier_model, embedder) if tier_model else None)
+    return TierClassifier(m.tier_rules or None, load_text_classifier(tier_model, embedder) if tier_model else None,
+                          recogniser=load_recogniser(m.recogniser, m.embedding_threads))
 
 
 def rules_only(settings: Settings) -> TierClassifier:

@@ -47,6 +47,7 @@ ANNOTATED = {  # source -> the span types its annotation marks (beyond EVERYWHER
     "bc5cdr": ("DRUG", "REACTION"),
     "cehrner": ("DRUG",),
     "cmedqaner": ("DRUG",),
+    "authored": ("DRUG", "REACTION"),  # bench/recogniser_authored.py marks every slot it fills
 }
 log = logging.getLogger("train_recogniser")
 
@@ -185,6 +186,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     tokenizer = Tokenizer.from_file(str(args.base / "tokenizer.json"))
     pad_id = int(json.loads((args.base / "config.json").read_text()).get("pad_token_id", 0))
     train_set = read_examples(args.data / "train.jsonl", tokenizer, args.max_tokens)
+    for extra in getattr(args, "extra", []):  # authored examples: training only, never dev
+        train_set += read_examples(extra, tokenizer, args.max_tokens)
     dev_set = read_examples(args.data / "dev.jsonl", tokenizer, args.max_tokens)
     model = Recogniser(args.base)
     model.encoder.embeddings.word_embeddings.weight.requires_grad_(False)
@@ -213,6 +216,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     dev_probabilities = predict(model, dev_set, pad_id)
     thresholds = recall_thresholds(dev_set, dev_probabilities, args.dev_recall)
     return {"minutes": round((time.monotonic() - started) / 60, 1), "train_examples": len(train_set),
+            "extra_training_data": [str(path) for path in getattr(args, "extra", [])],
             "dev": measures(dev_set, dev_probabilities, thresholds),
             "thresholds": dict(zip(KINDS, thresholds, strict=True)),
             "dev_at_half": measures(dev_set, dev_probabilities, [0.5] * len(KINDS)), "model": model}
@@ -245,6 +249,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--dev-recall", type=float, default=0.95, help="the recall on dev each kind's threshold keeps")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=13)
+    parser.add_argument("--extra", type=Path, action="append", default=[],
+                        help="more JSONL examples for training only (bench/recogniser_authored.py); repeatable")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     result = train(args)

@@ -37,5 +37,9 @@ print(f"package check: {len(packed)} fragments packed from the installed wheel, 
 answer = json.loads(pathlib.Path("ask.json").read_text())
 assert answer["answer"] and answer["trace"]["packed"], "the main job answered from the light install"
 print(f"package check: the main job answered without torch ({len(answer['citations'])} citations)")
+from ebmrag.evidence.recogniser import CriticalRecogniser  # the critical-fact recogniser ships as package data
+
+(reading,) = CriticalRecogniser().run(["Biopsy: adenocarcinoma."])
+print(f"package check: the recogniser loads from the wheel ({len(reading.probabilities)} kinds)")
 PY
 echo "package check: $version from $(basename "$wheel") in a fresh virtual environment"

@@ -114,7 +114,8 @@ ALLOWED: dict[str, set[str]] = {
     # scripts use today, not a licence to use the rest.
     "bench": {
         "answer", "compose", "config", "demo", "ehr", "errors", "eval", "evidence", "gateway", "index", "ingest",
-        "integrations", "models", "packing", "records", "research", "retrieve", "serve", "store", "text", "vocab",
+        "integrations", "models", "packing", "records", "research", "retrieve", "rules", "serve", "store", "text",
+        "vocab",
     },
 }
 

@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import stat
 import threading
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "report.py"
+from tests.bench_scripts import load_script
 
 
 def load_write_section():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("bench_report", BENCH)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.write_section
+    return load_script("report").write_section
 
 
 def test_sections_are_replaced_in_place_and_never_erase_each_other(tmp_path: Path) -> None:
@@ -35,10 +30,7 @@ def test_sections_are_replaced_in_place_and_never_erase_each_other(tmp_path: Pat
 
 
 def test_emit_prints_and_writes_the_section_it_names(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("bench_report", BENCH)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("report")
     out = tmp_path / "b.md"
     module.emit(out, "x", ["## X", module.machine()])
     assert "<!-- bench:x -->\n## X\nMachine: " in out.read_text() and "## X" in capsys.readouterr().out

@@ -3,22 +3,19 @@ module must have one, since a module without a docstring is a blank line in the 
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from tests.bench_scripts import load_script
 
 SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "module_catalogue.py"
 
 
 @pytest.fixture(scope="module")
 def generator() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("module_catalogue", SCRIPT)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("module_catalogue")
 
 
 def test_docs_modules_md_is_current(generator: ModuleType) -> None:

@@ -5,7 +5,6 @@ Every line below is written for this test; none is copied from a corpus.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -14,21 +13,12 @@ from typing import Any
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+from tests.bench_scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def rd() -> ModuleType:
-    sys.path.insert(0, str(BENCH))  # the script imports bench/report.py as `report`
-    try:
-        spec = importlib.util.spec_from_file_location("bench_recogniser_data", BENCH / "recogniser_data.py")
-        assert spec and spec.loader
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # its dataclasses resolve their annotations through it
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(BENCH))
+    return load_script("recogniser_data")
 
 
 def spans_of(text: str, label: Any) -> list[tuple[str, str]]:

@@ -45,6 +45,7 @@ class ModelSettings:
     tier_rules: str = ""  # empty = the bundled rules/tiers.toml
     tier_model: str = "bundled"  # where no tier rule speaks: "bundled" (rules/tier_ngram.npz), a path, or "" for none
     question_rules: str = ""  # empty = the bundled rules/questions.toml
+    recogniser: str = "bundled"  # the critical-fact recogniser where rules are unsure: "bundled", a folder, "" for none
 
     def __post_init__(self) -> None:
         check_embedding(self.embedding_runtime, self.embedding_precision)

@@ -111,6 +111,6 @@ def test_model_predictions_are_stored_keyed_by_the_model_file_and_forgotten(tmp_
     copy.write_bytes(Path(BUNDLED_TIER_MODEL).read_bytes() + b"\0")
     assert TierClassifier(model=Counting(copy), store=store)._model_key("x") != \
         TierClassifier(model=again, store=store)._model_key("x")
-    assert TierClassifier(model=again, store=store).forget(items) == 4  # two rule rows, two predictions
+    assert TierClassifier(model=again, store=store).forget(items) == 6  # two rule rows, two predictions, two shapes
     TierClassifier(model=again, store=store).classify_many(items)
     assert again.seen == [text for text, _ in items]

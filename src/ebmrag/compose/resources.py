@@ -19,6 +19,7 @@ from ebmrag.config import Settings
 from ebmrag.evidence.adr import adr_model
 from ebmrag.evidence.entities import EntityCompressor, default_extractor
 from ebmrag.evidence.questions import QuestionClassifier, default_question_classifier
+from ebmrag.evidence.recogniser import BUNDLED_RECOGNISER, CriticalRecogniser
 from ebmrag.evidence.tiers import BUNDLED_TIER_MODEL, TierClassifier
 from ebmrag.index.backend import KnowledgeStore, open_knowledge_base
 from ebmrag.index.kb import require_readable
@@ -64,7 +65,8 @@ class Resources:
         tier_model = BUNDLED_TIER_MODEL if m.tier_model == "bundled" else m.tier_model
         self.tier_classifier = TierClassifier(m.tier_rules or None,
                                               load_text_classifier(tier_model, self.embedder) if tier_model else None,
-                                              store=KeyValueCache(derived, "tier_rules"))
+                                              store=KeyValueCache(derived, "tier_rules"),
+                                              recogniser=load_recogniser(m.recogniser, m.embedding_threads))
         self.questions = QuestionClassifier(m.question_rules) if m.question_rules else default_question_classifier()
         self.extractor = default_extractor()
         self.compressor = EntityCompressor(self.extractor, store=KeyValueCache(derived, "compressions"))
@@ -140,6 +142,24 @@ class Resources:
         if cache is not None:
             forgotten += cache.forget_quoting(texts)
         return forgotten
+
+
+def load_recogniser(setting: str, threads: int = 0) -> CriticalRecogniser | None:
+    """[models] recogniser: "bundled" (the package's, where the ONNX runtime is installed: `ebmrag[embed]`), a
+    folder of one's own (its errors stop start-up), or "" for rules only. `threads`: ONNX Runtime's intra-op
+    threads, as the embedder's ([models] embedding_threads; 0: one per core)."""
+    if not setting:
+        return None
+    if setting != "bundled":
+        return CriticalRecogniser(Path(setting), threads)
+    try:
+        import onnxruntime  # type: ignore[import-untyped]  # noqa: F401
+        import tokenizers  # noqa: F401
+    except ImportError:
+        log.warning("the critical-fact recogniser needs ONNX Runtime (pip install 'ebmrag[embed]'); texts the rules "
+                    "are unsure of are kept as possible critical facts without it")
+        return None
+    return CriticalRecogniser(BUNDLED_RECOGNISER, threads)
 
 
 def cache_dir_of(settings: Settings) -> Path:

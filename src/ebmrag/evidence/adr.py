@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache, lru_cache
 from pathlib import Path
@@ -328,10 +328,16 @@ def adr_mentions(text: str, use_model: bool = True) -> list[AdrMention]:
     turn of phrase: "torsade de pointes represents a complication of chronic amiodarone therapy") goes to the
     ADR model, which reads the clause with its drugs and reactions masked, so it learns how a link is written
     rather than which drugs cause what."""
-    found, unlinked = scan(text)
+    return linked_or_modelled(*scan(text), use_model=use_model)
+
+
+def linked_or_modelled(found: Sequence[AdrMention], unlinked: Sequence[Unlinked],
+                       use_model: bool = True) -> list[AdrMention]:
+    """What the grammar linked, else what the ADR model reads in the clauses it could not link (`scan`'s two
+    results: a caller that has scanned the text already does not scan it again)."""
     if not found and unlinked and use_model and (model := adr_model()) is not None:
-        found = _model_mentions(model, unlinked)
-    return found
+        return _model_mentions(model, list(unlinked))
+    return list(found)
 
 
 Unlinked = tuple[str, Span, Span, bool]  # masked clause, drug, nearest reaction, serious
@@ -381,6 +387,19 @@ def masked(clause: str, drugs: list[Span], reactions: list[Span]) -> str:
 def adr_model(path: Path = MODEL_PATH) -> HashedNgramClassifier | None:
     """The bundled ADR model, or None when the package was built without it."""
     return HashedNgramClassifier(path) if path.exists() else None
+
+
+def link_probability(text: str) -> float:
+    """The ADR model's highest probability that a clause the grammar could not link states a reaction to its
+    drug (0.0 when the text has no such clause, 1.0 when the grammar links one; evidence.second_reading weighs
+    a drug beside a clinical event by it when no recogniser reads the text)."""
+    found, unlinked = scan(text)
+    if found:
+        return 1.0
+    model = adr_model()
+    if not unlinked or model is None:
+        return 0.0 if not unlinked else 1.0
+    return float(model.probabilities([clause for clause, *_ in unlinked])[:, model.labels.index("adr")].max())
 
 
 def _model_mentions(model: HashedNgramClassifier, unlinked: list[Unlinked]) -> list[AdrMention]:

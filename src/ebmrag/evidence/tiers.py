@@ -17,18 +17,19 @@ from pathlib import Path
 from typing import Any
 
 from ebmrag.errors import ConfigError
-from ebmrag.evidence.adr import SERIOUS, AdrMention, adr_mentions, allergy_taken_back
-from ebmrag.evidence.results import critical_results, result_mentions
+from ebmrag.evidence.adr import SERIOUS, allergy_taken_back
+from ebmrag.evidence.recogniser import CriticalRecogniser, EntitySpan, Recognition
+from ebmrag.evidence.second_reading import SecondReading, adr_in, genes_in, results_in, unsure, worth_reading
 from ebmrag.kvcache import KeyValueCache, digest
 from ebmrag.protocols import CHECK_EVERY, TextClassifier, checkpoint
 from ebmrag.records.fragment import PatientRecord, Tier, TierDecision
 from ebmrag.rules import bundled, read_user_file
 from ebmrag.text.injection import fold, without_instructions
 from ebmrag.vocab import genes, lexicon, negation
-from ebmrag.vocab.genes import gene_mentions
 from ebmrag.vocab.lexicon import drug_mentions
 
 TIER_RULES = "evidence/tiers.toml"  # the bundled tier rules, in the rules folder
+SLICE = 1024  # items tiered together: fewer than the readers' memo holds (evidence.second_reading: 4,096)
 MODEL_T1_MIN = 0.85  # below this the model's T1 is not taken (T1 precision; measured in docs/tiers.md)
 INSTRUCTION_ONLY = TierDecision(Tier.T4, "text.instruction_like")  # every sentence addressed to a model: data only
 ALWAYS_KINDS = ("allergy", "face_sheet")  # what a rule's `always` may name (a question's needs are marked per query)
@@ -84,42 +85,37 @@ class TierRule:
                             critical=self.critical, finding=finding, always=self.always, severe=severe)
 
 
-@lru_cache(maxsize=4096)
-def _adr_mentions(text: str) -> tuple[AdrMention, ...]:
-    """Both ADR rules read the same text in turn (serious first): recognise it once."""
-    return tuple(adr_mentions(text))
-
-
 def _adr(text: str) -> str | None:
-    found = _adr_mentions(text)
+    found = adr_in(text)  # both ADR rules read the same text in turn (serious first): recognised once
     return "; ".join(dict.fromkeys(m.describe() for m in found)) if found else None
 
 
 def _serious_adr(text: str) -> str | None:
-    found = [m for m in _adr_mentions(text) if m.serious]
+    found = [m for m in adr_in(text) if m.serious]
     return "; ".join(dict.fromkeys(m.describe() for m in found)) if found else None
 
 
 def _results(text: str) -> str | None:
-    found = result_mentions(text)
+    found = results_in(text)
     return "; ".join(dict.fromkeys(f"{m.analyte} {m.value:g} {m.unit}".strip() for m in found)) if found else None
 
 
 def _critical(text: str) -> str | None:
-    found = critical_results(text)
+    found = [m for m in results_in(text) if m.critical]
     return "; ".join(dict.fromkeys(m.critical for m in found)) if found else None
 
 
 def _genetic(text: str) -> str | None:
     """The genetic results a text states: gene, variant and the drugs CPIC pairs with the gene."""
-    found = gene_mentions(text)
+    found = genes_in(text)
     return "; ".join(dict.fromkeys(m.describe() for m in found)) if found else None
 
 
 def _vocabulary_fingerprint() -> str:
     """The detectors' code, their models and every rule file: a stored decision is stale when any of them changes."""
     here = Path(__file__).parent
-    files = [here / name for name in ("tiers.py", "adr.py", "results.py", "result_tables.py")]
+    files = [here / name for name in ("tiers.py", "adr.py", "results.py", "result_tables.py", "second_reading.py",
+                                      "recogniser.py")]
     files += [here.parent / "text" / "injection.py", Path(lexicon.__file__), Path(negation.__file__)]
     files += [Path(genes.__file__).with_name(name)  # the gene detector, its notations and its vocabulary's reading
               for name in ("genes.py", "variant_notation.py", "gene_vocabulary.py")]
@@ -171,6 +167,21 @@ def _decision_from_json(blob: bytes) -> TierDecision | None:
         return None
     return TierDecision(Tier(value[0]), value[1], standing=value[2], must_keep=value[3], critical=value[4],
                         finding=value[5], always=value[6], severe=value[7])
+
+
+@lru_cache(maxsize=4096)  # the rules and the second reading read a text's readable part in turn
+def _readable(text: str) -> str:
+    return without_instructions(text)
+
+
+def _recognition_to_json(recognition: Recognition) -> bytes:
+    return json.dumps([recognition.probabilities, recognition.kinds,
+                       [[s.type, s.start, s.end, s.text] for s in recognition.spans]], ensure_ascii=False).encode()
+
+
+def _recognition_from_json(blob: bytes) -> Recognition:
+    probabilities, kinds, spans = json.loads(blob)
+    return Recognition(probabilities, tuple(kinds), tuple(EntitySpan(*span) for span in spans))
 
 
 _ESCAPES = re.compile(r"\\[A-Za-z]")
@@ -247,12 +258,15 @@ def parse_rule(raw: Mapping[str, Any]) -> TierRule:
 class TierClassifier:
     """Assigns T1..T4 to fragments: section/resource type first, text cues and detectors second (see the rule
     file), and, where no rule speaks, an optional learned classifier (`model`: the bundled hashed n-gram model,
-    or one over sentence embeddings). A rule hit always takes precedence; a model decision records the model
-    and its probability as its rule id."""
+    or one over sentence embeddings). A rule hit always takes precedence over that model; a model decision
+    records the model and its probability as its rule id. Then the second reading (evidence.second_reading):
+    where no rule made a text T1 and it has the shape of a critical fact, the learned `recogniser` reads it and
+    the more protective answer wins; a shape nobody confirms is a possible critical fact."""
 
     def __init__(self, rules_path: str | Path | None = None, model: TextClassifier | None = None,
-                 store: KeyValueCache | None = None) -> None:
+                 store: KeyValueCache | None = None, recogniser: CriticalRecogniser | None = None) -> None:
         self.model = model
+        self.recogniser = recogniser
         self.store = store  # rule decisions on disk, keyed by the rule file's content: a record is classified once
         self._model_fingerprint: str | None = None  # ... and the model's predictions, keyed by its file's too
         self.rules_path = Path(rules_path) if rules_path is not None else None
@@ -262,6 +276,8 @@ class TierClassifier:
             path, (data, source) = self.rules_path, read_user_file(self.rules_path, "tier rule file")
         self.fingerprint = digest("tiers", source, _vocabulary_fingerprint())
         self.rules = self._parse_rules(data.get("rules"), path)
+        self.second_reading = SecondReading.parse(data.get("recogniser") or {}, {r.id: r.decision() for r in
+                                                                                self.rules}, str(path))
         self.default = TierDecision(
             _parse_tier("default", data.get("default_tier", "T4")), str(data.get("default_rule_id", "default"))
         )
@@ -282,7 +298,7 @@ class TierClassifier:
         instruction-like sentences (a sentence addressed to a model is never a finding, so it can neither make
         a fragment must-keep nor hide one), through the folded view (NFKC, no format characters, Latin
         look-alikes folded: text.injection)."""
-        readable = without_instructions(text)
+        readable = _readable(text)
         if not readable.strip():
             return INSTRUCTION_ONLY
         normalized = normalize_section(fold(section) if section else section)
@@ -325,13 +341,21 @@ class TierClassifier:
         keys = [digest(self.fingerprint, normalize_section(section), text) for text, section in items]
         if self.model is not None:
             keys += [self._model_key(text) for text, _ in items]
+        keys += [digest(self.fingerprint, "shape", without_instructions(text)) for text, _ in items]
+        if self.recogniser is not None:
+            keys += [self._recognition_key(without_instructions(text)) for text, _ in items]
         return self.store.forget(keys)
 
     def classify(self, text: str, section: str | None = None) -> TierDecision:
         return self.classify_many([(text, section)])[0]
 
     def classify_many(self, items: Sequence[tuple[str, str | None]]) -> list[TierDecision]:
-        """Rules first; the texts no rule speaks for go to the model in one batch (or get the default tier)."""
+        """Rules first; the texts no rule speaks for go to the model in one batch (or get the default tier); then
+        the second reading. In slices of `SLICE` items, so that what the rules' readers found for a text is still
+        in their memo when the second reading asks the same readers of it (evidence.second_reading)."""
+        return [d for at in range(0, len(items), SLICE) for d in self._classify_slice(items[at:at + SLICE])]
+
+    def _classify_slice(self, items: Sequence[tuple[str, str | None]]) -> list[TierDecision]:
         decisions = self.rule_decisions(items)
         silent = [i for i, d in enumerate(decisions) if d is None]
         if self.model is not None and silent:
@@ -341,7 +365,55 @@ class TierClassifier:
                     continue  # T1 from text alone needs a confident model; else the default tier stands
                 decisions[i] = TierDecision(Tier(label), f"model:{self.model.path.stem} p={p:.2f}",
                                             standing=label == Tier.T1.value)
-        return [d if d is not None else self.default for d in decisions]
+        return self._second_reading(items, [d if d is not None else self.default for d in decisions])
+
+    def _second_reading(self, items: Sequence[tuple[str, str | None]],
+                        decisions: list[TierDecision]) -> list[TierDecision]:
+        """The texts no rule made T1 that keep a critical fact's shape, read by the recogniser in one batch and
+        merged protectively (evidence.second_reading). Instruction-like sentences are not read."""
+        readable = {i: _readable(items[i][0]) for i in unsure(decisions)}
+        shapes = self._shapes(list(readable.values()))
+        todo = [(i, shape) for i, shape in zip(readable, shapes, strict=True) if shape]
+        if not todo:
+            return decisions
+        confirmable = self.recogniser.confirmable if self.recogniser is not None else ()
+        read = [i for i, shape in todo if worth_reading(shape, confirmable)]
+        recognitions = dict(zip(read, self._recognitions([readable[i] for i in read]), strict=True)) if read else {}
+        for i, shape in todo:
+            decisions[i] = self.second_reading.merge(readable[i], decisions[i], shape, recognitions.get(i))
+        return decisions
+
+    def _shapes(self, texts: Sequence[str]) -> list[str]:
+        """`SecondReading.shape` per text, read from and written to the disk store when there is one (a stored
+        chart's texts are read once, when it is prepared)."""
+        if self.store is None:
+            return [self.second_reading.shape(t) for t in texts]
+        keys = [digest(self.fingerprint, "shape", t) for t in texts]
+        stored = self.store.get_many(list(dict.fromkeys(keys)))
+        fresh = {key: self.second_reading.shape(t).encode() for key, t in zip(keys, texts, strict=True)
+                 if key not in stored}
+        if fresh:
+            self.store.put_many(fresh)
+        return [(stored[key] if key in stored else fresh[key]).decode() for key in keys]
+
+    def _recognitions(self, texts: Sequence[str]) -> list[Recognition]:
+        """The recogniser's reading per text, read from and written to the disk store when there is one."""
+        if self.recogniser is None:
+            raise ValueError("no recogniser")
+        if self.store is None:
+            return self.recogniser.run(texts)
+        keys = [self._recognition_key(t) for t in texts]
+        stored = self.store.get_many(list(dict.fromkeys(keys)))
+        missing = list(dict.fromkeys(t for key, t in zip(keys, texts, strict=True) if key not in stored))
+        fresh = {self._recognition_key(t): _recognition_to_json(r)
+                 for t, r in zip(missing, self.recogniser.run(missing), strict=True)}
+        if fresh:
+            self.store.put_many(fresh)
+        return [_recognition_from_json(stored.get(key) or fresh[key]) for key in keys]
+
+    def _recognition_key(self, text: str) -> str:
+        assert self.recogniser is not None
+        return digest(self.fingerprint, "recogniser", self.recogniser.fingerprint, text)
 
     def _predictions(self, texts: Sequence[str]) -> list[tuple[str, float]]:
         """The model's (label, probability) per text, read from and written to the disk store when there is one
@@ -375,8 +447,13 @@ class TierClassifier:
         data: dict[str, Any] = {"rules_path": str(self.rules_path) if self.rules_path else None}
         if self.model is not None:
             data["model_path"] = str(self.model.path)
+        if self.recogniser is not None:
+            data["recogniser"] = self.recogniser.to_dict()
         return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TierClassifier:
-        return cls(rules_path=data.get("rules_path"))
+        """The rules and the recogniser (which needs nothing but its folder); a model is rebuilt by its owner."""
+        recogniser = data.get("recogniser")
+        return cls(rules_path=data.get("rules_path"),
+                   recogniser=CriticalRecogniser.from_dict(recogniser) if recogniser else None)

@@ -188,9 +188,39 @@ class _GraphWriter:
 def build_graph(weights: dict[str, np.ndarray], shape: BertShape) -> Any:
     """The ONNX model: (input_ids, attention_mask) int64 [batch, tokens] -> sentence_embedding float [batch, dim],
     L2-normalised."""
-    from onnx import TensorProto, helper
+    from onnx import TensorProto
 
     g = _GraphWriter(weights)
+    x, mask = _encoder(g, shape)
+    pooled = _pool(g, x, mask, shape.pooling)
+    norm = g.op("ReduceL2", pooled, axes=[-1], keepdims=1)  # axes an attribute until opset 18
+    g.op("Div", pooled, g.op("Max", norm, g.const("tiny", np.array(1e-12, np.float32))))
+    g.nodes[-1].output[0] = "sentence_embedding"
+    return _model(g, "sentence_bert", [("sentence_embedding", TensorProto.FLOAT, ["batch", shape.hidden])])
+
+
+def build_tagger_graph(weights: dict[str, np.ndarray], shape: BertShape) -> Any:
+    """An encoder with two sigmoid heads (the critical-fact recogniser, evidence/recogniser.py): (input_ids,
+    attention_mask) -> `kinds` [batch, K], one probability per kind on the mean of the token states (weights
+    `kinds.weight` [K, hidden], `kinds.bias`), and `spans` [batch, tokens, T], one probability per span type and
+    token (`spans.weight`, `spans.bias`). The heads are quantizable matrix products like the encoder's."""
+    from onnx import TensorProto
+
+    g = _GraphWriter(weights)
+    x, mask = _encoder(g, shape)
+    g.op("Sigmoid", g.linear(_pool(g, x, mask, "mean"), "kinds"))
+    g.nodes[-1].output[0] = "kinds"
+    g.op("Sigmoid", g.linear(x, "spans"))
+    g.nodes[-1].output[0] = "spans"
+    kinds, types = weights["kinds.weight"].shape[0], weights["spans.weight"].shape[0]
+    return _model(g, "bert_tagger", [("kinds", TensorProto.FLOAT, ["batch", kinds]),
+                                     ("spans", TensorProto.FLOAT, ["batch", "tokens", types])])
+
+
+def _encoder(g: _GraphWriter, shape: BertShape) -> tuple[str, str]:
+    """The token states [B, S, H] after every layer, and the attention mask as floats [B, S]."""
+    from onnx import TensorProto
+
     x = _embeddings(g, shape)
     mask = g.op("Cast", "attention_mask", to=TensorProto.FLOAT)  # [B, S]
     blocked = g.op("Mul", g.op("Sub", g.const("one", np.array(1.0, np.float32)), mask),
@@ -198,17 +228,17 @@ def build_graph(weights: dict[str, np.ndarray], shape: BertShape) -> Any:
     bias = g.op("Unsqueeze", blocked, g.const("axes", np.array([1, 2], np.int64)))  # [B, 1, 1, S]
     for layer in range(shape.layers):
         x = _encoder_layer(g, x, bias, f"encoder.layer.{layer}", shape)
-    pooled = _pool(g, x, mask, shape.pooling)
-    norm = g.op("ReduceL2", pooled, axes=[-1], keepdims=1)  # axes an attribute until opset 18
-    g.op("Div", pooled, g.op("Max", norm, g.const("tiny", np.array(1e-12, np.float32))))
-    final = g.nodes[-1]
-    final.output[0] = "sentence_embedding"
+    return x, mask
+
+
+def _model(g: _GraphWriter, name: str, outputs: list[tuple[str, int, list[Any]]]) -> Any:
+    from onnx import TensorProto, helper
+
     graph = helper.make_graph(
-        g.nodes, "sentence_bert",
+        g.nodes, name,
         [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "tokens"]),
          helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "tokens"])],
-        [helper.make_tensor_value_info("sentence_embedding", TensorProto.FLOAT, ["batch", shape.hidden])],
-        g.initializers)
+        [helper.make_tensor_value_info(*output) for output in outputs], g.initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", _OPSET)], producer_name="ebmrag")
     model.ir_version = 8  # what every onnxruntime of opset 17 reads
     model.metadata_props.add(key="quantizable", value=",".join(g.quantizable))
