@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ebmrag.compose.resources import load_recogniser
 from ebmrag.eval.halves import group_key, half_of
+from ebmrag.evidence.second_reading import POSSIBLE_CRITICAL
 from ebmrag.evidence.tiers import BUNDLED_TIER_MODEL, TierClassifier
 from ebmrag.models.text_classifier import load_text_classifier
 from ebmrag.records.fragment import Tier, TierDecision
@@ -45,7 +46,7 @@ def routine(root: Path, half: str) -> list[str]:
 
 def critical(decision: TierDecision) -> bool:
     return decision.tier is Tier.T1 or decision.critical or (
-        decision.rule_id.startswith("possible_critical") and decision.standing)
+        decision.rule_id.startswith(POSSIBLE_CRITICAL) and decision.standing)
 
 
 def main() -> None:
@@ -61,7 +62,7 @@ def main() -> None:
         decisions = classifier.classify_many([(t, None) for t in texts])
         by = Counter(d.rule_id.split(" ")[0].split(".")[0] for d in decisions if critical(d))
         report[name] = {"critical_share": round(sum(critical(d) for d in decisions) / len(texts), 4),
-                        "possible_share": round(sum(d.rule_id.startswith("possible_critical")
+                        "possible_share": round(sum(d.rule_id.startswith(POSSIBLE_CRITICAL)
                                                     for d in decisions) / len(texts), 4),
                         "by_reader": dict(by.most_common())}
     print(json.dumps(report, indent=1))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from ebmrag.compose.resources import load_recogniser
+from ebmrag.evidence.second_reading import POSSIBLE_CRITICAL
 from ebmrag.evidence.tiers import TierClassifier
 from ebmrag.records.fragment import Tier, TierDecision
 
@@ -58,7 +59,7 @@ def classifier() -> TierClassifier:
 
 def critical(decision: TierDecision) -> bool:
     return decision.tier is Tier.T1 or decision.critical or (
-        decision.rule_id.startswith("possible_critical") and decision.standing)
+        decision.rule_id.startswith(POSSIBLE_CRITICAL) and decision.standing)
 
 
 @pytest.mark.parametrize(("kind", "text"), [(k, t) for k, texts in FACTS.items() for t in texts])

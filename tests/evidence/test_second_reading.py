@@ -87,3 +87,29 @@ def test_a_bad_recogniser_table_is_refused_naming_the_key(table: dict[str, objec
             "genetic": "text.genetic.result", "critical_result": "text.result.critical"}
     with pytest.raises(ConfigError, match=complaint):
         SecondReading.parse(base | table, rules, "tiers.toml")
+
+
+def test_pack_json_reports_what_possible_critical_facts_cost_the_window(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A stage nobody confirms is held above the utility pool; `pack --json` says how many such facts were packed,
+    their tokens and how many were left out, and marks each with its rule."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from ebmrag.cli import app
+
+    chart = tmp_path / "chart.json"
+    chart.write_text(json.dumps({"patient_id": "possible-1", "fragments": [
+        {"id": "stage", "text": "Restaging scan reviewed: stage IIIB per the oncology letter.",
+         "section": "Nursing note"},
+        {"id": "walk", "text": "Walked to the day room with a frame.", "section": "Nursing note"},
+    ]}))
+    rules_only = tmp_path / "rules_only.toml"  # the report, not the model's reading, is under test
+    rules_only.write_text('[models]\nrecogniser = ""\n')
+    out = CliRunner().invoke(app, ["pack", str(chart), "--query", "What is her cancer stage?", "--window", "256",
+                                   "--json", "--config", str(rules_only)])
+    assert out.exit_code == 0, out.output
+    result = json.loads(out.stdout)
+    packed = {p["fragment_id"]: p for p in result["packed"]}
+    assert packed["stage"]["rule"] == "possible_critical.stage_grade", packed["stage"]
+    assert result["possible_critical"] == {"packed": 1, "tokens": packed["stage"]["tokens"], "left_out": 0}

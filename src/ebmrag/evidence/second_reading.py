@@ -41,6 +41,7 @@ TAKEN_BACK_KINDS = ("allergy", "adr")  # what the negation grammar can take back
 POSSIBLE_SHAPES = ("drug_event", "gene", "stage_grade", "analyte_value")  # an allergy word alone is not a fact
 LASTING_SHAPES = ("drug_event", "gene", "stage_grade")  # a reaction, a genotype, a cancer's stage do not expire
 UNSURE_TIERS = (Tier.T3, Tier.T4)
+POSSIBLE_CRITICAL = "possible_critical."  # the rule id prefix of a possible critical fact: "possible_critical.gene"
 SHAPE_KINDS = {  # the kinds a text of each shape may state: the model reads it only if it may confirm one of them
     "allergy_word": ("allergy", "adr"), "drug_event": ("adr", "allergy"), "gene": ("genetic", "pathology"),
     "stage_grade": ("pathology",), "analyte_value": ("critical_result",),
@@ -106,7 +107,7 @@ class SecondReading:
                            rule_id=f"model:recogniser:{kind} p={recognition.probabilities[kind]:.2f}")
         if shape in POSSIBLE_SHAPES and decision.tier in UNSURE_TIERS and self.possible_tier < decision.tier \
                 and (shape != "drug_event" or self._doubted(text, recognition)):
-            return TierDecision(self.possible_tier, f"possible_critical.{shape}", standing=shape in LASTING_SHAPES,
+            return TierDecision(self.possible_tier, f"{POSSIBLE_CRITICAL}{shape}", standing=shape in LASTING_SHAPES,
                                 finding=recognition.describe() if recognition is not None else "")
         return decision
 

@@ -9,6 +9,7 @@ from datetime import timedelta
 from enum import StrEnum
 from typing import Any, Protocol
 
+from ebmrag.evidence.second_reading import POSSIBLE_CRITICAL
 from ebmrag.packing.levels import Level, level_name, level_of
 from ebmrag.records.fragment import Fragment, Tier, TierDecision
 from ebmrag.text.injection import strip_markup
@@ -187,6 +188,7 @@ class PackResult:
             **({"solver_note": self.solver_note} if self.solver_note else {}),
             **({"record_skipped": list(self.record_skipped)} if self.record_skipped else {}),
             **({"question_type": self.question_type} if self.question_type else {}),
+            **self._possible_critical(),
             "packed": [{**({"n": numbers[p.fragment_id]} if p.fragment_id in numbers else {}),
                         "fragment_id": p.fragment_id, "state": p.state.value, "tier": p.tier.value, "tokens": p.tokens,
                         "utility": round(p.utility, 6), "reason": p.reason.value,
@@ -199,6 +201,16 @@ class PackResult:
                         for d in self.dropped],
             "context": self.context,
         }
+
+    def _possible_critical(self) -> dict[str, Any]:
+        """What the possible critical facts (evidence.second_reading: a critical fact's shape nobody confirmed)
+        cost the window: packed, their tokens, and left out; absent when the record has none."""
+        packed = [p for p in self.packed if p.rule.startswith(POSSIBLE_CRITICAL)]
+        dropped = [d for d in self.dropped if d.rule.startswith(POSSIBLE_CRITICAL)]
+        if not packed and not dropped:
+            return {}
+        return {"possible_critical": {"packed": len(packed), "tokens": sum(p.tokens for p in packed),
+                                      "left_out": len(dropped)}}
 
     def state_of(self, fragment_id: str) -> State | None:
         return next((p.state for p in self.packed if p.fragment_id == fragment_id), None)
