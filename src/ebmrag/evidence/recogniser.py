@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -89,14 +89,15 @@ class CriticalRecogniser:
 
     def run(self, texts: Sequence[str]) -> list[Recognition]:
         """Every text read sentence by sentence, all sentences in length-sorted batches (little padding)."""
-        sentences = [(i, s.text) for i, text in enumerate(texts) for s in split_sentences(text)]
-        read = self._read([text for _, text in sentences])
+        sentences = [(i, s) for i, text in enumerate(texts) for s in split_sentences(text)]
+        read = self._read([s.text for _, s in sentences])
         kinds: dict[int, np.ndarray] = {}
         spans: dict[int, tuple[float, tuple[EntitySpan, ...]]] = {}
-        for (owner, _), (probabilities, marked) in zip(sentences, read, strict=True):
+        for (owner, sentence), (probabilities, marked) in zip(sentences, read, strict=True):
             kinds[owner] = np.maximum(kinds[owner], probabilities) if owner in kinds else probabilities
-            if owner not in spans or probabilities.max() > spans[owner][0]:
-                spans[owner] = (float(probabilities.max()), marked)
+            if owner not in spans or probabilities.max() > spans[owner][0]:  # offsets into the text, not the sentence
+                spans[owner] = (float(probabilities.max()), tuple(
+                    replace(m, start=m.start + sentence.start, end=m.end + sentence.start) for m in marked))
         nothing = np.zeros(len(self.kinds), np.float32)
         return [self._recognition(kinds.get(i, nothing), spans.get(i, (0.0, ()))[1]) for i in range(len(texts))]
 

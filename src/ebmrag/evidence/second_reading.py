@@ -111,7 +111,6 @@ class SecondReading:
                                 finding=recognition.describe() if recognition is not None else "")
         return decision
 
-
     def _doubted(self, text: str, recognition: Recognition | None) -> bool:
         """A drug beside a clinical event is most often a medication and its indication: possible critical only
         when a reader gives a reaction at least `possible_min` (the recogniser, or without it the ADR model)."""
