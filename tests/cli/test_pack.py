@@ -72,3 +72,26 @@ def test_version_from_the_cli_and_python_m() -> None:
     assert result.exit_code == 0 and result.output.strip() == f"ebmrag {__version__}"
     module = subprocess.run([sys.executable, "-m", "ebmrag", "--version"], capture_output=True, text=True, check=False)
     assert module.returncode == 0 and module.stdout.strip() == f"ebmrag {__version__}"
+
+
+@pytest.mark.model
+def test_pack_json_carries_the_certificate_of_its_trace() -> None:
+    """Issue 46.4: one glance says whether anything critical was left out; the counts add up to the trace."""
+    answers = {}
+    for strategy in ("ebm-exact", "ebm-greedy"):
+        result = runner.invoke(app, ["pack", "demo-colon", "--query", "Which antibiotic is safe, given his allergy?",
+                                     "--window", "64", "--strategy", strategy, "--json"])
+        assert result.exit_code == 0, result.output
+        answers[strategy] = json.loads(result.output)
+    data = answers["ebm-exact"]
+    cert = data["certificate"]
+    assert [level["level"] for level in cert["levels"]] == [1, 2, 3, 4]
+    assert sum(level["packed"] for level in cert["levels"]) == len(data["packed"])
+    assert sum(level["left_out"] + level["collapsed"] for level in cert["levels"]) == len(data["dropped"])
+    assert cert["optimal"] is True and answers["ebm-greedy"]["certificate"]["optimal"] is False
+    assert cert["critical_left_out"] > 0, "64 tokens cannot hold every critical fact of the demo chart"
+    first = cert["first_critical_left_out"]
+    entry = next(d for d in data["dropped"] if d["fragment_id"] == first["fragment_id"])
+    assert entry["level"] == first["level_name"] and entry["reason"] == first["reason"]
+    assert first["room"] == 64 - data["tokens_used"] and first["needs"] > first["room"]
+    assert first["level"] == min(level["level"] for level in cert["levels"] if level["left_out"])

@@ -26,7 +26,7 @@ from ebmrag.records.fragment import Tier
 from tests.eval.helpers import measured, prepared_case
 
 ROW_KEYS = {"dataset", "strategy", "window", "cases", "rrce", "entity_rrce", "entity_ceiling", "t1_retention",
-            "history_retention", "utility_ratio", "ms_per_pack"}
+            "history_retention", "findings_rrce", "utility_ratio", "ms_per_pack"}
 
 
 def test_entity_ceiling_takes_the_cheapest_complete_state_and_bounds_every_packer() -> None:

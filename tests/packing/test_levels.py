@@ -105,17 +105,34 @@ def _violations(result: PackResult, candidates: list[Candidate]) -> list[str]:
         for packed in result.packed:
             holder = by_id[packed.fragment_id]
             smallest = min(o.tokens for o in holder.options)
-            if holder.level > waiting.level and (room + packed.tokens >= need or
-                                                 room + packed.tokens - smallest >= need):
-                found.append(f"{waiting.fragment.id} (level {waiting.level}) dropped while {holder.fragment.id} "
-                             f"(level {holder.level}, {packed.tokens} tokens) is packed; {room} left, needs {need}")
+            below = holder.level > waiting.level or (holder.level == waiting.level and holder.rank < waiting.rank)
+            if below and (room + packed.tokens >= need or room + packed.tokens - smallest >= need):
+                found.append(f"{waiting.fragment.id} (level {waiting.level}, rank {waiting.rank}) dropped while "
+                             f"{holder.fragment.id} (level {holder.level}, rank {holder.rank}, {packed.tokens} "
+                             f"tokens) is packed; {room} left, needs {need}")
     return found
 
 
 @settings(max_examples=300, deadline=None)
 @given(candidate_sets(max_size=10), st.integers(min_value=1, max_value=200), st.integers(min_value=0, max_value=3))
-def test_no_critical_fragment_waits_behind_a_lower_level(candidates: list[Candidate], window: int,
+def test_no_critical_fragment_waits_behind_a_lower_level_or_rank(candidates: list[Candidate], window: int,
                                                          k_min: int) -> None:
     for packer in (ExactPacker(k_min=k_min), GreedyPacker(k_min=k_min)):
         result = packer.pack(candidates, window)
         assert not _violations(result, candidates), (packer.name, _violations(result, candidates))
+
+
+def test_a_fact_line_is_the_last_resort_to_pack_one_more_never_to_lengthen_another() -> None:
+    def finding(fid: str, fact: bool) -> Candidate:
+        fragment = Fragment(fid, "p", f"text of {fid}", timestamp=NOW, decision=PATHOLOGY)
+        options = [PackOption(State.FULL, f"[{fid}] full", 40, 1.0),
+                   PackOption(State.COMPRESSED, f"[{fid}] short", 30, 0.8, 0.8)]
+        options += [PackOption(State.FACT, f"[{fid}] fact", 10, 0.5, 0.5)] if fact else []
+        return Candidate(fragment, f"[{fid}]", tuple(options), 0.5, True, 0, True)
+
+    pair = [finding("a", fact=True), finding("b", fact=False)]
+    for packer in (ExactPacker(), GreedyPacker()):
+        roomy = {p.fragment_id: p.state for p in packer.pack(pair, 70).packed}
+        assert State.FACT not in roomy.values() and len(roomy) == 2, (packer, roomy)
+        tight = {p.fragment_id: p.state for p in packer.pack(pair, 45).packed}
+        assert tight == {"a": State.FACT, "b": State.COMPRESSED}, (packer, tight)

@@ -120,6 +120,11 @@ class AskResult:
             return {"n": number[key], "kind": kind, "id": chunk_of.get(key, key), **entry}
 
         pack = self.pack.to_json()
+        certificate = pack["certificate"]  # the same object as `pack --json`'s, its fragment under its real id
+        if certificate["first_critical_left_out"]:
+            lost = certificate["first_critical_left_out"]
+            certificate["first_critical_left_out"] = {**lost, "fragment_id": chunk_of.get(lost["fragment_id"],
+                                                                                          lost["fragment_id"])}
         return {"strategy": pack["strategy"], "context_budget": pack["window"], "tokens_used": pack["tokens_used"],
                 "packed": [named(p) for p in pack["packed"]], "dropped": [named(d) for d in pack["dropped"]],
-                "record_skipped": list(self.pack.record_skipped)}
+                "record_skipped": list(self.pack.record_skipped), "certificate": certificate}

@@ -13,6 +13,9 @@ Definitions (percentages, pooled over all critical fragments of all cases):
 - utility ratio: mean over cases of the strategy's utility / the ebm-exact utility (the optimum under
   the same must-keep and quota constraints; a strategy that ignores them can exceed 100).
 - ms per pack: median time of the packing step alone; candidate building is shared by all strategies.
+- findings RRCE: RRCE over the critical fragments that are findings, i.e. not results the tiering reads as normal
+  (evidence.result_flags): a normal result competes by utility (packing.levels), so RRCE counts what the order
+  sets aside on purpose and this counts what it protects.
 - history retention: share of the noise's level-3 fragments (packing.levels: pathology, genetics, chronic
   diagnoses and critical results of other visits) that are packed, so the cost of the clinical order is shown.
 """
@@ -26,6 +29,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from ebmrag.eval.cases import EvalCase
 from ebmrag.evidence.entities import EntityExtractor, EntityKind
+from ebmrag.evidence.result_flags import NORMAL
 from ebmrag.evidence.tiering import Tiering
 from ebmrag.packing.dedup import collapse_duplicates
 from ebmrag.packing.exact import ExactPacker
@@ -104,6 +108,8 @@ class CaseScore:
     ms: float = 0.0
     history: int = 0  # the noise's level-3 fragments (other visits' pathology, genetics, chronic diagnoses)
     history_kept: int = 0
+    findings: int = 0  # critical fragments that are not normal results
+    findings_kept: int = 0
 
 
 def _body(candidate: Candidate, line: str) -> str:
@@ -154,11 +160,15 @@ def score_pack(prepared: PreparedCase, candidates: Sequence[Candidate], result: 
             continue
         holder = twin.get(fragment_id, fragment_id)
         entry = packed.get(holder)
+        decision = by_id[holder].fragment.decision if holder in by_id else None
+        finding = decision is None or decision.flag != NORMAL
         score.critical += 1
         score.t1 += tier is Tier.T1
+        score.findings += finding
         if entry is None:
             continue
         score.kept += 1
+        score.findings_kept += finding
         score.t1_kept += tier is Tier.T1
         body = _body(by_id[holder], entry.text)
         score.entity_kept += prepared.critical_keys[fragment_id] <= entity_keys(body, prepared.extractor)
@@ -184,6 +194,7 @@ class PackingRow:
     utility_ratio: float
     ms_per_pack: float
     history_retention: float | None = None  # share of the noise's level-3 fragments packed (the cost of the order)
+    findings_rrce: float | None = None  # RRCE over the critical fragments that are not normal results
 
     def to_json(self) -> dict[str, object]:
         row = asdict(self)
@@ -207,7 +218,8 @@ def summarize(dataset: str, strategy: str, window: int, scores: Sequence[CaseSco
         _share(sum(s.t1_kept for s in scores), t1) if t1 else None,
         statistics.fmean(s.utility_ratio for s in scores) if scores else 100.0,
         statistics.median(s.ms for s in scores) if scores else 0.0,
-        _share(sum(s.history_kept for s in scores), history) if history else None)
+        _share(sum(s.history_kept for s in scores), history) if history else None,
+        _share(sum(s.findings_kept for s in scores), sum(s.findings for s in scores)))
 
 
 def evaluate(prepared: Sequence[PreparedCase], packers: Sequence[Packer], windows: Sequence[int],

@@ -158,7 +158,7 @@ BOTH_OBJECTIVES = (ExactPacker(objective="paper"), ExactPacker())  # reported si
 def _short(row: PackingRow) -> dict[str, Any]:
     data = row.to_json()
     return {k: data[k] for k in ("dataset", "strategy", "window", "cases", "rrce", "entity_rrce", "entity_ceiling",
-                                 "t1_retention", "history_retention", "utility_ratio", "ms_per_pack")}
+                                 "findings_rrce", "t1_retention", "history_retention", "utility_ratio", "ms_per_pack")}
 
 
 def rows_table(name: str, title: str, rows: Sequence[PackingRow]) -> Table:

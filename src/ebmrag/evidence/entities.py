@@ -5,6 +5,12 @@ drug/allergen names, positive/negative conclusions) and drops the rest. Negation
 construction: a clause that holds a negated entity is kept together with every clause back to its
 negation cue, so "no evidence of malignancy" can never shrink to "malignancy". Dates are counted as
 entities (N_total) but never keep a clause alive; dropping them is what lowers the fidelity F(B).
+
+A lab panel or structured result report (`[panel] min_results` results read, 3 by default) keeps what is
+abnormal (issue 46): its normal results (evidence/result_flags.py) are cut out and counted, "(6 other results
+normal)" / "（其余6项正常）" in the text's language, before the clauses are chosen; every critical, abnormal or
+unjudged result stays as written, with an arrow when the text does not flag it itself. Cutting a result never
+moves a negation cue: the strongest separator around a cut stays, so a scope ends where it ended.
 """
 
 from __future__ import annotations
@@ -18,6 +24,15 @@ from pathlib import Path
 from typing import Any
 
 from ebmrag.errors import ConfigError
+from ebmrag.evidence.result_flags import (
+    ABNORMAL,
+    CRITICAL,
+    HIGH,
+    NORMAL,
+    ResultReading,
+    flags_fingerprint,
+    result_readings,
+)
 from ebmrag.evidence.result_tables import vocabulary_fingerprint
 from ebmrag.evidence.results import result_mentions
 from ebmrag.kvcache import KeyValueCache, digest
@@ -28,6 +43,7 @@ from ebmrag.vocab.negation import negation
 
 ENTITY_LEXICON = "evidence/entities.toml"  # the bundled lexicon, in the rules folder
 CHECK_EVERY = 64  # texts compressed between two checkpoints (protocols.checkpoint: a long chart may be stopped)
+PANEL_RULES = "panel-1"  # how a panel is cut and counted (below): part of the fingerprint of a stored state B
 
 
 class EntityKind(StrEnum):
@@ -52,6 +68,45 @@ class Entity:
     def key(self) -> tuple[str, str, bool]:
         """Identity used to count survivors: same kind, same words, same polarity."""
         return (self.kind.value, re.sub(r"\s+", " ", self.text.lower()), self.negated)
+
+
+@dataclass(frozen=True)
+class PanelWording:
+    """How a compressed panel marks and counts (entities.toml [panel]); `words[language]` holds `critical`,
+    `other`, `others` and `all` for "english" and "chinese"."""
+
+    min_results: int
+    high: str
+    low: str
+    words: Mapping[str, Mapping[str, str]]
+
+    def mark(self, reading: ResultReading, language: str) -> str:
+        """The arrow (and the critical word) after a kept value whose abnormality the text does not write."""
+        if reading.written or reading.result.flag not in (ABNORMAL, CRITICAL) or not reading.side:
+            return ""
+        arrow = self.high if reading.side == HIGH else self.low
+        return arrow + (self.words[language]["critical"] if reading.result.flag == CRITICAL else "")
+
+    def count(self, normal: int, kept: bool, language: str) -> str:
+        words = self.words[language]
+        if not kept:
+            return words["all"].format(n=normal)
+        return words["other"] if normal == 1 else words["others"].format(n=normal)
+
+
+def _panel_wording(path: Path | str, table: Any) -> PanelWording:
+    keys = ("critical", "other", "others", "all")
+    try:
+        words = {language: {key: str(table[language][key]) for key in keys} for language in ("english", "chinese")}
+        wording = PanelWording(int(table["min_results"]), str(table["high"]), str(table["low"]), words)
+        for language in words:
+            wording.count(2, True, language), wording.count(2, False, language)
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise ConfigError(f"entity lexicon {path}: [panel] needs min_results, high, low and the english and "
+                          f"chinese tables of {list(keys)} (with {{n}} in others and all): {exc!r}") from exc
+    if wording.min_results < 1:
+        raise ConfigError(f"entity lexicon {path}: [panel] min_results must be at least 1")
+    return wording
 
 
 @dataclass(frozen=True)
@@ -102,9 +157,11 @@ class EntityExtractor:
         else:
             path, lex, source = ENTITY_LEXICON, bundled().read(ENTITY_LEXICON), bundled().source(ENTITY_LEXICON)
         # what a stored result computed from this lexicon depends on (and laboratory results, rules/analytes.toml,
-        # and the negation cues)
+        # the negation cues, and the flags that decide which results of a panel are normal)
         cues = negation()
-        self.fingerprint = digest("entities", source, vocabulary_fingerprint(), cues.source)
+        self.fingerprint = digest("entities", source, vocabulary_fingerprint(), cues.source, flags_fingerprint(),
+                                  PANEL_RULES)
+        self.panel = _panel_wording(path, lex["panel"] if "panel" in lex else bundled().read(ENTITY_LEXICON)["panel"])
         missing = {
             "units",
             "tests",
@@ -287,10 +344,53 @@ class EntityCompressor:
 
     def _compress(self, text: str) -> Compression:
         original = {e.key for e in self.extractor.extract(text)}
-        pieces = [self._compress_sentence(s.text) for s in split_sentences(text)]
+        panel, readings = self.extractor.panel, result_readings(text)
+        language = "chinese" if len(_CHINESE.findall(text)) >= 2 else "english"
+        sentences, normal = [s.text for s in split_sentences(text)], 0
+        if len(readings) >= panel.min_results:
+            cut = [_without_normal_results(s, panel, language) for s in sentences]
+            sentences, normal = [s for s, _ in cut], sum(n for _, n in cut)
+        pieces = [self._compress_sentence(s) for s in sentences if s]
         compressed = " ".join(p if p[-1] in ".!?。！？" else p + "." for p in pieces if p)
+        if normal:
+            count = panel.count(normal, any(r.result.flag != NORMAL for r in readings), language)
+            compressed += ("" if not compressed or language == "chinese" else " ") + count
         kept = {e.key for e in self.extractor.extract(compressed)} & original
         return Compression(compressed, len(original), len(kept))
+
+
+_CHINESE = re.compile(r"[\u3400-\u9fff\u3000-\u303f\uff01-\uff0f\uff1a-\uff1f]")  # ideographs, CJK punctuation
+_CUT = "\x00"
+_AROUND_CUT = re.compile(r"[\s,，、;；:：|]*\x00(?:[\s,，、;；:：|]*\x00)*[\s,，、;；:：|]*")
+# a cut keeps the strongest separator around it: a line break or a semicolon ends a negation scope, a comma not
+_STRONGEST = ("\n", "；", ";", "：", ":", "，", ",", "、", "|")
+_EMPTY_BRACKETS = re.compile(r"[(（\[]\s*[)）\]]")
+_BEFORE_END = re.compile(r"[\s,，、;；:：|]+(?=[。！？!?]|\.(?!\d)|$)")
+
+
+def _without_normal_results(sentence: str, panel: PanelWording, language: str) -> tuple[str, int]:
+    """The sentence with its normal results cut out (each with its unit, flag and range) and the rest marked,
+    and how many were cut. The separators around a cut collapse to the strongest of them, so "Na 138; K 6.8 H"
+    keeps its semicolon, and a negation scope that ended at one still ends there."""
+    pieces, at, cut = [], 0, 0
+    for reading in result_readings(sentence):
+        start = reading.result.mention.start
+        if reading.result.flag == NORMAL:
+            pieces += [sentence[at:start], _CUT]
+            cut += 1
+        else:
+            pieces += [sentence[at:reading.end], panel.mark(reading, language)]
+        at = reading.end
+    if not cut:
+        return "".join([*pieces, sentence[at:]]), 0
+    joined = _AROUND_CUT.sub(_strongest, "".join([*pieces, sentence[at:]]))
+    joined = _BEFORE_END.sub("", _EMPTY_BRACKETS.sub("", joined)).strip(" \n,，、;；:：|")
+    return (joined if any(c.isalnum() for c in joined) else ""), cut
+
+
+def _strongest(found: re.Match[str]) -> str:
+    around = found.group()
+    return next((s + (" " if s.isascii() and s.strip() else "") for s in _STRONGEST if s in around), " ")
 
 
 @rule_file(ENTITY_LEXICON)

@@ -1,11 +1,13 @@
 """The tables result recognition reads (`evidence/results.py`), loaded and validated.
 
 `rules/analytes.toml` lists each analyte once (LOINC codes, English names, abbreviations, Chinese names,
-accepted units with their factor to one canonical unit, a plausible range), the phrases that name something
-else, and the words around a value that make it a dose rather than a result; `rules/critical_values.toml`
-holds the critical (panic) limits in the analyte's canonical unit. A mistake a clinician can make in either
-file (an unknown key, a bad LOINC check digit, a limit outside the plausible range, a name listed twice) is a
-ConfigError naming the file and the entry, raised when the vocabulary is built, before it reads any text.
+accepted units with their factor to one canonical unit, a plausible range and, for some, the adult reference
+interval `evidence/result_flags.py` judges a result by), the phrases that name something else, and the words
+around a value that make it a dose rather than a result; `rules/critical_values.toml` holds the critical (panic)
+limits in the analyte's canonical unit. A mistake a clinician can make in either file (an unknown key, a bad LOINC
+check digit, a limit outside the plausible range, a reference interval outside it or around a critical limit, a
+name listed twice) is a ConfigError naming the file and the entry, raised when the vocabulary is built, before it
+reads any text.
 
 `result_tables` reads the files as the rules loader hands them (`load_vocabulary()` declares both, so
 `RuleBook.check()` builds it at start-up); `read_result_tables` reads a test's or a site's own files by their paths.
@@ -54,6 +56,7 @@ class Analyte:
     bare: tuple[str, ...]  # keys of the units a value written without one may be in
     critical_low: float | None = None
     critical_high: float | None = None
+    reference: tuple[float, float] | None = None  # adult reference interval, canonical unit (result_flags.py)
 
 
 @dataclass(frozen=True)
@@ -175,7 +178,8 @@ def _loinc_ok(code: str) -> bool:
     return (10 - total % 10) % 10 == int(found[2])
 
 
-_ANALYTE_KEYS = {"name", "loinc", "unit", "range", "names", "abbreviations", "chinese", "units", "bare", "note"}
+_ANALYTE_KEYS = {"name", "loinc", "unit", "range", "reference", "names", "abbreviations", "chinese", "units", "bare",
+                 "note"}
 
 
 def _analytes(path: Path, raw: Mapping[str, Any], synonyms: Mapping[str, str]
@@ -236,7 +240,22 @@ def _analyte(path: Path, where: str, entry: Mapping[str, Any], synonyms: Mapping
         if "bare" in entry else (unit_key(canonical),)
     if any(b not in units for b in bare):
         raise ConfigError(f"{path}: {where}: bare units {[b for b in bare if b not in units]} are not its units")
-    return Analyte(entry["name"], tuple(loinc), canonical, float(span[0]), float(span[1]), units, bare)
+    return Analyte(entry["name"], tuple(loinc), canonical, float(span[0]), float(span[1]), units, bare,
+                   reference=_reference(path, where, entry.get("reference"), float(span[0]), float(span[1])))
+
+
+def _reference(path: Path, where: str, interval: Any, low: float, high: float) -> tuple[float, float] | None:
+    """[low, high] of the adult reference interval, inside the plausible range: an interval reaching past what
+    the analyte can be is a typo (a unit's factor applied twice, a missing decimal point)."""
+    if interval is None:
+        return None
+    if (not isinstance(interval, list) or len(interval) != 2 or not all(_is_number(v) for v in interval)
+            or not interval[0] < interval[1]):
+        raise ConfigError(f"{path}: {where}: reference must be [low, high] with low < high, got {interval!r}")
+    if not low <= interval[0] < interval[1] <= high:
+        raise ConfigError(f"{path}: {where}: reference {interval[0]:g}-{interval[1]:g} lies outside the plausible "
+                          f"range {low:g}-{high:g}")
+    return float(interval[0]), float(interval[1])
 
 
 def _is_number(value: Any) -> bool:
@@ -279,4 +298,8 @@ def _limited(path: Path, analyte: Analyte | None, name: str, unit: str, low: flo
         if limit is not None and not analyte.low <= limit <= analyte.high:
             raise ConfigError(f"{path}: [{name}]: limit {limit:g} lies outside the plausible range "
                               f"{analyte.low:g}-{analyte.high:g} {analyte.unit}")
+    if analyte.reference is not None and ((low is not None and low >= analyte.reference[0])
+                                          or (high is not None and high <= analyte.reference[1])):
+        raise ConfigError(f"{path}: [{name}]: a critical limit lies inside the reference interval "
+                          f"{analyte.reference[0]:g}-{analyte.reference[1]:g} {analyte.unit} of analytes.toml")
     return replace(analyte, critical_low=low, critical_high=high)

@@ -114,6 +114,19 @@ class ResultVocabulary:
                 found.append(mention)
         return found
 
+    def names(self, text: str) -> list[tuple[int, int]]:
+        """Where `text` names an analyte, with or without a value: what a statement such as "potassium low" or
+        "血红蛋白下降" is about. A short name ("K", 钾) counts only with its value, a skipped phrase never."""
+        normal, index = _normalise(text)
+        spans = []
+        for match in self._pattern.finditer(normal):
+            surface = self._surfaces.get(match["name"])
+            if surface is None or surface.analyte is None or (surface.short and match["num"] is None):
+                continue
+            start, end = match.span("name")
+            spans.append((index[start], index[end - 1] + 1) if index else (start, end))
+        return spans
+
     def _mention(self, text: str, match: re.Match[str], written: str) -> ResultMention | None:
         surface, number = self._surfaces.get(match["name"]), match["num"]
         if number is None or surface is None or surface.analyte is None:
@@ -312,7 +325,8 @@ def _words(words: Iterable[str]) -> str:
     if latin:
         alternation = "|".join(re.escape(w).replace(r"\ ", r"\s+") for w in latin)
         parts.append(rf"(?<![A-Za-z0-9])(?i:{alternation})(?![A-Za-z0-9])")
-    if other:
-        parts.append("|".join(re.escape(w) for w in other))
+    if other:  # "×1" (once) must not match inside "×10^9/L": a word ending in a Latin letter or digit ends there
+        parts.append("|".join(re.escape(w) + ("(?![A-Za-z0-9])" if w[-1].isascii() and w[-1].isalnum() else "")
+                              for w in other))
     return "|".join(parts) or "(?!)"
 

@@ -11,7 +11,7 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,7 @@ from typing import Any
 from ebmrag.errors import ConfigError
 from ebmrag.evidence.adr import SERIOUS, allergy_taken_back
 from ebmrag.evidence.recogniser import CriticalRecogniser, EntitySpan, Recognition
+from ebmrag.evidence.result_flags import result_flag
 from ebmrag.evidence.second_reading import SecondReading, adr_in, genes_in, results_in, unsure, worth_reading
 from ebmrag.kvcache import KeyValueCache, digest
 from ebmrag.protocols import CHECK_EVERY, TextClassifier, checkpoint
@@ -133,6 +134,13 @@ def _path_digest(path: Path) -> str:
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
     return digest(*(f"{f.relative_to(path) if path.is_dir() else f.name}:"
                     f"{hashlib.sha256(f.read_bytes()).hexdigest()}" for f in files))
+
+
+def _flagged(decision: TierDecision, text: str) -> TierDecision:
+    """The decision with what its results say (evidence.result_flags): a normal result is not a finding, an
+    abnormal one ranks above the rest of its level (packing.levels)."""
+    flag = result_flag(_readable(text))
+    return replace(decision, flag=flag) if flag != decision.flag else decision
 
 
 def _allergy_stands(text: str) -> str | None:
@@ -365,7 +373,8 @@ class TierClassifier:
                     continue  # T1 from text alone needs a confident model; else the default tier stands
                 decisions[i] = TierDecision(Tier(label), f"model:{self.model.path.stem} p={p:.2f}",
                                             standing=label == Tier.T1.value)
-        return self._second_reading(items, [d if d is not None else self.default for d in decisions])
+        read = self._second_reading(items, [d if d is not None else self.default for d in decisions])
+        return [_flagged(d, text) for d, (text, _) in zip(read, items, strict=True)]
 
     def _second_reading(self, items: Sequence[tuple[str, str | None]],
                         decisions: list[TierDecision]) -> list[TierDecision]:

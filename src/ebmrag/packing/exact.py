@@ -27,13 +27,13 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
 from ebmrag.packing.findings import Moves, findings_before_filler
-from ebmrag.packing.levels import Level
+from ebmrag.packing.levels import Level, Rank
 from ebmrag.packing.overflow import allergy_overflow, is_allergy
 from ebmrag.packing.quota import tier_quotas, validate_k_min
 from ebmrag.packing.types import (
@@ -43,6 +43,7 @@ from ebmrag.packing.types import (
     PackedFragment,
     PackReason,
     PackResult,
+    State,
     drop_entry,
     level_reason,
     pack_entry,
@@ -57,6 +58,15 @@ MAX_TABLE_CELLS = 48_000_000  # back-pointer bytes of the largest tier's table; 
 
 
 IntArray = npt.NDArray[np.int64]
+
+
+class _Solution(NamedTuple):
+    """The solver's choice (candidate index -> option), how it got there when not by its plain table, and
+    whether the choice is proven optimal (not when costs were rounded to a coarser token grid)."""
+
+    chosen: dict[int, int]
+    note: str = ""
+    proven: bool = True
 
 
 @dataclass
@@ -139,33 +149,40 @@ class ExactPacker:
     def _bonus(self, candidates: Sequence[Candidate], slots: int) -> Callable[[Candidate, int], int]:
         """The integer level of each objective step above utility; each outweighs everything below it (one
         quota slot is worth 1 at the tier boundary). Built bottom up: a step's unit exceeds the most that all
-        steps below it can add."""
+        steps below it can add. Packing a fragment counts in its class: its level and, inside the level, its
+        rank (packing.levels.Rank), allergies above all. Below the classes, a critical fragment in words (any
+        state but its one-line fact) counts: the fact state is the last resort, to pack one more critical
+        fragment (any feasible packing of every critical fragment is found), never to give another its full
+        text. Full text comes last: levels 1-2, then level 3."""
         if self.objective == "paper":
             return lambda candidate, option: 0
         count = Counter(c.level for c in candidates)
+        classes = Counter(_class_of(c) for c in candidates)
         history_full = slots + 1
         first_full = history_full * (count[Level.STANDING_HISTORY] + 1)
-        history = first_full * (count[Level.ALWAYS] + count[Level.CURRENT_ENCOUNTER] + 1)
-        current = history * (count[Level.STANDING_HISTORY] + 1)
-        allergies = sum(is_allergy(c) for c in candidates)
-        always = current * (count[Level.CURRENT_ENCOUNTER] + 1)
-        allergy = always * (count[Level.ALWAYS] - allergies + 1)
-        if allergy * (allergies + 1) >= 2**62:
+        worded = first_full * (count[Level.ALWAYS] + count[Level.CURRENT_ENCOUNTER] + 1)
+        unit = worded * (count[Level.ALWAYS] + count[Level.CURRENT_ENCOUNTER] + count[Level.STANDING_HISTORY] + 1)
+        packed: dict[tuple[int, int], int] = {}
+        for key in sorted(_PACKED_CLASSES, reverse=True):  # the least important class first
+            packed[key], unit = unit, unit * (classes[key] + 1)
+        if unit >= 2**62:
             raise ValueError(f"{len(candidates)} fragments are too many for one exact packing; pre-filter the record")
-        units = {Level.ALWAYS: (always, first_full), Level.CURRENT_ENCOUNTER: (current, first_full),
-                 Level.STANDING_HISTORY: (history, history_full)}
+        full = {Level.ALWAYS: first_full, Level.CURRENT_ENCOUNTER: first_full, Level.STANDING_HISTORY: history_full}
 
         def bonus(candidate: Candidate, option: int) -> int:
-            packed, in_full = (allergy, first_full) if is_allergy(candidate) else units.get(candidate.level, (0, 0))
-            return packed + (in_full if option == 0 else 0)
+            key = _class_of(candidate)
+            if key not in packed:
+                return 0
+            in_words = worded if candidate.options[option].state is not State.FACT else 0
+            return packed[key] + in_words + (full[candidate.level] if option == 0 else 0)
 
         return bonus
 
     def solve(self, candidates: Sequence[Candidate], window: int) -> dict[int, int]:
         """Candidate index -> chosen option index, for the packed candidates only."""
-        return self._solve(candidates, window)[0]
+        return self._solve(candidates, window).chosen
 
-    def _solve(self, candidates: Sequence[Candidate], window: int) -> tuple[dict[int, int], str]:
+    def _solve(self, candidates: Sequence[Candidate], window: int) -> _Solution:
         """The choice and a note when it was not the plain DP. When everything fits in full, each fragment
         takes its best state on its own (every level of the objective is then at its maximum). When the table
         would exceed MAX_TABLE_CELLS, token costs are rounded up to a grid of g tokens (and the window down),
@@ -173,18 +190,18 @@ class ExactPacker:
         that grid."""
         validate_window(window)
         if sum(c.full.tokens for c in candidates) <= window:
-            return {i: self._best_alone(c) for i, c in enumerate(candidates)}, ""
+            return _Solution({i: self._best_alone(c) for i, c in enumerate(candidates)})
         quotas = tier_quotas(candidates, self.k_min)
         largest = max((sum(c.tier is t for c in candidates) for t in quotas), default=0)
         cells = largest * (max(quotas.values(), default=0) + 1) * (window + 1)
         grid = -(-cells // MAX_TABLE_CELLS) if cells > MAX_TABLE_CELLS else 1
         if grid == 1:
-            return self._solve_grid(candidates, window, quotas), ""
+            return _Solution(self._solve_grid(candidates, window, quotas))
         scaled = [replace(c, options=tuple(replace(o, tokens=-(-o.tokens // grid)) for o in c.options))
                   for c in candidates]
         note = (f"exact on a {grid}-token grid (costs rounded up, window {window} -> {window // grid} units) "
                 f"to bound memory: {len(candidates)} fragments x {window} tokens")
-        return self._solve_grid(scaled, window // grid, quotas), note
+        return _Solution(self._solve_grid(scaled, window // grid, quotas), note, proven=False)
 
     def _best_alone(self, candidate: Candidate) -> int:
         """With room for everything: the full text of a critical fragment, else the state of highest utility."""
@@ -228,7 +245,7 @@ class ExactPacker:
     def pack(self, candidates: Sequence[Candidate], window: int) -> PackResult:
         validate_window(window)
         left_out = allergy_overflow(candidates, window) if self.objective == "critical" else set()
-        chosen, note = self._solve_without(candidates, window, left_out)
+        chosen, note, proven = self._solve_without(candidates, window, left_out)
         overflow = _overflow_note(candidates, left_out) if left_out else ""  # once: it counts every candidate
         if left_out:
             note = "; ".join(filter(None, [note, overflow]))
@@ -261,16 +278,17 @@ class ExactPacker:
                 dropped.append(drop_entry(candidate, DropReason.CAPACITY, overflow))
             else:
                 dropped.append(self._why_dropped(candidate, window, room))
-        return PackResult(self.name, window, tuple(packed), tuple(dropped), note)
+        return PackResult(self.name, window, tuple(packed), tuple(dropped), note,
+                          optimal=self.objective == "critical" and proven)
 
     def _solve_without(self, candidates: Sequence[Candidate], window: int,
-                       left_out: set[int]) -> tuple[dict[int, int], str]:
+                       left_out: set[int]) -> _Solution:
         """Solve on the candidates not left out; indices map back to `candidates`."""
         if not left_out:
             return self._solve(candidates, window)
         kept = [i for i in range(len(candidates)) if i not in left_out]
-        chosen, note = self._solve([candidates[i] for i in kept], window)
-        return {kept[k]: option for k, option in chosen.items()}, note
+        solution = self._solve([candidates[i] for i in kept], window)
+        return solution._replace(chosen={kept[k]: option for k, option in solution.chosen.items()})
 
     @staticmethod
     def _fill(candidates: Sequence[Candidate], chosen: dict[int, int], window: int) -> set[int]:
@@ -312,6 +330,18 @@ class ExactPacker:
     def to_dict(self) -> dict[str, Any]:
         return {"strategy": self.name, "k_min": self.k_min, "objective": self.objective,
                 "findings_first": self.findings_first}
+
+
+ALLERGY_CLASS = (0, 0)  # above every level: allergies and serious reactions
+_PACKED_CLASSES = [ALLERGY_CLASS] + [(level, -rank) for level in (Level.ALWAYS, Level.CURRENT_ENCOUNTER,
+                                                                  Level.STANDING_HISTORY) for rank in Rank]
+
+
+def _class_of(candidate: Candidate) -> tuple[int, int]:
+    """(level, -rank): the smaller, the more important; level 4 is not a class of the order."""
+    if is_allergy(candidate):
+        return ALLERGY_CLASS
+    return (int(candidate.level), -int(candidate.rank))
 
 
 def _took_place(replaced: list[str]) -> str:

@@ -4,7 +4,8 @@ Flatten every state of every fragment, sort by density U/C descending (O(M log M
 quota with its densest fitting states, then walk the list skipping a state whose fragment is already
 packed (mutual exclusion) or that does not fit (capacity). Ours: with `levels=True` (default) passes in the
 clinical order of packing.levels come first, as ebm-exact ranks them: allergies (the same choice when
-they alone overflow), the rest of level 1, level 2, level 3, then the full text of levels 1-2, then of 3.
+they alone overflow), the rest of level 1, level 2, level 3, each by rank (critical, abnormal, other), then
+fact lines back to words, then the full text of levels 1-2, then of 3.
 A level pass fits the smallest states first (most fragments), an upgrade pass then spends the room left on
 full text in record order. Set it False for the paper's algorithm as published.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ebmrag.packing.levels import Level
+from ebmrag.packing.levels import Level, Rank
 from ebmrag.packing.overflow import allergy_overflow, cheapest, is_allergy
 from ebmrag.packing.quota import tier_quotas, validate_k_min
 from ebmrag.packing.types import (
@@ -23,20 +24,45 @@ from ebmrag.packing.types import (
     PackedFragment,
     PackReason,
     PackResult,
+    State,
     drop_entry,
     level_reason,
     pack_entry,
     validate_window,
 )
 
-LEVEL_PASSES: tuple[tuple[str, Callable[[Candidate], bool]], ...] = (  # fit as many as possible, then full text
-    ("fit", is_allergy),
-    ("fit", lambda c: c.level is Level.ALWAYS),
-    ("fit", lambda c: c.level is Level.CURRENT_ENCOUNTER),
-    ("fit", lambda c: c.level is Level.STANDING_HISTORY),
+
+def _in_class(level: Level, rank: Rank) -> Callable[[Candidate], bool]:
+    return lambda c: c.level is level and c.rank is rank and not is_allergy(c)
+
+
+def _fit(level: Level) -> tuple[tuple[str, Callable[[Candidate], bool]], ...]:
+    return tuple(("fit", _in_class(level, rank)) for rank in sorted(Rank, reverse=True))
+
+
+LEVEL_PASSES: tuple[tuple[str, Callable[[Candidate], bool]], ...] = (  # fit as many as possible, then upgrade
+    ("fit", is_allergy), *_fit(Level.ALWAYS), *_fit(Level.CURRENT_ENCOUNTER), *_fit(Level.STANDING_HISTORY),
+    ("worded", lambda c: c.critical),  # fact lines back to words, room permitting
     ("full", lambda c: c.level in (Level.ALWAYS, Level.CURRENT_ENCOUNTER)),
     ("full", lambda c: c.level is Level.STANDING_HISTORY),
 )
+
+
+def _upgrade(candidate: Candidate, chosen: dict[int, int], index: int, room: int, to_full: bool) -> int:
+    """Move a packed fragment to its full text, or from its fact line to its smallest state in words, when the
+    room left allows; returns the room left. Updates `chosen`."""
+    options, now = candidate.options, chosen[index]
+    if to_full:
+        target = 0
+    elif options[now].state is State.FACT:
+        worded = [j for j, o in enumerate(options) if o.state is not State.FACT]
+        target = min(worded, key=lambda j: (options[j].tokens, j))
+    else:
+        return room
+    extra = options[target].tokens - options[now].tokens
+    if target != now and extra <= room:
+        chosen[index], room = target, room - extra
+    return room
 
 
 class GreedyPacker:
@@ -73,7 +99,7 @@ class GreedyPacker:
                                         for i in sorted(chosen)]
         dropped = tuple(drop_entry(c, DropReason.CAPACITY, self._why_dropped(c, i in left_out))
                         for i, c in enumerate(candidates) if i not in chosen)
-        return PackResult(self.name, window, tuple(packed), dropped)
+        return PackResult(self.name, window, tuple(packed), dropped, optimal=False)  # a heuristic proves nothing
 
     @staticmethod
     def _level_passes(candidates: Sequence[Candidate], chosen: dict[int, int],
@@ -82,12 +108,9 @@ class GreedyPacker:
         room = window
         for step, belongs in LEVEL_PASSES:
             members = [i for i, c in enumerate(candidates) if belongs(c) and i not in left_out]
-            if step == "full":  # upgrade to the full text, record order
-                for index in members:
-                    if index in chosen and chosen[index] != 0:
-                        extra = candidates[index].full.tokens - candidates[index].options[chosen[index]].tokens
-                        if extra <= room:
-                            chosen[index], room = 0, room - extra
+            if step != "fit":  # upgrade, record order: to words (from a fact line), or to the full text
+                for index in (i for i in members if i in chosen):
+                    room = _upgrade(candidates[index], chosen, index, room, to_full=step == "full")
                 continue
             for index in sorted((i for i in members if i not in chosen), key=lambda i: (cheapest(candidates[i]), i)):
                 options = candidates[index].options

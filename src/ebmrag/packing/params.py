@@ -28,6 +28,7 @@ class PackingParams:
     similarity_floor: float = 0.05
     objective: str = "critical"
     encounter_window_hours: float = 72.0  # without encounter ids: this close to the newest fragment is current
+    fact_fidelity: float = 0.5  # F of the one-line fact state of a critical finding (evidence.facts)
     prefilter_windows: float = 4.0  # records estimated above this many windows are pre-filtered; 0 = never
     prefilter_min_fragments: int = 1000  # ... and only when they hold more fragments than this
 
@@ -51,7 +52,7 @@ class PackingParams:
     @property
     def utility(self) -> UtilityParams:
         return UtilityParams(TierWeights(self.alpha, self.beta, self.gamma), self.decay_lambda, self.epsilon,
-                             self.similarity_floor, self.encounter_window_hours)
+                             self.similarity_floor, self.encounter_window_hours, self.fact_fidelity)
 
     @property
     def prefilter(self) -> Prefilter | None:

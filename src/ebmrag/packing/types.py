@@ -10,7 +10,8 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from ebmrag.evidence.second_reading import POSSIBLE_CRITICAL
-from ebmrag.packing.levels import Level, level_name, level_of
+from ebmrag.packing.certificate import certificate
+from ebmrag.packing.levels import Level, Rank, level_name, level_of, rank_of
 from ebmrag.records.fragment import Fragment, Tier, TierDecision
 from ebmrag.text.injection import strip_markup
 
@@ -20,6 +21,7 @@ MAX_WINDOW = 1_000_000  # far above today's largest model windows (~200k); a gua
 class State(StrEnum):
     FULL = "full"  # state A
     COMPRESSED = "compressed"  # state B, entity-preserving
+    FACT = "fact"  # a critical finding in one line, rendered from its structured reading (evidence.facts)
     TRUNCATED = "truncated"  # uniform-compression baseline only
 
 
@@ -117,6 +119,11 @@ class Candidate:
         """What the critical-first objective protects: levels 1-3."""
         return self.level < Level.UTILITY
 
+    @property
+    def rank(self) -> Rank:
+        """Its criticality inside its level (packing.levels.Rank): counted before the rest of the level."""
+        return rank_of(self.fragment.decision)
+
 
 @dataclass(frozen=True)
 class PackedFragment:
@@ -150,6 +157,8 @@ class DroppedFragment:
     finding: str = ""
     level: str = ""
     date_in_future: bool = False
+    needs: int = 0  # the tokens of its smallest state; 0: never measured (pre-filtered)
+    order: int = 0  # its candidate's place in record order (Candidate.order)
 
 
 @dataclass(frozen=True)
@@ -162,6 +171,7 @@ class PackResult:
     record_skipped: tuple[str, ...] = ()  # what the record's loader left out (never silent)
     question_type: str = ""  # evidence.questions: what the question asks for (decides its must-keep sections)
     numbers: tuple[tuple[str, int], ...] = ()  # fragment id -> the number its context line starts with
+    optimal: bool = False  # the solver proved the clinical order optimal (ebm-exact "critical" on its plain table)
 
     def number_of(self, fragment_id: str) -> int | None:
         return dict(self.numbers).get(fragment_id)
@@ -181,7 +191,7 @@ class PackResult:
 
     def to_json(self) -> dict[str, Any]:
         """The fixed JSON shape of `ebmrag pack --json`: every fragment, packed or dropped, with its reason;
-        `n` is the number its context line starts with."""
+        `n` is the number its context line starts with; `certificate` sums it up (packing.certificate)."""
         numbers = dict(self.numbers)
         return {
             "window": self.window, "tokens_used": self.tokens_used, "strategy": self.strategy,
@@ -199,6 +209,7 @@ class PackResult:
                          "detail": d.detail, **({"duplicate_of": d.duplicate_of} if d.duplicate_of else {}),
                          **_decided(d.rule, d.finding, d.level), **_future(d.date_in_future)}
                         for d in self.dropped],
+            "certificate": certificate(self).to_json(),
             "context": self.context,
         }
 
@@ -272,9 +283,11 @@ def pack_entry(candidate: Candidate, option: PackOption, reason: PackReason, det
 
 
 def drop_entry(candidate: Candidate, reason: DropReason, detail: str) -> DroppedFragment:
+    """The trace line of a dropped fragment, with the tokens its smallest state needs (the certificate's `needs`)."""
     rule, finding, level = _rule_of(candidate)
     return DroppedFragment(candidate.fragment.id, candidate.tier, reason, detail, candidate.must_keep,
-                           rule=rule, finding=finding, level=level, date_in_future=candidate.fragment.date_in_future)
+                           rule=rule, finding=finding, level=level, date_in_future=candidate.fragment.date_in_future,
+                           needs=min(o.tokens for o in candidate.options), order=candidate.order)
 
 
 def _rule_of(candidate: Candidate) -> tuple[str, str, str]:

@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 
 from ebmrag.evidence.entities import EntityCompressor
+from ebmrag.evidence.facts import read_fact
+from ebmrag.packing.levels import Rank, rank_of
 from ebmrag.packing.types import Candidate, PackOption, State, one_line, render_line
 from ebmrag.protocols import CHECK_EVERY, Embedder, TokenCounter, checkpoint
 from ebmrag.records.dates import future_flag
@@ -65,6 +67,7 @@ class UtilityParams:
     epsilon: float = 0.0
     similarity_floor: float = 0.05
     encounter_window_hours: float = 72.0  # without encounter ids: fragments this close to the newest are current
+    fact_fidelity: float = 0.5  # F(fact): the one-line fact state keeps the finding's entities, not its wording
 
     def __post_init__(self) -> None:
         if self.encounter_window_hours < 0:
@@ -75,6 +78,8 @@ class UtilityParams:
             raise ValueError(f"epsilon must be in [0, 1], got {self.epsilon}")
         if not 0 <= self.similarity_floor < 1:
             raise ValueError(f"similarity_floor must be in [0, 1), got {self.similarity_floor}")
+        if not 0 < self.fact_fidelity <= 1:
+            raise ValueError(f"fact_fidelity must be in (0, 1], got {self.fact_fidelity}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -83,7 +88,8 @@ class UtilityParams:
     def from_dict(cls, data: Mapping[str, Any]) -> UtilityParams:
         weights = TierWeights(**data.get("weights", {}))
         return cls(weights, float(data.get("decay_lambda", 5.0)), float(data.get("epsilon", 0.0)),
-                   float(data.get("similarity_floor", 0.05)), float(data.get("encounter_window_hours", 72.0)))
+                   float(data.get("similarity_floor", 0.05)), float(data.get("encounter_window_hours", 72.0)),
+                   float(data.get("fact_fidelity", 0.5)))
 
 
 def age_in_years(fragment: Fragment, as_of: datetime | None) -> float:
@@ -150,6 +156,9 @@ class MeasuredFragment:
     hours_before_newest: float | None = None  # None: undated (treated as part of the current encounter)
     same_encounter: bool | None = None  # the record names encounters: is this the newest one's? (False: dated in
     # the future, which is never the current encounter)
+    fact_line: str | None = None  # the fact state (evidence.facts): its finding in one line, under the same header
+    fact_body: str = ""
+    fact_tokens: int = 0
 
 
 class CandidateBuilder:
@@ -205,9 +214,12 @@ class CandidateBuilder:
         headers = list(headers) if headers is not None else [fragment_header(f, n) for n, f in enumerate(fragments, 1)]
         lines = [render_line(h, f.text) for h, f in zip(headers, fragments, strict=True)]
         lines_b = [render_line(h, b) for h, b in zip(headers, bodies_b, strict=True) if b]
+        facts = [fact_body(f) if flag else "" for f, flag in zip(fragments, flags, strict=True)]
+        lines_f = [render_line(h, b) for h, b in zip(headers, facts, strict=True) if b]
         checkpoint()
-        costs = self.token_counter.count_many(lines + lines_b)
-        cost_b = iter(costs[len(fragments) :])
+        costs = self.token_counter.count_many(lines + lines_b + lines_f)
+        cost_b = iter(costs[len(fragments) : len(fragments) + len(lines_b)])
+        cost_f, line_f = iter(costs[len(fragments) + len(lines_b) :]), iter(lines_f)
         line_b = iter(lines_b)
         measured = []
         encounter = current_encounter_id(fragments)
@@ -223,12 +235,15 @@ class CandidateBuilder:
                 item = replace(item, compressed_line=next(line_b), compressed_body=bodies_b[order] or "",
                                compressed_tokens=next(cost_b),
                                compressed_similarity=float(next(sim_b)), fidelity_ratio=compression.fidelity_ratio)
+            if facts[order]:
+                item = replace(item, fact_line=next(line_f), fact_body=facts[order], fact_tokens=next(cost_f))
             measured.append(item)
         return measured
 
 
 def score_candidates(measured: Sequence[MeasuredFragment], params: UtilityParams) -> list[Candidate]:
-    """U_ij = F(j) · W(i) · Sim · exp(-λ·Δt); state B only when it is cheaper than A."""
+    """U_ij = F(j) · W(i) · Sim · exp(-λ·Δt); state B only when it is cheaper than A, the fact state only when
+    it is cheaper than every other state (its Sim is the full text's: it says the same finding)."""
     candidates = []
     for order, item in enumerate(measured):
         if order % CHECK_EVERY == CHECK_EVERY - 1:
@@ -242,10 +257,22 @@ def score_candidates(measured: Sequence[MeasuredFragment], params: UtilityParams
             options.append(PackOption(State.COMPRESSED, item.compressed_line, item.compressed_tokens,
                                       fidelity * base * max(item.compressed_similarity, params.similarity_floor),
                                       fidelity, one_line(item.compressed_body)))
+        if item.fact_line is not None and item.fact_tokens < min(o.tokens for o in options):
+            options.append(PackOption(State.FACT, item.fact_line, item.fact_tokens,
+                                      params.fact_fidelity * base * similarity, params.fact_fidelity, item.fact_body))
         must_keep = bool(fragment.decision and fragment.decision.must_keep)
         candidates.append(Candidate(fragment, item.header, tuple(options), item.similarity, must_keep, order,
                                     is_current(item, params)))
     return candidates
+
+
+def fact_body(fragment: Fragment) -> str:
+    """The fact state's text (evidence.facts) of a fragment its level ranks critical, or "" when it has none: a
+    structured finding that can be read from it, never a summary of it."""
+    if rank_of(fragment.decision) is not Rank.CRITICAL or fragment.decision is None:
+        return ""
+    fact = read_fact(fragment.text, fragment.decision)
+    return fact.line() if fact is not None else ""
 
 
 def is_current(item: MeasuredFragment, params: UtilityParams) -> bool:

@@ -68,6 +68,8 @@ class TierDecision:
     finding: str = ""  # what a detector found: "drug=amoxicillin; reaction=urticaria", "potassium 6.8 mmol/L ..."
     always: str = ""  # packing level 1 whatever its age, and why: "allergy", "face_sheet", "question_need"
     severe: bool = False  # a severe or high-risk allergy or reaction: first when allergies alone overflow the window
+    flag: str = ""  # what its results say: "critical", "abnormal", "normal" or "" (evidence.result_flags); a
+    # normal result is not a finding, an abnormal one ranks above the rest of its level (packing.levels)
 
 
 @dataclass(frozen=True)
