@@ -166,19 +166,16 @@ def _copy_rules(tmp_path: Path) -> Path:
     return folder
 
 
-def test_a_reference_interval_outside_the_plausible_range_is_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("interval", "error"), [
+    ("[3.5, 53.0]", r"potassium.*plausible range"),  # outside what a potassium can be
+    ("[3.5, 6.5]", r"\[potassium\].*inside the reference interval"),  # holds the critical limit 6.0
+])
+def test_a_reference_interval_that_contradicts_the_tables_is_refused(tmp_path: Path, interval: str,
+                                                                      error: str) -> None:
     analytes = tmp_path / "analytes.toml"
     analytes.write_text(DEFAULT_ANALYTES_PATH.read_text(encoding="utf-8").replace(
-        "reference = [3.5, 5.0]", "reference = [3.5, 53.0]"), encoding="utf-8")
-    with pytest.raises(ConfigError, match=r"potassium.*plausible range"):
-        read_result_tables(analytes, DEFAULT_CRITICAL_PATH)
-
-
-def test_a_critical_limit_inside_the_reference_interval_is_refused(tmp_path: Path) -> None:
-    analytes = tmp_path / "analytes.toml"
-    analytes.write_text(DEFAULT_ANALYTES_PATH.read_text(encoding="utf-8").replace(
-        "reference = [3.5, 5.0]", "reference = [3.5, 6.5]"), encoding="utf-8")
-    with pytest.raises(ConfigError, match=r"\[potassium\].*inside the reference interval"):
+        "reference = [3.5, 5.0]", f"reference = {interval}"), encoding="utf-8")
+    with pytest.raises(ConfigError, match=error):
         read_result_tables(analytes, DEFAULT_CRITICAL_PATH)
 
 
