@@ -93,3 +93,10 @@ def test_a_cut_never_widens_a_negation_scope(compressor: EntityCompressor) -> No
     extractor = compressor.extractor
     rash = next(e for e in extractor.extract(state) if e.text == "rash")
     assert not rash.negated
+
+
+@pytest.mark.parametrize(("text", "state"), [("Urine dipstick: negative", "Urine dipstick: negative."),
+                                             ("尿常规：阴性", "尿常规：阴性.")])
+def test_a_label_heading_a_kept_conclusion_is_kept(compressor: EntityCompressor, text: str, state: str) -> None:
+    """A conclusion without what it concludes about ("Negative.") says nothing; the short label before it does."""
+    assert compressor.compress(text).text == state

@@ -247,3 +247,10 @@ def test_bad_vocabulary_files_name_the_file_and_entry(tmp_path: Path, analytes: 
                                                       message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         ResultVocabulary.from_files(*_copy(tmp_path, analytes, critical))
+
+
+@pytest.mark.parametrize("text", ["凌晨急查血钠回报为118mmol/L，已通知上级医生。", "血钾复查为6.6mmol/L，予降钾处理。"])
+def test_a_chinese_reporting_verb_between_the_name_and_its_value(text: str) -> None:
+    """回报 / 复查为 ("came back at", "on repeat was") join a name to its value as "came back at" does in English."""
+    (found,) = result_mentions(text)
+    assert found.critical, found

@@ -43,7 +43,9 @@ from ebmrag.vocab.negation import negation
 
 ENTITY_LEXICON = "evidence/entities.toml"  # the bundled lexicon, in the rules folder
 CHECK_EVERY = 64  # texts compressed between two checkpoints (protocols.checkpoint: a long chart may be stopped)
-PANEL_RULES = "panel-1"  # how a panel is cut and counted (below): part of the fingerprint of a stored state B
+PANEL_RULES = "panel-1; label-1"  # how a panel is cut and counted, and a heading label kept (below): part of the
+# fingerprint of a stored state B
+_LABEL = re.compile(r"[^\s:：,，;；]+(?:[ \t]+[^\s:：,，;；]+){0,4}[ \t]*[:：]")  # "Urine dipstick:", "胸片："
 
 
 class EntityKind(StrEnum):
@@ -298,6 +300,8 @@ class EntityCompressor:
             keep.update(i for i, (s, e) in enumerate(spans) if s < result.end and result.start < e)
         if not keep:
             return ""
+        if 0 not in keep and _LABEL.fullmatch(sentence[spans[0][0]:spans[0][1]].strip()):
+            keep.add(0)  # a short label heading the sentence names what the kept clauses are about
         kept = _join_clauses([sentence[s:e].strip() for i, (s, e) in enumerate(spans) if i in keep])
         slim = self.extractor.strip_filler(kept)
         before = {e.key for e in self.extractor.extract(kept) if e.kind is not EntityKind.DATE}
