@@ -100,3 +100,8 @@ def test_a_cut_never_widens_a_negation_scope(compressor: EntityCompressor) -> No
 def test_a_label_heading_a_kept_conclusion_is_kept(compressor: EntityCompressor, text: str, state: str) -> None:
     """A conclusion without what it concludes about ("Negative.") says nothing; the short label before it does."""
     assert compressor.compress(text).text == state
+
+
+def test_a_colon_inside_an_hla_allele_does_not_cut_the_allele(compressor: EntityCompressor) -> None:
+    text = "His genotype report shows HLA-B*58:01 positive, so allopurinol must not be started, the family asked."
+    assert "HLA-B*58:01" in compressor.compress(text).text

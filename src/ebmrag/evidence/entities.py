@@ -43,8 +43,8 @@ from ebmrag.vocab.negation import negation
 
 ENTITY_LEXICON = "evidence/entities.toml"  # the bundled lexicon, in the rules folder
 CHECK_EVERY = 64  # texts compressed between two checkpoints (protocols.checkpoint: a long chart may be stopped)
-PANEL_RULES = "panel-1; label-1"  # how a panel is cut and counted, and a heading label kept (below): part of the
-# fingerprint of a stored state B
+# How a panel is cut and counted, a heading label kept and a colon read (below): in a stored state B's fingerprint.
+PANEL_RULES = "panel-1; label-1; colon-1"
 _LABEL = re.compile(r"[^\s:：,，;；]+(?:[ \t]+[^\s:：,，;；]+){0,4}[ \t]*[:：]")  # "Urine dipstick:", "胸片："
 
 
@@ -144,8 +144,10 @@ _DATE = re.compile(
     re.IGNORECASE,
 )
 _SCOPE_END = re.compile(r"\.(?!\d)|[!?。！？\n;；]|\b(?:but|however|although)\b", re.IGNORECASE)
-# A comma between digits ("1,100/mm3", a decimal "1,73 m2") is part of a number, not a clause end.
-_CLAUSE_END = re.compile(r"(?<!\d),|,(?!\d)|[，;；:：]|(?=\s(?:but|however|although)\s)", re.IGNORECASE)
+# A comma between digits ("1,100/mm3", a decimal "1,73 m2") is part of a number, not a clause end; nor is a colon
+# between digits (an HLA allele "HLA-B*58:01", a time "06:30").
+_CLAUSE_END = re.compile(r"(?<!\d),|,(?!\d)|(?<!\d):|:(?!\d)|[，;；：]|(?=\s(?:but|however|although)\s)",
+                         re.IGNORECASE)
 
 
 class EntityExtractor:
