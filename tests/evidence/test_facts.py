@@ -179,3 +179,15 @@ def test_a_fact_is_read_once_per_text_rule_and_finding(classifier: TierClassifie
     text = "Repeat potassium this morning came back at 6.9 mmol/L on the ward."
     decision = classifier.classify(text)
     assert read_fact(text, decision) is read_fact(text, decision)
+
+
+def test_an_allergy_list_keeps_every_allergen_or_has_no_fact() -> None:
+    """A fact line that dropped one allergy of a list would hide it: a long product name is read whole, and an
+    allergy word whose substance no reader finds leaves the fragment without a fact state."""
+    decision = TierDecision(Tier.T1, "text.allergy.reaction", standing=True, must_keep=True, always="allergy")
+    listed = ("Allergies (2): Drug allergy to Lindenblossom herbal tea d4 drops; since 2019; "
+              "Drug allergy to cefalexin; since 2021.")
+    fact = read_fact(listed, decision)
+    assert fact is not None and "Lindenblossom herbal tea d4 drops" in fact.line() and "cefalexin" in fact.line()
+    assert read_fact("Drug allergy to the one she was given in the clinic in 2019 which made her swell up.",
+                     decision) is None

@@ -44,7 +44,8 @@ from ebmrag.vocab.negation import negation
 ENTITY_LEXICON = "evidence/entities.toml"  # the bundled lexicon, in the rules folder
 CHECK_EVERY = 64  # texts compressed between two checkpoints (protocols.checkpoint: a long chart may be stopped)
 # How a panel is cut and counted, a heading label kept and a colon read (below): in a stored state B's fingerprint.
-PANEL_RULES = "panel-1; label-1; colon-1"
+PANEL_RULES = "panel-2; label-1; colon-1"
+MIN_CUT = 2  # normal results a panel must hold to be counted: one is shorter written than "(1 other result normal)"
 _LABEL = re.compile(r"[^\s:：,，;；]+(?:[ \t]+[^\s:：,，;；]+){0,4}[ \t]*[:：]")  # "Urine dipstick:", "胸片："
 
 
@@ -353,7 +354,7 @@ class EntityCompressor:
         panel, readings = self.extractor.panel, result_readings(text)
         language = "chinese" if len(_CHINESE.findall(text)) >= 2 else "english"
         sentences, normal = [s.text for s in split_sentences(text)], 0
-        if len(readings) >= panel.min_results:
+        if len(readings) >= panel.min_results and sum(r.result.flag == NORMAL for r in readings) >= MIN_CUT:
             cut = [_without_normal_results(s, panel, language) for s in sentences]
             sentences, normal = [s for s, _ in cut], sum(n for _, n in cut)
         pieces = [self._compress_sentence(s) for s in sentences if s]

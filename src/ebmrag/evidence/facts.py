@@ -213,7 +213,7 @@ def _adr(t: _Text, rule_id: str, finding: str) -> list[tuple[str, str]]:
 
 def _allergy(t: _Text, rule_id: str, finding: str) -> list[tuple[str, str]]:
     entry = bool(grammar().entries.search(rule_id))
-    if allergy_taken_back(t.text, entry):
+    if allergy_taken_back(t.text, entry) or _unread_allergy(t.text):
         return []
     named = [d for d, _ in _pairs(t, finding)]
     named += [s for s in _substances(t.text) if not any(overlap(s, n) for n in named)]
@@ -228,6 +228,19 @@ def _allergy(t: _Text, rule_id: str, finding: str) -> list[tuple[str, str]]:
         if owner is not None:
             owned[owner].append(reaction)
     return _grouped(t, named, owned, "")
+
+
+_PRODUCT_WORDS = 8  # a list item of up to this many words and no function word is one substance's name
+
+
+def _unread_allergy(text: str) -> bool:
+    """Whether an allergy word opens a list the grammar reads no substance from ("Drug allergy to <a name no
+    reader knows>"): then a fact line would drop that allergy, so the fragment gets none."""
+    for match in grammar().after.finditer(text):
+        stop = _LIST_END.search(text, match.end())
+        if not _listed(text, match.end(), stop.start() if stop else len(text)):
+            return True
+    return False
 
 
 def _substances(text: str) -> list[Span]:
@@ -284,11 +297,14 @@ def _item(text: str, start: int, end: int) -> tuple[list[Span], bool] | None:
     first, last = start + words[0].start(), start + words[-1].end()
     if lead := g.lead.match(text, first, last):
         first = lead.end()
-    if len(words) > 4 or any(w.group().lower() in g.function_words for w in words):
+    worded = any(w.group().lower() in g.function_words for w in words)
+    if worded or len(words) > 4:
         read = unicodedata.normalize("NFKC", text[first:last]).lower()
-        return [(first + d.start, first + d.end) for d in drug_spans(read) if not _generic(d.text)
-                and len(read) == last - first], True
-    return ([(first, last)] if last > first else []), False
+        drugs = [(first + d.start, first + d.end) for d in drug_spans(read) if not _generic(d.text)
+                 and len(read) == last - first]
+        if drugs or worded or len(words) > _PRODUCT_WORDS:
+            return drugs, True
+    return ([(first, last)] if last > first else []), False  # a product's name: "Heel sarsaparilla ... granule"
 
 
 def _preceding(text: str, at: int) -> list[Span]:
