@@ -79,11 +79,14 @@ def of_kind(found: list[Card], kind: str) -> list[Card]:
 
 
 # ------------------------------------------------------------------------------------------------ allergy
-def test_penicillin_anaphylaxis_and_amoxicillin_give_a_warning_citing_the_allergy() -> None:
+def test_penicillin_anaphylaxis_and_amoxicillin_give_a_critical_card_citing_the_allergy() -> None:
+    """A class allergy after anaphylaxis, rated high criticality: re-exposure may be life-threatening (CDS Hooks
+    indicator `critical`; before issue 47 this card was a `warning`)."""
     chart = [allergy("pcn", "Penicillin", "Anaphylaxis", criticality="high")]
     found = cards(chart, order("amox", "amoxicillin 500 MG Oral Capsule", "308191"), hook="order-select")
     card, = of_kind(found, "allergy")
-    assert card.indicator == "warning"
+    assert card.indicator == "critical"
+    assert "**Why critical:** the chart records criticality high, severe reaction, reaction: Anaphylaxis" in card.detail
     assert card.summary.startswith("Allergy: penicillin class — Anaphylaxis (high criticality) recorded 2019-05-02")
     assert len(card.summary) <= MAX_SUMMARY
     assert "AllergyIntolerance/pcn" in card.detail and "penicillin class" in card.detail
@@ -107,6 +110,50 @@ def test_a_cephalosporin_allergy_and_amoxicillin_give_an_info_card_naming_the_re
     assert "cephalosporin class" in card.summary and "penicillin class" in card.summary
     assert "beta\\-lactam antibiotics" in card.detail
     assert "The chart records no current allergy to the penicillin class itself." in card.detail
+
+
+@pytest.mark.parametrize(("reaction", "extra", "indicator"), [
+    ("Urticaria", {"severity": "mild"}, "warning"),  # the same class, nothing life-threatening recorded
+    ("Urticaria", {}, "warning"),
+    ("Anafylaxie", {}, "critical"),  # a Dutch chart's word, without a severity
+    ("Angio-oedema of the lips", {"severity": "moderate"}, "critical"),
+    ("Rash", {"severity": "severe"}, "critical"),  # FHIR reaction.severity severe
+])
+def test_a_same_class_allergy_is_critical_only_when_re_exposure_may_be_life_threatening(
+        reaction: str, extra: dict[str, Any], indicator: str) -> None:
+    entry = allergy("pcn", "Penicillin V", reaction)
+    entry["reaction"] = [{"manifestation": [{"text": reaction}], **extra}]
+    card, = of_kind(cards([entry], order("o", "amoxicillin 500 MG Oral Capsule")), "allergy")
+    assert card.indicator == indicator
+    assert ("**Why critical:**" in card.detail) is (indicator == "critical")
+
+
+def test_a_high_criticality_allergy_is_critical_whatever_its_reaction() -> None:
+    entry = allergy("a", "Amoxicillin", criticality="high")
+    entry["reaction"] = [{"manifestation": [{"text": "Itching"}], "severity": "mild"}]
+    card, = of_kind(cards([entry], order("o", "Amoxicillin 250 MG Chewable Tablet")), "allergy")
+    assert card.indicator == "critical" and "criticality high" in card.detail
+
+
+@pytest.mark.parametrize(("reaction", "extra", "indicator"), [
+    ("Rash", {"severity": "severe"}, "info"),  # a severe rash to a related class stays information
+    ("Anaphylaxis", {}, "warning"),
+    ("Rash", {"criticality": "high"}, "warning"),
+])
+def test_a_related_class_allergy_warns_only_after_anaphylaxis_or_high_criticality(
+        reaction: str, extra: dict[str, Any], indicator: str) -> None:
+    entry = allergy("ceph", "Cephalexin", reaction, **{k: v for k, v in extra.items() if k == "criticality"})
+    entry["reaction"] = [{"manifestation": [{"text": reaction}],
+                          **{k: v for k, v in extra.items() if k == "severity"}}]
+    card, = of_kind(cards([entry], order("o", "amoxicillin 500 MG Oral Capsule")), "related-allergy")
+    assert card.indicator == indicator
+
+
+def test_a_resolved_anaphylaxis_stays_information() -> None:
+    chart = [allergy("old", "Penicillin G", "Anaphylaxis", criticality="high",
+                     clinicalStatus={"coding": [{"code": "resolved"}]})]
+    card, = of_kind(cards(chart, order("o", "ampicillin 1 g injection")), "related-allergy")
+    assert card.indicator == "info"
 
 
 def test_a_beta_lactam_allergy_covers_amoxicillin() -> None:
@@ -234,7 +281,8 @@ def test_a_not_pregnant_dated_in_the_future_never_takes_the_pregnancy_card_away(
 def test_an_allergy_recorded_in_the_future_still_warns_with_its_date_flagged() -> None:
     typo = allergy("a1", "Penicillin", onsetDateTime="2062-05-02")
     card, = of_kind(cards([typo], order("o", "amoxicillin 500 mg", "723")), "allergy")
-    assert card.indicator == "warning" and "recorded (date in the future: 2062-05-02)" in card.summary
+    # the helper's reaction is severe: critical since issue 47 (a warning before)
+    assert card.indicator == "critical" and "recorded (date in the future: 2062-05-02)" in card.summary
 
 
 # ------------------------------------------------------------------------------------------------ critical

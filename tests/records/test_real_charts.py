@@ -114,8 +114,9 @@ DRUG_FACTS: dict[str, tuple[str, ...]] = {
         r"perazine", r"sarsaparill", r"fazant|pheasant", lab("creatinine", "67"), lab("egfr|ckd-epi", "83")),
     "ips_it_italian_codes_document.json": (NKA,),
     "ips_dk_danish_medication_card_document.json": (ALLERGY_STATUS,),
-    # Its renal results sit in a fixed-width text report that SOURCE.md's facts do not quote: not required here.
-    "ips_us_meditech_renal_transplant_searchset.json": (r"ampicillin", r"penicillin"),
+    # Its renal results sit in a fixed-width text report that SOURCE.md's facts do not quote; its kidney transplant
+    # and chronic kidney disease are conditions, and a drug decision turns on them (issue 47).
+    "ips_us_meditech_renal_transplant_searchset.json": (r"ampicillin", r"penicillin", r"kidney transplant"),
     "ips_us_epic_document.json": (r"nickel", r"lactose"),
     "au_gpvisit_no_ids_document.json": (NKA,),
     "au_noknown_negations_document.json": (NKA,),
@@ -126,8 +127,8 @@ DRUG_FACTS: dict[str, tuple[str, ...]] = {
     "uscore_amy_shaw_collection.json": (
         r"sulfonamide", r"latex", PREGNANT, lab("creatinine", "1") + r"(\.0+)?\s*mg", lab("potassium", "5.4")),
     "synthea_ckd_diabetes_transaction.json": (
-        ALLERGY_STATUS, lab("creatinine", "1.51"), lab("egfr|glomerular filtration rate", "79"),
-        lab("potassium", "4.58")),
+        ALLERGY_STATUS, r"\bCKD\b|chronic kidney disease", lab("creatinine", "1.51"),
+        lab("egfr|glomerular filtration rate", "79"), lab("potassium", "4.58")),
     "ecr_eicr_not_pregnant_batch.json": (ALLERGY_STATUS, r"not pregnant"),
     "ccda_ccd_isabella_jones.xml": (NKA,),
     "ccda_discharge_summary_isabella_jones.xml": (r"penicillin", r"codeine", r"\beggs?\b"),

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ebmrag.cds.facts import AllergyFact, Cited, LabFact, PregnancyFact
+from ebmrag.rules import rule_file
 from ebmrag.vocab.drugs import DrugVocabulary, Identity, Relation, RenalGroup, Uncompared
 
 SOURCE_LABEL = "ebmrag chart review"
@@ -102,10 +103,41 @@ def source_line(cited: Cited) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ allergy
+@dataclass(frozen=True)
+class AllergyRisk:
+    """rules/records/allergy_risk.toml: what makes a recorded allergy one whose re-exposure may be life-threatening."""
+
+    criticality: frozenset[str]
+    severity: frozenset[str]
+    reactions: re.Pattern[str]
+
+
+@rule_file("records/allergy_risk.toml")
+def allergy_risk(raw: Mapping[str, Any]) -> AllergyRisk:
+    if not raw["reactions"]:
+        raise ValueError("`reactions` must list at least one pattern")
+    return AllergyRisk(frozenset(raw["criticality"]), frozenset(raw["severity"]),
+                       re.compile("|".join(f"(?:{p})" for p in raw["reactions"]), re.IGNORECASE))
+
+
+def life_threatening(fact: AllergyFact, *, by_severity: bool = True) -> str:
+    """Why re-exposure after this allergy may be life-threatening, in the chart's terms ("criticality high",
+    "reaction: Anaphylaxis"), or "" when the chart says nothing of the kind. `by_severity`: whether a severe
+    reaction alone counts (it does for the ordered drug's own allergy, not for a related class's)."""
+    risk, entry = allergy_risk(), fact.entry
+    reaction = next((r for r in entry.reactions if risk.reactions.search(r)), "")
+    said = [f"criticality {entry.criticality}" if entry.criticality in risk.criticality else "",
+            f"{entry.severity} reaction" if by_severity and entry.severity in risk.severity else "",
+            f"reaction: {reaction}" if reaction else ""]
+    return ", ".join(s for s in said if s)
+
+
 def allergy_card(instance: str, order: Order, found: Sequence[tuple[AllergyFact, Relation]],
                  vocabulary: DrugVocabulary, left_out: int = 0) -> Card | None:
     """One card per order: a warning when a current allergy names the ordered drug, its class or a family that
-    holds it; else an info card for an allergy to a related class, or one marked resolved or inactive.
+    holds it, critical when that allergy's re-exposure may be life-threatening (`life_threatening`: anaphylaxis, a
+    severe reaction, high criticality); else an info card for an allergy to a related class (a warning after
+    anaphylaxis or with high criticality), or one marked resolved or inactive (info).
     `left_out`: allergy records of the hook's data that were not read (not this patient's by reference); the
     card says so beside what it claims the chart does not record."""
     if not found:
@@ -115,6 +147,9 @@ def allergy_card(instance: str, order: Order, found: Sequence[tuple[AllergyFact,
     allergy, relation = shown[0]
     warning = bool(same)
     kind = "allergy" if warning else "related-allergy"
+    dangers = [(fact, danger) for fact, _ in shown
+               if fact.current and (danger := life_threatening(fact, by_severity=warning))]
+    indicator = ("critical" if dangers else "warning") if warning else ("warning" if dangers else "info")
     reaction = ", ".join(allergy.entry.reactions[:2]) or "allergy"
     extra = " (high criticality)" if allergy.entry.criticality == "high" else ""
     when = f" recorded {_on(allergy.cited)}" if allergy.cited.date else ""
@@ -129,12 +164,15 @@ def allergy_card(instance: str, order: Order, found: Sequence[tuple[AllergyFact,
     for fact, why in shown:
         lines += [f"**The chart records:** {_allergy_words(fact)}", "", f"**Why this card:** "
                   f"{_why(why, order, vocabulary)}", "", source_line(fact.cited), ""]
+    if dangers:
+        lines += [f"**Why {indicator}:** the chart records {quote(dangers[0][1])} for this allergy: re-exposure may "
+                  "be life-threatening.", ""]
     if left_out:
         lines += [f"**Not read:** {_counted(left_out, 'AllergyIntolerance')} of the hook's data that do not name "
                   "this patient by reference; the chart may record more than this card shows.", ""]
     lines.append(FOOTER)
     cited = tuple(a.cited for a, _ in shown)
-    return Card(kind, "warning" if warning else "info", plain(summary), "\n".join(lines), cited,
+    return Card(kind, indicator, plain(summary), "\n".join(lines), cited,
                 card_id(instance, kind, order.reference, *(c.label for c in cited)))
 
 

@@ -163,7 +163,8 @@ class ContextPacker:
         result = pack_collapsed(self.packer, candidates, window, eligible=lambda c: c.fragment.id in collapsible)
         if prefiltered:
             result = replace(result, dropped=(*result.dropped, *prefiltered))
-        return replace(result, record_skipped=record.skipped, question_type=question.id, numbers=numbers)
+        return replace(result, record_skipped=record.skipped, record_coverage=record.coverage,
+                       question_type=question.id, numbers=numbers)
 
     def _evidence_fragments(self, evidence: Sequence[EvidenceItem], patient_id: str,
                             as_of: datetime) -> list[Fragment]:

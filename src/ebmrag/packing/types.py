@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from enum import StrEnum
 from typing import Any, Protocol
@@ -12,7 +12,7 @@ from typing import Any, Protocol
 from ebmrag.evidence.second_reading import POSSIBLE_CRITICAL
 from ebmrag.packing.certificate import certificate
 from ebmrag.packing.levels import Level, Rank, level_name, level_of, rank_of
-from ebmrag.records.fragment import Fragment, Tier, TierDecision
+from ebmrag.records.fragment import Coverage, Fragment, Tier, TierDecision
 from ebmrag.text.injection import strip_markup
 
 MAX_WINDOW = 1_000_000  # far above today's largest model windows (~200k); a guard against typos, not a tuning knob
@@ -169,6 +169,7 @@ class PackResult:
     dropped: tuple[DroppedFragment, ...]
     solver_note: str = ""  # how the solver got there when not by its plain method (e.g. a coarser token grid)
     record_skipped: tuple[str, ...] = ()  # what the record's loader left out (never silent)
+    record_coverage: Coverage = field(default_factory=Coverage)  # how the chart's elements reached its fragments
     question_type: str = ""  # evidence.questions: what the question asks for (decides its must-keep sections)
     numbers: tuple[tuple[str, int], ...] = ()  # fragment id -> the number its context line starts with
     optimal: bool = False  # the solver proved the clinical order optimal (ebm-exact "critical" on its plain table)
@@ -197,6 +198,7 @@ class PackResult:
             "window": self.window, "tokens_used": self.tokens_used, "strategy": self.strategy,
             **({"solver_note": self.solver_note} if self.solver_note else {}),
             **({"record_skipped": list(self.record_skipped)} if self.record_skipped else {}),
+            **({"coverage": self.record_coverage.to_json()} if self.record_coverage.elements else {}),
             **({"question_type": self.question_type} if self.question_type else {}),
             **self._possible_critical(),
             "packed": [{**({"n": numbers[p.fragment_id]} if p.fragment_id in numbers else {}),

@@ -109,6 +109,25 @@ class Fragment:
 
 
 @dataclass(frozen=True)
+class Coverage:
+    """How the elements of a chart's resources reached its fragments (records.fhir.coverage): how many populated
+    elements were audited and how many a renderer said; per documented kind, the elements that carry no clinical
+    content (rules/records/coverage.toml); per path, the clinical elements said only by the generic line appended to
+    their resource (which renderers to improve), and those not said at all (should be none). Empty (no elements)
+    for a record that was not read from FHIR or C-CDA."""
+
+    elements: int = 0
+    rendered: int = 0
+    documented: tuple[tuple[str, int], ...] = ()  # (rule name, elements), most first
+    generic: tuple[tuple[str, int], ...] = ()  # (path, elements), most first
+    unrendered: tuple[tuple[str, int], ...] = ()  # (path, elements), most first
+
+    def to_json(self) -> dict[str, Any]:
+        return {"elements": self.elements, "rendered": self.rendered, "documented": dict(self.documented),
+                "generic": dict(self.generic), "unrendered": dict(self.unrendered)}
+
+
+@dataclass(frozen=True)
 class PatientRecord:
     """All fragments of one patient. Construction enforces that no other patient's fragment slips in."""
 
@@ -117,6 +136,10 @@ class PatientRecord:
     origin: str = "<memory>"
     skipped: tuple[str, ...] = ()  # what the loader read but did not turn into fragments, and why
     identifiers: tuple[tuple[str, str], ...] = ()  # (kind, value) the source names (FHIR Patient): for redaction only
+    # How its elements reached its fragments; kept in memory only: the stores keep what the fragments say, and a
+    # record read back from one was not audited.
+    coverage: Coverage = Coverage()
+
     def __post_init__(self) -> None:
         if not self.patient_id.strip():
             raise RecordError(self.origin, "patient_id is empty")

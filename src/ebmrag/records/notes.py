@@ -17,6 +17,11 @@ from html.parser import HTMLParser
 from ebmrag.text.sentences import split_sentences
 
 MAX_PART_WORDS = 160
+# A statement that there is nothing, or nothing known: it means something only beside its heading ("Surgical
+# history: none" is a fact, "None" alone is not), so a note section or a document section made of it keeps its title.
+NOTHING = re.compile(r"^(?:none|nil|n/?a|not applicable|not available|no (?:information|data)(?: available)?|"
+                     r"unknown|not known|non[- ]?contributory|negative|normal|unremarkable|nothing (?:of note|"
+                     r"significant|to report))\W*(?:recorded|reported|known|noted)?\W*$", re.IGNORECASE)
 
 _HEADING = re.compile(r"^\s{0,3}(#{1,6})\s+(.+?)\s*#*\s*$")
 _DATE_LINE = re.compile(r"^\s*\d{4}-\d{2}-\d{2}(?:[T ][\d:.+-]+)?\s*$")
@@ -84,8 +89,12 @@ def note_sections(text: str) -> list[NoteSection]:
 
 def _section(heading: str, lines: Sequence[str]) -> Iterator[NoteSection]:
     """A section, cut at sentence ends into parts of at most MAX_PART_WORDS words: a ten-page PDF without
-    headings is many fragments the packer can choose among, not one that never fits a window."""
+    headings is many fragments the packer can choose among, not one that never fits a window. A body that only
+    says there is nothing keeps its heading in its text: "None." says nothing in a packed context, "Surgical
+    history: None." does."""
     body = " ".join(" ".join(lines).split())
+    if heading and NOTHING.match(body):
+        body = f"{heading}: {body}"
     part: list[str] = []
     count, number = 0, 1
     for sentence in split_sentences(body):

@@ -8,8 +8,10 @@ refused only when it holds no patient or two patients: one record, one patient. 
 different patient than the chart's is not read (and its patient is not named in the report).
 
 The flow: index every resource (fhir.index), find the patient, reconcile medications
-(fhir.medications), render each clinical resource (fhir.resources), read the document's section
-narratives (fhir.composition), then build the face sheet (fhir.facts).
+(fhir.medications), render each clinical resource (fhir.resources), say in one more line of a resource
+what its renderer passed over and say whole a type no renderer reads (fhir.coverage, fhir.generic: the
+record's `coverage` counts both), read the document's section narratives (fhir.composition), keep exact
+duplicate lines once, then build the face sheet (fhir.facts) from the renderers' own lines.
 
 Dates are read against the present (`records.dates.Today`, the wall clock unless the caller gives one): a
 resource dated after it is read and shown, flagged (`Fragment.date_in_future`, one defect line in the trace), and
@@ -23,18 +25,20 @@ import re
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ebmrag.errors import RecordError
 from ebmrag.records.dates import Today, as_written, partial_timestamp
-from ebmrag.records.fhir import facts
+from ebmrag.records.fhir import coverage, facts, generic
 from ebmrag.records.fhir.chart_facts import ChartFacts, Medications, read_facts
 from ebmrag.records.fhir.checks import defects
 from ebmrag.records.fhir.composition import section_notes
+from ebmrag.records.fhir.genomics import observation, report
 from ebmrag.records.fhir.index import ChartIndex, Entry, Resource, bundle_entries, reference_of, type_id
 from ebmrag.records.fhir.medications import MEDICATION_TYPES, NOT_ACTIVE, current_names, reconcile
 from ebmrag.records.fhir.order import canonical_order
+from ebmrag.records.fhir.recommendations import detected_issue, risk_assessment, service_request, task
 from ebmrag.records.fhir.rendered import Rendered, Skip
 from ebmrag.records.fhir.resources import (
     allergy,
@@ -43,13 +47,14 @@ from ebmrag.records.fhir.resources import (
     encounter,
     family_history,
     flag,
+    goal,
     immunization,
     medication,
     procedure,
     summary_of,
 )
-from ebmrag.records.fhir.results import document, imaging_study, observation, report
-from ebmrag.records.fragment import Fragment, PatientRecord
+from ebmrag.records.fhir.results import document, imaging_study
+from ebmrag.records.fragment import Coverage, Fragment, PatientRecord
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +87,11 @@ _RENDERERS: dict[str, tuple[Renderer, tuple[str, ...]]] = {
     "Encounter": (encounter, ()),
     "Flag": (flag, ()),
     "FamilyMemberHistory": (family_history, ("date",)),
+    "Goal": (goal, ("startDate",)),
+    "Task": (task, ("authoredOn", "lastModified")),
+    "ServiceRequest": (service_request, ("authoredOn", "occurrenceDateTime")),
+    "DetectedIssue": (detected_issue, ("identifiedDateTime", "date")),
+    "RiskAssessment": (risk_assessment, ("occurrenceDateTime",)),
 }
 _UNIDENTIFIED = "Patient/unidentified"  # a Patient without id or fullUrl
 _MAX_DEFECT_LINES = 40  # per chart: enough to find the export's habit, not a wall of text
@@ -101,6 +111,8 @@ class _Chart:
     defects: list[str] = field(default_factory=list)
     more_defects: int = 0
     today: Today = field(default_factory=Today.wall_clock)  # the present the chart's dates are read against
+    withheld: set[int] = field(default_factory=set)  # id() of resources their renderer chose not to pack
+    coverage: Coverage = field(default_factory=Coverage)  # how their elements reached the fragments (fhir.coverage)
 
     def defect(self, label: str, problem: str) -> None:
         """One resource's defect, for the trace (the first `_MAX_DEFECT_LINES`, then a count)."""
@@ -151,8 +163,10 @@ def read_entries(entries: Sequence[Entry], origin: str, problems: Sequence[str] 
     reconcile(medications, lists, index, newest_recorded, stale_after, today=chart.today)
     fragments = _fragments(clinical, chart)
     fragments += _narratives(clinical, chart)
-    chart_facts = read_facts(index.unique(), chart.today, _medications(chart, fragments, medications))
-    summary = _face_sheet(chart, fragments, chart_facts)
+    fragments = _collapsed(fragments, chart)
+    rendered = [f for f in fragments if not f.id.endswith(generic.MORE)]  # the face sheet reads the renderers' lines
+    chart_facts = read_facts(index.unique(), chart.today, _medications(chart, rendered, medications))
+    summary = _face_sheet(chart, rendered, chart_facts)
     skipped = _skipped(chart, problems)
     for note in skipped:
         log.debug("%s: %s", origin, note)  # a note may quote the chart: not at INFO, where logs are kept
@@ -160,7 +174,7 @@ def read_entries(entries: Sequence[Entry], origin: str, problems: Sequence[str] 
         raise RecordError(origin, "the chart holds neither a Patient nor a clinical resource that could be read"
                                   + (f" ({'; '.join(skipped[:3])})" if skipped else ""))
     return PatientRecord(chart.subject, tuple(_unique_ids([*summary, *fragments])), origin, tuple(skipped),
-                         facts.identifiers(chart.patient)), chart_facts
+                         facts.identifiers(chart.patient), chart.coverage), chart_facts
 
 
 def _identify(entries: Sequence[Entry], origin: str) -> _Chart:
@@ -211,8 +225,9 @@ def _patient_key(entry: Entry) -> str:
 
 
 def subject_link(resource: Resource) -> Any:
-    """Whose resource it is: `subject` or `patient`; a Binary says it in its `securityContext`."""
+    """Whose resource it is: `subject` or `patient` (a Task: `for`); a Binary says it in its `securityContext`."""
     return resource.get("subject") or resource.get("patient") or (
+        resource.get("for") if resource.get("resourceType") == "Task" else None) or (
         resource.get("securityContext") if resource.get("resourceType") == "Binary" else None)
 
 
@@ -283,16 +298,66 @@ def _time(resource: Resource) -> datetime | None:
 
 
 def _fragments(entries: Sequence[Entry], chart: _Chart) -> list[Fragment]:
-    fragments: list[Fragment] = []
+    """Each resource's fragments in the chart's order, each resource's followed by the line that says what its
+    renderer passed over (fhir.coverage); a type no renderer reads is said whole by such a line (fhir.generic)."""
+    reads: list[tuple[Entry, coverage.Read]] = []
     for entry in entries:
         kind = str(entry.resource.get("resourceType"))
+        found: list[Fragment] = []
         if kind in _RENDERERS:
-            fragments += _render(entry, chart)
-        elif kind not in _READ_ELSEWHERE:
+            found = _render(entry, chart)
+        elif kind in ADMINISTRATIVE:
             chart.unused[f"{kind}: " + ("billing or administrative, not clinical evidence" if kind in _BILLING
-                                        else "read through the resources that refer to it" if kind in _REFERENCED
-                                        else "resource type not used for packing")] += 1
-    return fragments
+                                        else "read through the resources that refer to it")] += 1
+        elif kind not in _READ_ELSEWHERE and generic.taken_back(entry.resource):
+            chart.unused[f"{kind}: entered in error or refuted"] += 1
+            chart.withheld.add(id(entry.resource))
+        through = kind in _REFERENCED and not reference_of(subject_link(entry.resource))  # a patient's implant is read
+        reads.append((entry, coverage.Read(entry.resource, found, id(entry.resource) in chart.withheld, through)))
+    more = _said_generically(reads, chart)
+    return [f for entry, read in reads for f in (*read.fragments, *more.get(id(read.resource), ()))]
+
+
+def _said_generically(reads: Sequence[tuple[Entry, coverage.Read]], chart: _Chart) -> dict[int, list[Fragment]]:
+    """id(resource) -> the line of its clinical elements no fragment says (fhir.coverage), audited again."""
+    audit = coverage.Audit(chart.index)
+    leftovers = audit.leftovers([read for _, read in reads])
+    more: dict[int, list[Fragment]] = {}
+    for entry, read in reads:
+        kind = str(read.resource.get("resourceType"))
+        left = leftovers.get(id(read.resource))
+        if left is None:
+            if kind not in _RENDERERS and kind not in ADMINISTRATIVE and kind not in _READ_ELSEWHERE \
+                    and not read.withheld:
+                chart.unused[f"{kind}: holds no clinical element (only ids, links and statuses)"] += 1
+            continue
+        try:
+            line = _generic_line(entry, left, audit, chart)
+        except Exception as exc:  # any failure costs this line, never the chart; the audit counts it unsaid
+            chart.defect(f"{kind} at {entry.where}", f"its elements no renderer says could not be said "
+                                                     f"({type(exc).__name__})")
+            audit.confirm(left.items, [])
+            continue
+        more[id(read.resource)] = [line]
+        audit.confirm(left.items, [line])
+    chart.coverage = audit.report()
+    return more
+
+
+def _generic_line(entry: Entry, left: coverage.Leftover, audit: coverage.Audit, chart: _Chart) -> Fragment:
+    """The line of a resource's unsaid elements: after its renderer's lines (under their section, with their date
+    and visit), or its only line, under its type's name ("Nutrition order")."""
+    resource, like = entry.resource, left.like
+    kind = str(resource.get("resourceType"))
+    base = f"{kind}/{resource.get('id') if isinstance(resource.get('id'), str) else entry.where}"
+    text = generic.line(resource, left.items, audit.names, also=like is not None)
+    stamp = partial_timestamp(generic.timed(resource))
+    if like is not None:
+        future = like.date_in_future if like.timestamp else chart.today.is_future(stamp)
+        return Fragment(base + generic.MORE, chart.subject, text, generic.also_section(like.section),
+                        like.timestamp or stamp, source="fhir", encounter=like.encounter, date_in_future=future)
+    return Fragment(base, chart.subject, text, generic.type_words(kind), stamp, source="fhir",
+                    encounter=_encounter_of(resource, chart.index), date_in_future=chart.today.is_future(stamp))
 
 
 def _render(entry: Entry, chart: _Chart) -> list[Fragment]:
@@ -312,9 +377,10 @@ def _render(entry: Entry, chart: _Chart) -> list[Fragment]:
                      + ("its main concept was kept" if said else "not read"))
         rendered = [Rendered("Allergy" if kind == "AllergyIntolerance" else kind, said)] if said else Skip("")
     if isinstance(rendered, Skip):
-        if rendered.reason:
+        if rendered.reason:  # the renderer's decision, named in the trace: not said generically
+            chart.withheld.add(id(resource))
             chart.unused[f"{kind}: {rendered.reason}"] += 1
-        return []
+        return []  # a resource that could not be read at all is said generically (fhir.generic)
     base = f"{kind}/{resource.get('id') if isinstance(resource.get('id'), str) else entry.where}"
     visit = _encounter_of(resource, chart.index)
     default = next((resource[k] for k in time_keys if resource.get(k)), None)
@@ -414,6 +480,32 @@ def _unique_ids(fragments: Sequence[Fragment]) -> list[Fragment]:
             fragment = replace(fragment, id=f"{fragment.id}~{seen[fragment.id]}")
         unique.append(fragment)
     return unique
+
+
+def _collapsed(fragments: Sequence[Fragment], chart: _Chart) -> list[Fragment]:
+    """Exact duplicate lines (one text in one section: the same allergy recorded twice) kept once, the trace
+    counting the rest. The copy kept is the newest one not dated in the future (the one packing would keep of
+    copies: a repeated result keeps its latest date), else the first."""
+    copies: dict[tuple[str, str | None], list[int]] = {}
+    for n, fragment in enumerate(fragments):
+        copies.setdefault((" ".join(fragment.text.split()), fragment.section), []).append(n)
+    dropped: set[int] = set()
+    for places in copies.values():
+        if len(places) < 2:
+            continue
+        kept = max(places, key=lambda n: (*_trusted_time(fragments[n]), -n))
+        for n in places:
+            if n != kept:
+                dropped.add(n)
+                kind = fragments[n].id.split("/", 1)[0]
+                chart.unused[f"{kind}: the same line as another in its section (same text); kept once"] += 1
+    return [f for n, f in enumerate(fragments) if n not in dropped]
+
+
+def _trusted_time(fragment: Fragment) -> tuple[bool, datetime]:
+    """(dated and not in the future, that date): the newest such copy ranks first, undated ones by order."""
+    trusted = fragment.timestamp is not None and not fragment.date_in_future
+    return trusted, fragment.timestamp if trusted and fragment.timestamp else datetime.min.replace(tzinfo=UTC)
 
 
 def _skipped(chart: _Chart, problems: Sequence[str]) -> list[str]:

@@ -19,13 +19,12 @@ from typing import Any
 from ebmrag.records.codes import document_sections
 from ebmrag.records.fhir.coding import codings, obj, objects, text_of
 from ebmrag.records.fhir.index import ChartIndex, Resource
-from ebmrag.records.notes import html_to_text, note_sections, slug
+from ebmrag.records.notes import NOTHING, html_to_text, note_sections, slug
 
 _WORD = re.compile(r"[^\W\d_]{3,}", re.UNICODE)
 # Stock text a producer writes where a narrative should be (any language's would be added here).
 _PLACEHOLDER = re.compile(r"^(?:to be (?:populated|generated|completed)|narrative (?:needs to be|to be|will be) "
-                          r"generated|not (?:yet )?(?:available|populated|generated)|no (?:information|narrative|"
-                          r"data)(?: available)?|n/?a|none|not applicable)\b", re.IGNORECASE)
+                          r"generated|not (?:yet )?(?:populated|generated)|no narrative)\b", re.IGNORECASE)
 _NOVEL_SHARE = 0.35  # below this share of words not found in its entries, a narrative repeats them
 _NOVEL_LEAST = 3  # ... or when fewer words than this are new
 _HEADER_CELL = re.compile(r"<th\b[^>]*>.*?</th>|<thead\b[^>]*>.*?</thead>", re.IGNORECASE | re.DOTALL)
@@ -91,7 +90,9 @@ def section_notes(composition: Resource, index: ChartIndex, unused: Counter[str]
     for title, text, section in found:
         if id(section) in said:
             continue  # its narrative is the statement of why it is empty, read above
-        if text in stock or _PLACEHOLDER.match(text) or not _words(text) - _words(title):  # nothing but its title
+        if NOTHING.match(text) and title != "section":
+            notes.append(SectionNote(f"Clinical note > {title}", f"{title}: {text.rstrip('.')}.", f"#{slug(title)}"))
+        elif text in stock or _PLACEHOLDER.match(text) or not _words(text) - _words(title):  # nothing but its title
             unused["Composition: section narrative that is a placeholder"] += 1
         elif _repeats_entries(str(obj(section.get("text")).get("div")), section, index):
             unused["Composition: section narrative that repeats its entries"] += 1

@@ -5,8 +5,11 @@
   note says, else that nothing is recorded (not the same as "no known allergies");
 - the active problem list and the current medications (after reconciliation), one line each;
 - the drug-decision facts: pregnancy status with the due date, lactation, renal function (creatinine,
-  eGFR, potassium), hepatic function, weight, found by LOINC code (rules/records/drug_facts.toml), each the
-  newest value with its unit and date;
+  eGFR, potassium), hepatic function, weight, height and BMI, found by LOINC code (rules/records/drug_facts.toml),
+  each the newest value with its unit and date; beside them the kidney and liver conditions (a CKD stage, dialysis,
+  a kidney transplant, cirrhosis: rules/records/conditions.toml), so a drug question keeps the renal fact of a chart
+  that has no recent creatinine; a weight the chart's own height and BMI contradict, said so ("not used for
+  dosing"); and the newest drug levels, flagged outside their therapeutic range (rules/records/drug_levels.toml);
 - the latest value of other key results.
 The tier rules make these must-keep when a question needs them (rules/evidence/questions.toml).
 
@@ -18,15 +21,16 @@ death); a birth date in the future gives no age and a defect line.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import date, datetime
 from typing import Any
 
 from ebmrag.records.codes import text_table
 from ebmrag.records.dates import Today, as_written, future_birth, partial_timestamp, shown_date, trust_rank
-from ebmrag.records.fhir.chart_facts import ChartFacts, LabResult, Medications, Pregnancy, vocabulary
+from ebmrag.records.fhir.chart_facts import ChartFacts, ConditionFact, LabResult, Medications, Pregnancy, vocabulary
 from ebmrag.records.fhir.coding import obj, objects, strings, text_of
 from ebmrag.records.fhir.index import Resource
+from ebmrag.records.fhir.medications import LISTED_STATUS
 from ebmrag.records.fragment import Fragment
 from ebmrag.rules import rule_file
 
@@ -161,9 +165,13 @@ def problem_summary(subject: str, fragments: Sequence[Fragment], newest: datetim
 
 def medication_summary(subject: str, medications: Medications, newest: datetime | None) -> Fragment | None:
     """The current medications after reconciliation; "none" said outright when the chart states it or when
-    every medication record has ended (a drug question must know the list is empty, not missing)."""
+    every medication record has ended (a drug question must know the list is empty, not missing). Drugs a document
+    lists with a status that ended them ("Metformin (status completed)", fhir.medications) are named as listed,
+    with that status: the document's list is not "none active"."""
     parts = []
-    current, unknown = list(medications.current), medications.unknown
+    current = list(medications.current)
+    listed = [name for name in medications.unknown if LISTED_STATUS in name]
+    unknown = [name for name in medications.unknown if LISTED_STATUS not in name]
     if current:
         stale = sum(name.endswith("*") for name in current)
         if stale == len(current):  # say it once, not once per drug
@@ -171,10 +179,13 @@ def medication_summary(subject: str, medications: Medications, newest: datetime 
         else:
             legend = "; * = not recently confirmed" if stale else ""
         parts.append(f"Active medications ({len(current)}{legend}): {'; '.join(current)}.")
-    elif medications.stated:  # "No known medications" and "No information about medications" are not the same
+    elif medications.stated and not listed:  # "No known medications" and "No information about medications" differ
         parts.append(f"Active medications: none listed; the chart states: {medications.stated.rstrip('.')}.")
-    elif medications.ended and not unknown:
+    elif medications.ended and not unknown and not listed:
         parts.append(f"Active medications: none marked active ({medications.ended} earlier medication records).")
+    if listed:
+        parts.append(f"{'Also listed' if current else 'Medications listed'} in the chart's document ({len(listed)}): "
+                     f"{'; '.join(listed)}.")
     if unknown:
         parts.append(f"Medications whose status is not recorded ({len(unknown)}): {'; '.join(unknown)}.")
     if not parts:
@@ -183,12 +194,30 @@ def medication_summary(subject: str, medications: Medications, newest: datetime 
                     source="fhir")
 
 
-def _dated(found: Sequence[LabResult]) -> str:
+def _result(r: LabResult) -> str:
+    """"weight 70 kg"; with ebmrag's caution when it has one ("weight 7 kg (contradicts height 170 cm and BMI 24
+    kg/m2 of 2024-01-03: not used for dosing)")."""
+    return f"{r.name} {r.value}" + (f" ({r.caution})" if r.caution else "")
+
+
+def _level(r: LabResult) -> str:
+    """A drug level with the laboratory's own flag when it sent one, else ebmrag's range judgement."""
+    flag = f"flag {r.flags}" if r.flags else r.caution
+    return f"{r.name} {r.value}" + (f" ({flag})" if flag else "")
+
+
+def _dated(found: Sequence[LabResult], said: Callable[[LabResult], str] = _result) -> str:
     """Values of one day share their date ("(2024-03-11) creatinine 88 umol/L, eGFR 78"): dates cost tokens."""
     days = {r.source.shown_date for r in found}
     if len(days) == 1:
-        return f" ({days.pop()}): " + ", ".join(f"{r.name} {r.value}" for r in found)
-    return ": " + ", ".join(f"{r.name} {r.value} ({r.source.shown_date})" for r in found)
+        return f" ({days.pop()}): " + ", ".join(said(r) for r in found)
+    return ": " + ", ".join(f"{said(r)} ({r.source.shown_date})" for r in found)
+
+
+def _condition(fact: ConditionFact) -> str:
+    """"CKD stage 4 (Condition, 2023-05-02)": the fact, where the chart holds it and since when."""
+    date = fact.source.shown_date
+    return f"{fact.shown} ({fact.source.kind}{f', {date}' if date else ''})"
 
 
 def pregnancy_status(pregnancy: Pregnancy) -> str:
@@ -203,29 +232,40 @@ def pregnancy_status(pregnancy: Pregnancy) -> str:
                  for s in pregnancy.statuses]
     elif newest is not None:
         name = newest.said.removeprefix("active condition: ")
-        head = "pregnant" if pregnancy.current or not lapsed else "pregnancy recorded"
+        head = "pregnant" if pregnancy.current or not lapsed else "pregnancy"
         said.append(f"{head} ({name}, recorded {newest.source.shown_date or 'undated'}{lapsed})")
     if said and pregnancy.due_date is not None:
         said.append(f"estimated due date {pregnancy.due_date[1]}")
     if said and pregnancy.gestational_age:
         said.append(f"gestational age {pregnancy.gestational_age}")
     if pregnancy.lactation is not None:
-        said.append(f"lactation {pregnancy.lactation[1]}")
+        source, value = pregnancy.lactation
+        where = ", ".join(w for w in (source.kind if source.kind == "Condition" else "", source.shown_date) if w)
+        said.append(f"lactation {value}" + (f" ({where})" if where else ""))
     return ", ".join(said)
 
 
 def drug_facts(subject: str, chart: ChartFacts) -> Fragment | None:
-    """One line with the results a drug choice or dose turns on (renal and hepatic function, weight), each
-    dated; pregnancy and lactation are on the patient's line of the face sheet."""
+    """One line with what a drug choice or dose turns on: renal and hepatic function (the conditions first, "CKD
+    stage 4 (Condition, 2023-05-02)", then the results), weight, height and BMI, and the drug levels, each dated;
+    pregnancy and lactation are on the patient's line of the face sheet. Short, as it competes for a small window."""
     groups: list[str] = []
     for group, title in (("renal", "Renal"), ("hepatic", "Hepatic"), ("body", "Body")):
         found = [r for f in vocabulary()["fact"] if f["group"] == group for r in chart.labs.get(f["name"], ())]
-        if found:
+        conditions = [c for c in chart.conditions if c.group == group]
+        if conditions:
+            groups.append(f"{title}: " + ", ".join(_condition(c) for c in conditions)
+                          + (f"; results{_dated(found)}" if found else ""))
+        elif found:
             groups.append(title + _dated(found))
+    levels = [r for found in chart.drug_levels.values() for r in found]
+    if levels:
+        groups.append("Drug levels" + _dated(levels, _level))
     if not groups:
         return None
+    stamps = [r.when for found in (*chart.labs.values(), *chart.drug_levels.values()) for r in found]
     return Fragment("summary/drug-facts", subject, "Drug decision facts: " + "; ".join(groups) + ".",
-                    "Drug decision facts", chart.today.newest(r.when for found in chart.labs.values() for r in found),
+                    "Drug decision facts", chart.today.newest([*stamps, *(c.when for c in chart.conditions)]),
                     source="fhir")
 
 

@@ -11,7 +11,11 @@ so each medication record gets a state, with the reason a reader can check:
   so an order for "Lipitor 20 mg" and a record of "atorvastatin 20 MG Oral Tablet" are one drug);
 - a record without a status is "status unknown" (listed apart, never as active);
 - an active record older than `stale_after` with no newer record of the drug stays current but is marked
-  "not recently confirmed".
+  "not recently confirmed";
+- a record a document lists in a section (a referral summary's medication list) whose own status alone ends it
+  (`completed`) is "listed": the document keeps it on its list, so the face sheet names it with its status rather
+  than counting it among ended records ("none active" would contradict the document);
+- a record named only by a placeholder ("Medication", "Drug") names no drug and is left off the face sheet.
 A record or list dated after the present (records.dates.Today) is never "the newest": a mistyped year cannot stop
 today's orders or make them stale.
 """
@@ -27,7 +31,7 @@ from ebmrag.records.codes import text_table
 from ebmrag.records.dates import Today, as_written, partial_timestamp
 from ebmrag.records.fhir.coding import codings, obj, objects, states_absence, text_of
 from ebmrag.records.fhir.index import ChartIndex, Resource
-from ebmrag.records.fhir.resources import drug_name, started
+from ebmrag.records.fhir.resources import drug_name, names_no_drug, started
 from ebmrag.rules import rule_file
 from ebmrag.vocab.drugs import vocabulary
 
@@ -41,7 +45,13 @@ def _list_codes(raw: Mapping[str, Any]) -> frozenset[str]:
     """The LOINC codes of a medication List (rules/records/fhir.toml [medication_lists])."""
     return frozenset(text_table(raw.get("medication_lists"), "medication_lists"))
 _STOPPED_FLAGS = re.compile(r"stop|cancel|discontinu|cease|delet|remov|suspend", re.IGNORECASE)
-ACTIVE, NOT_ACTIVE, UNKNOWN = "active", "not active", "status unknown"
+ACTIVE, NOT_ACTIVE, UNKNOWN, LISTED = "active", "not active", "status unknown", "listed"
+_LISTED_ENDED = ("completed",)  # statuses that end a record without saying the drug was stopped
+LISTED_STATUS = " (status "  # "Metformin (status completed)": how a listed drug is named on the face sheet
+_MAX_SECTION_DEPTH = 4
+
+
+DO_NOT_GIVE = "an order not to give it (doNotPerform)"
 
 
 def reconcile(resources: Sequence[Resource], lists: Sequence[Resource], index: ChartIndex,
@@ -59,13 +69,19 @@ def reconcile(resources: Sequence[Resource], lists: Sequence[Resource], index: C
     reconciled = _newest_list(lists, today)
     if reconciled is not None:
         _apply_list(reconciled, resources, index)
+    _listed_by_documents(resources, index)
     if as_of is not None:
         for records in by_drug.values():
             _mark_stale(records, index, as_of - stale_after, today)
+    for r in resources:  # whatever a list or a newer record says, an order not to give a drug is no current drug
+        if r.get("doNotPerform") is True:
+            index.medication_state[id(r)] = (NOT_ACTIVE, DO_NOT_GIVE)
 
 
 def _by_status(r: Resource) -> tuple[str, str]:
     status = r.get("status") if isinstance(r.get("status"), str) else ""
+    if r.get("doNotPerform") is True:
+        return NOT_ACTIVE, DO_NOT_GIVE
     if r.get("resourceType") == "MedicationAdministration":
         return NOT_ACTIVE, "a dose given"
     if status in _CURRENT:
@@ -157,6 +173,35 @@ def _apply_list(reconciled: Resource, resources: Sequence[Resource], index: Char
             index.medication_state[id(r)] = (NOT_ACTIVE, f"not on the reconciled medication list of {day}")
 
 
+def _document_entries(index: ChartIndex) -> set[int]:
+    """id() of every resource a Composition's sections list (nested sections included)."""
+    listed: set[int] = set()
+    for composition in (r for r in index.unique() if r.get("resourceType") == "Composition"):
+        sections, depth = objects(composition.get("section")), 0
+        while sections and depth <= _MAX_SECTION_DEPTH:
+            for section in sections:
+                listed |= {id(found) for link in objects(section.get("entry"))
+                           if (found := index.resolve(link, within=composition)) is not None}
+            sections, depth = [s for section in sections for s in objects(section.get("section"))], depth + 1
+    return listed
+
+
+def _listed_by_documents(resources: Sequence[Resource], index: ChartIndex) -> None:
+    """A record a document lists, ended by nothing but its own `completed` status, stays on the document's list
+    with that status ("listed"), never among the ended records. One that says why it ended (`statusReason`:
+    "discontinued at discharge") has ended for that reason."""
+    candidates = [r for r in resources if r.get("status") in _LISTED_ENDED and index.medication_state[id(r)] ==
+                  (NOT_ACTIVE, "") and r.get("resourceType") != "MedicationAdministration"
+                  and not r.get("statusReason")]
+    if not candidates:
+        return
+    listed = _document_entries(index)
+    for r in candidates:
+        if id(r) in listed:
+            index.medication_state[id(r)] = (LISTED, f"listed by the chart's document with status {r['status']}; "
+                                                     "whether it is taken now is not stated")
+
+
 def _mark_stale(records: Sequence[Resource], index: ChartIndex, cutoff: datetime, today: Today) -> None:
     current = [r for r in records if index.medication_state[id(r)][0] == ACTIVE]
     newest = max((w for r in records if (w := _when(r)) is not None), key=today.rank, default=None)
@@ -179,18 +224,23 @@ def short_name(name: str) -> str:
 
 
 def current_names(resources: Sequence[Resource], index: ChartIndex) -> tuple[list[str], list[str]]:
-    """(current drugs, drugs of unknown status) for the face sheet: one name each, a stale one marked."""
+    """(current drugs, drugs of unknown status) for the face sheet: one name each, a stale one marked; a drug a
+    document lists with a status that ended it is among the second, named with its status ("Metformin (status
+    completed)", `LISTED_STATUS`)."""
     current: dict[str, None] = {}
     unknown: dict[str, None] = {}
     for r in resources:
         state, why = index.medication_state.get(id(r), (NOT_ACTIVE, ""))
-        if states_absence(r.get("medicationCodeableConcept"), "medication"):
+        if states_absence(r.get("medicationCodeableConcept"), "medication") or names_no_drug(r, index):
             continue
         name = short_name(drug_name(r, index))
         if state == ACTIVE:
             current[name + ("*" if why.startswith("not recently") else "")] = None
         elif state == UNKNOWN:
             unknown[name] = None
+        elif state == LISTED:
+            unknown[f"{name}{LISTED_STATUS}{r['status']})"] = None
     confirmed = [n for n in current if not n.endswith("*")]
     current_list = [n for n in current if not (n.endswith("*") and n[:-1] in confirmed)]  # one line per drug
-    return current_list, [n for n in unknown if n not in current and f"{n}*" not in current]
+    drugs = {n.split(LISTED_STATUS)[0]: n for n in unknown}
+    return current_list, [n for drug, n in drugs.items() if drug not in current and f"{drug}*" not in current]

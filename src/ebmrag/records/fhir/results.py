@@ -14,6 +14,7 @@ from ebmrag.records.codes import text_table
 from ebmrag.records.dates import as_written
 from ebmrag.records.fhir.coding import codings, concepts, obj, objects, text_of, without_semantic_tags
 from ebmrag.records.fhir.index import ChartIndex, Resource
+from ebmrag.records.fhir.measures import drug_level_flag
 from ebmrag.records.fhir.rendered import Rendered, Skip, codes_of, status_code
 from ebmrag.records.fhir.shapes import shape_problems
 from ebmrag.records.notes import note_sections, slug
@@ -72,7 +73,8 @@ def quantity(q: Any) -> str:
     if value is None or isinstance(value, bool) or (isinstance(value, str) and not _NUMBER.fullmatch(value)):
         return ""
     unit = q.get("unit") or q.get("code") or ""
-    return f"{q.get('comparator', '')}{_number(q['value'])} {unit if isinstance(unit, str) else ''}".strip()
+    unit = unit if isinstance(unit, str) and unit != "1" else ""  # UCUM "1": a count or ratio, no unit to say
+    return f"{q.get('comparator', '')}{_number(q['value'])} {unit}".strip()
 
 
 def value_of(resource: Resource) -> str:
@@ -95,13 +97,17 @@ def value_of(resource: Resource) -> str:
 
 
 def _interpretation(r: Resource) -> str:
-    """The interpretation in words: the chart's own display, else the HL7 code's meaning ("H" -> "high")."""
+    """The interpretation in words: the chart's own display, else the HL7 code's meaning ("H" -> "high"). With
+    none of the chart's own, a drug level outside its therapeutic range says so (records.fhir.measures:
+    "above therapeutic range (0.5–2 ng/mL)", "toxic (...)"); the laboratory's own word, when it sent one, stands."""
     words = []
     for concept in concepts(r.get("interpretation")):
         code = status_code(concept).upper()
         named = bool(concept.get("text")) or any(display for _, _, display in codings(concept))
         words.append(interpretation().susceptibility.get(code) or (text_of(concept) if named else "")
                      or interpretation().words.get(code) or text_of(concept))
+    if not words:
+        return drug_level_flag(r)
     return ", ".join(w for w in words if w)
 
 
@@ -111,6 +117,16 @@ def _susceptibility(r: Resource) -> str:
     words = [table[code] for concept in concepts(r.get("interpretation"))
              if (code := status_code(concept).upper()) in table]
     return ", ".join(words)
+
+
+def reference_range(rr: Mapping[str, Any]) -> str:
+    """"3.5-5.0 mmol/L"; a range with one bound as "≤80 mm[Hg]" or "≥60 mL/min" (never "-80", which reads as a
+    negative number); the range's own text when it has one."""
+    text = rr.get("text")
+    if isinstance(text, str) and text.strip():
+        return text.strip()
+    low, high = quantity(rr.get("low")), quantity(rr.get("high"))
+    return f"{low}-{high}" if low and high else f"≤{high}" if high else f"≥{low}" if low else ""
 
 
 def _measurement(r: Resource, index: ChartIndex, seen: frozenset[int] = frozenset(),
@@ -123,8 +139,7 @@ def _measurement(r: Resource, index: ChartIndex, seen: frozenset[int] = frozense
     next panels would otherwise be read a number of times exponential in their depth."""
     budget = budget if budget is not None else [_MAX_PANEL_MEMBERS]
     value = value_of(r)
-    components = ", ".join(f"{text_of(c.get('code')) or 'component'} {v}" for c in objects(r.get("component"))
-                           if (v := value_of(c) or _susceptibility(c)))
+    components = ", ".join(said for c in objects(r.get("component")) if (said := component_text(c)))
     inside = seen | {id(r)}
     links = objects(r.get("hasMember")) if len(inside) <= _MAX_PANEL_DEPTH else []
     members = []
@@ -139,15 +154,36 @@ def _measurement(r: Resource, index: ChartIndex, seen: frozenset[int] = frozense
     measured = value or components or "; ".join(members)
     if not measured:
         return _susceptibility(r)  # a susceptibility given only as its interpretation: "resistant"
-    ranges = "; ".join(str(rr.get("text") or "-".join(quantity(rr.get(k)) for k in ("low", "high")))
-                       for rr in objects(r.get("referenceRange")))
-    return measured + (f" (flag {flags})" if flags and flags.lower() not in measured.lower() else "") \
-        + (f" (reference {ranges})" if ranges.strip("- ") else "")
+    ranges = "; ".join(said for rr in objects(r.get("referenceRange")) if (said := reference_range(rr)))
+    measured += (f" (flag {flags})" if flags and flags.lower() not in measured.lower() else "") \
+        + (f" (reference {ranges})" if ranges else "")
+    return f"{measured}; {components}" if value and components else measured  # the flag and range are the value's
+
+
+def component_text(c: Mapping[str, Any], name: str = "") -> str:
+    """One Observation.component as "name: value" ("Systolic blood pressure: 120 mmHg (flag high)"), whatever
+    the value's type; a component that says why it has no value says so; "" for a component that says nothing.
+    `name` replaces the component's own when the caller knows a better one (a code without a display)."""
+    name = name or text_of(c.get("code")) or "component"
+    value = value_of(c) or _susceptibility(c)
+    if not value:
+        absent = text_of(c.get("dataAbsentReason"))
+        return f"{name}: not recorded ({absent})" if absent else ""
+    flags = _interpretation(c)
+    ranges = "; ".join(said for rr in objects(c.get("referenceRange")) if (said := reference_range(rr)))
+    return f"{name}: {value}" + (f" (flag {flags})" if flags and flags.lower() not in value.lower() else "") \
+        + (f" (reference {ranges})" if ranges else "")
 
 
 def observation(r: Resource, index: ChartIndex) -> Sequence[Rendered] | Skip:
     if id(r) in index.in_panel:
         return Skip("read as part of their panel (DiagnosticReport or Observation.hasMember)")
+    return [observation_line(r, index)]
+
+
+def observation_line(r: Resource, index: ChartIndex) -> Rendered:
+    """An Observation's line ("Creatinine (Serum): 1.2 mg/dL (flag high)."), read whether or not a panel holds it
+    (a genomic report reads its members' lines itself: records/fhir/genomics.py)."""
     codes = codes_of(r.get("category"))
     sections = categories().observation
     section = next((sections[c] for c in codes if c in sections), "Observation")
@@ -158,7 +194,7 @@ def observation(r: Resource, index: ChartIndex) -> Sequence[Rendered] | Skip:
         else "no value recorded" + (f" ({absent})" if absent else ""))
     specimen = index.resolve(r.get("specimen"))
     where = f" ({text_of(specimen.get('type'))})" if specimen is not None and text_of(specimen.get("type")) else ""
-    return [Rendered(section, f"{text_of(r.get('code')) or 'Unnamed observation'}{where}: {measured}.")]
+    return Rendered(section, f"{text_of(r.get('code')) or 'Unnamed observation'}{where}: {measured}.")
 
 
 def _value_is_broken(r: Resource) -> bool:
@@ -173,12 +209,30 @@ def report(r: Resource, index: ChartIndex) -> Sequence[Rendered] | Skip:
     codes = codes_of(r.get("category"))
     sections = categories().report
     section = next((sections[c] for c in codes if c in sections), "Diagnostic report")
-    name = text_of(r.get("code")) or "Report"
+    results = [o for ref in objects(r.get("result")) if (o := index.resolve(ref)) is not None]
+    return report_parts(r, index, results, section) or Skip("no conclusion, results or readable note")
+
+
+def conclusion_of(r: Resource) -> str:
+    """`conclusion` with the coded conclusions (`conclusionCode`) it does not already say beside it."""
+    written = r.get("conclusion")
+    said = written.strip() if isinstance(written, str) else ""
+    coded = [t for c in concepts(r.get("conclusionCode")) if (t := text_of(c)) and t.lower() not in said.lower()]
+    coded = list(dict.fromkeys(coded))
+    if said and coded:
+        return f"{said} ({', '.join(coded)})"
+    return said or ", ".join(coded)
+
+
+def report_parts(r: Resource, index: ChartIndex, observations: Sequence[Resource], section: str,
+                 name: str = "") -> list[Rendered]:
+    """The report's line (its conclusion and the given results, each measured) and its notes; [] when it says
+    nothing. `observations`: the results to read into the line (a genomic report reads its genomic results as
+    lines of their own and passes the rest)."""
+    name = name or text_of(r.get("code")) or "Report"
     parts: list[Rendered] = []
-    conclusion = r.get("conclusion") if isinstance(r.get("conclusion"), str) else ""
-    conclusion = conclusion or ", ".join(text_of(c) for c in concepts(r.get("conclusionCode")))
-    members = [(text_of(o.get("code")) or "result", m) for ref in objects(r.get("result"))
-               if (o := index.resolve(ref)) is not None and (m := _measurement(o, index))]
+    conclusion = conclusion_of(r)
+    members = [(text_of(o.get("code")) or "result", m) for o in observations if (m := _measurement(o, index))]
     names, shared = _without_shared_suffix([n for n, _ in members])
     if shared:
         name = f"{name} ({shared.strip()})"
@@ -190,7 +244,7 @@ def report(r: Resource, index: ChartIndex) -> Sequence[Rendered] | Skip:
     notes, unread = _notes(objects(r.get("presentedForm")), index)
     parts += notes
     index.unread.update(unread)
-    return parts or Skip("no conclusion, results or readable note")
+    return parts
 
 
 def _without_shared_suffix(names: Sequence[str], least: int = 20) -> tuple[list[str], str]:

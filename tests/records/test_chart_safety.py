@@ -1,0 +1,79 @@
+"""Issue 47: readings where a chart's own structure carries the meaning: an order not to give a drug, whose a Task
+is, how severe a detected issue is, and a section whose whole text is "none"."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ebmrag.evidence.tiers import TierClassifier
+from ebmrag.records.fhir.bundle import record_from_fhir_bundle
+from ebmrag.records.fragment import PatientRecord, Tier
+from ebmrag.records.notes import note_sections
+
+PATIENT = {"resourceType": "Patient", "id": "p1", "gender": "male", "birthDate": "1961-02-03"}
+ME = {"reference": "Patient/p1"}
+
+
+def _read(*resources: dict[str, Any]) -> PatientRecord:
+    bundle = {"resourceType": "Bundle", "type": "collection",
+              "entry": [{"resource": r} for r in (PATIENT, *resources)]}
+    return record_from_fhir_bundle(bundle, "test")
+
+
+def _order(rid: str, drug: str, **extra: Any) -> dict[str, Any]:
+    return {"resourceType": "MedicationRequest", "id": rid, "status": "active", "intent": "order", "subject": ME,
+            "authoredOn": "2025-03-01", "medicationCodeableConcept": {"text": drug}, **extra}
+
+
+def test_an_order_not_to_give_a_drug_says_so_and_is_never_a_current_drug() -> None:
+    record = _read(_order("m1", "Enoxaparin 40 mg injection", doNotPerform=True), _order("m2", "Metoprolol 25 mg"))
+    line = next(f for f in record.fragments if f.id == "MedicationRequest/m1")
+    assert "do not give Enoxaparin" in line.text
+    assert "not active" in line.section
+    sheet = " ".join(f.text for f in record.fragments if f.id.startswith("summary/"))
+    assert "Metoprolol" in sheet and "Enoxaparin" not in sheet
+    assert not record.coverage.unrendered
+    assert not [path for path, _ in record.coverage.generic if "doNotPerform" in path]  # said by "do not give"
+
+
+def test_a_task_for_another_patient_is_not_read_as_this_ones() -> None:
+    theirs = {"resourceType": "Task", "id": "t2", "status": "requested", "intent": "order", "for": {
+        "reference": "Patient/other"}, "description": "Recheck the other person's potassium tomorrow"}
+    ours = {"resourceType": "Task", "id": "t1", "status": "requested", "intent": "order", "for": ME,
+            "description": "Book a follow-up spirometry"}
+    record = _read(ours, theirs)
+    text = " ".join(f.text for f in record.fragments)
+    assert "spirometry" in text and "potassium" not in text
+    assert any("different patient" in note for note in record.skipped)
+
+
+@pytest.mark.parametrize(("severity", "tier"), [("high", Tier.T1), ("moderate", Tier.T3)])
+def test_a_detected_issue_is_ranked_by_its_severity(severity: str, tier: Tier) -> None:
+    issue = {"resourceType": "DetectedIssue", "id": "d1", "status": "final", "patient": ME, "severity": severity,
+             "code": {"text": "Drug-drug interaction"}, "detail": "Clarithromycin raises simvastatin exposure",
+             "identifiedDateTime": "2025-03-02"}
+    record = TierClassifier().run(_read(issue))
+    line = next(f for f in record.fragments if f.id == "DetectedIssue/d1")
+    assert "simvastatin" in line.text
+    assert line.decision is not None and line.decision.tier is tier
+
+
+def test_a_section_that_says_nothing_keeps_its_title() -> None:
+    composition = {"resourceType": "Composition", "id": "c1", "status": "final", "subject": ME,
+                   "date": "2025-03-02", "title": "Referral", "type": {"text": "Referral note"}, "section": [
+                       {"title": "Past surgical history", "text": {"status": "generated",
+                                                                    "div": "<div>None</div>"}},
+                       {"title": "Family history", "text": {"status": "generated", "div": "<div>Non-contributory."
+                                                                                          "</div>"}},
+                       {"title": "Plan", "text": {"status": "generated", "div": "<div>To be populated</div>"}}]}
+    texts = [f.text for f in _read(composition).fragments]
+    assert "Past surgical history: None." in texts
+    assert "Family history: Non-contributory." in texts
+    assert not any("populated" in t for t in texts)
+
+
+def test_a_note_heading_over_nothing_stays_with_it_and_a_finding_stands_alone() -> None:
+    sections = note_sections("# Medications\nNil known\n# Exam\nHeart sounds regular, no murmur.\n")
+    assert [s.text for s in sections] == ["Medications: Nil known", "Heart sounds regular, no murmur."]
