@@ -55,6 +55,12 @@ def quick(**changes: Any) -> EhrParams:
     return replace(QUICK, **changes)
 
 
+def fragments_of(name: str) -> int:
+    """How many fragments the reader makes of a shared chart read from its file: a pull of the same chart from the
+    test server makes as many (the renderers decide the number; the pull must neither add nor lose one)."""
+    return len(record_from_fhir_bundle(json.loads(chart(name).read_text("utf-8")), name).fragments)
+
+
 def load_one(fhir: FhirServer, name: str) -> str:
     patients = fhir.load(chart(name))
     assert len(patients) == 1, f"{name} holds {len(patients)} patients"

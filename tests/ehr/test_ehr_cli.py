@@ -16,7 +16,7 @@ from ebmrag.config import load_settings
 from ebmrag.ehr.pull import pull_patient
 from ebmrag.store.patients import open_store
 from tests.ehr.fhir_server import FhirServer
-from tests.ehr.helpers import QUICK, TENANT, chart, load_one
+from tests.ehr.helpers import QUICK, TENANT, chart, fragments_of, load_one
 
 runner = CliRunner()
 NZ = "ips_nz_peter_jordan_labs_document.json"
@@ -52,7 +52,7 @@ def test_keygen_writes_an_owner_only_key_and_prints_the_jwks_to_register(fhir: F
                                  "--config", str(_config(tmp_path, fhir, key, alg)), "--connection", "hospital",
                                  "--json"])
     assert pulled.exit_code == 0, pulled.output
-    assert json.loads(pulled.stdout)["pulls"][0]["fragments"] == 45
+    assert json.loads(pulled.stdout)["pulls"][0]["fragments"] == fragments_of(NZ)
 
 
 def test_pull_stores_into_the_service_store_audits_and_shows_counts_only(fhir: FhirServer, tmp_path: Path) -> None:
@@ -65,17 +65,18 @@ def test_pull_stores_into_the_service_store_audits_and_shows_counts_only(fhir: F
     assert first.exit_code == 0, first.output
     shown = " ".join(first.stdout.split())
     assert "pulled from hospital into tenant acme" in shown and "│ read │ $everything │" in shown
-    assert "│ fragments │ 45 │" in shown and "│ added / changed / removed │ 45 / 0 / 0 │" in shown
+    count = fragments_of(NZ)
+    assert f"│ fragments │ {count} │" in shown and f"│ added / changed / removed │ {count} / 0 / 0 │" in shown
     second = runner.invoke(app, ["pull", "--data-dir", str(data), "--connection", "hospital", "--patient", patient,
                                  "--config", str(_config(tmp_path, fhir, key)), "--json"])
     assert second.exit_code == 0, second.output
     assert json.loads(second.stdout)["pulls"][0] | {"since": "-"} == {
         "patient": patient, "connection": "hospital", "mode": "$everything", "incremental": True, "requests": 3,
-        "resources_fetched": 0, "resources_kept": 108, "fragments": 45, "added": 0, "changed": 0, "removed": 0,
-        "unchanged": 45, "record_skipped": json.loads(second.stdout)["pulls"][0]["record_skipped"], "since": "-"}
+        "resources_fetched": 0, "resources_kept": 108, "fragments": count, "added": 0, "changed": 0, "removed": 0,
+        "unchanged": count, "record_skipped": json.loads(second.stdout)["pulls"][0]["record_skipped"], "since": "-"}
     store = open_store(data)
     record = store.record(TENANT, patient)
-    assert record is not None and len(record.fragments) == 45
+    assert record is not None and len(record.fragments) == count
     for fragment in record.fragments:  # the table says how much, never what
         assert fragment.text[:40] not in first.output
     pulls = [row for row in store.audit_rows() if row[5] == "pull"]

@@ -73,9 +73,11 @@ def test_a_type_no_renderer_reads_is_said_with_its_codes_dates_and_notes() -> No
 
 
 def test_an_observation_element_no_renderer_reads_reaches_a_fragment() -> None:
+    position = {"url": "http://example.org/fhir/StructureDefinition/body-position",
+                "valueCodeableConcept": {"text": "Sitting upright"}}
     pressure = {"resourceType": "Observation", "id": "bp", "status": "final", "subject": {"reference": "Patient/p"},
                 "code": {"text": "Blood pressure"}, "effectiveDateTime": "2024-05-01",
-                "valueQuantity": {"value": 150, "unit": "mmHg"},
+                "valueQuantity": {"value": 150, "unit": "mmHg"}, "extension": [position],
                 "bodySite": {"coding": [{"system": "http://snomed.info/sct", "code": "368208006",
                                          "display": "Left upper arm"}]},
                 "method": {"text": "Automated cuff"},
@@ -84,11 +86,10 @@ def test_an_observation_element_no_renderer_reads_reaches_a_fragment() -> None:
     main = next(f for f in record.fragments if f.id == "Observation/bp")
     more = next(f for f in record.fragments if f.id == "Observation/bp#more")
     assert "150" in main.text and more.section == f"Also recorded > {main.section}" and more.timestamp == main.timestamp
-    for said in ("Left upper arm", "Automated cuff", "Taken after climbing stairs."):
-        assert said in more.text and said not in main.text
-    assert more.text.startswith("Observation Blood pressure (also recorded): ")
-    generic = dict(record.coverage.generic)
-    assert {"Observation.bodySite", "Observation.method", "Observation.note"} <= set(generic)
+    for said in ("Left upper arm", "Automated cuff", "Taken after climbing stairs."):  # the result's own line says
+        assert said in main.text and said not in more.text
+    assert more.text.startswith("Observation Blood pressure (also recorded): ") and "Sitting upright" in more.text
+    assert [path for path, _ in record.coverage.generic] == ["Observation.extension:body-position.valueCodeableConcept"]
     assert record.coverage.unrendered == ()
 
 
@@ -104,7 +105,7 @@ def test_the_allergy_banner_lists_each_allergy_once_not_its_extra_line() -> None
     assert banner.text.startswith("Allergies (1): ") and "also recorded" not in banner.text
 
 
-def test_a_panel_members_element_joins_the_panel_it_is_read_in() -> None:
+def test_a_panel_members_comment_is_said_in_the_panels_line() -> None:
     member = {"resourceType": "Observation", "id": "k", "status": "final", "subject": {"reference": "Patient/p"},
               "code": {"text": "Potassium"}, "valueQuantity": {"value": 6.1, "unit": "mmol/L"},
               "note": [{"text": "Sample haemolysed; repeat requested."}]}
@@ -113,10 +114,8 @@ def test_a_panel_members_element_joins_the_panel_it_is_read_in() -> None:
               "result": [{"reference": "Observation/k"}]}
     record = record_from_fhir_bundle(_bundle(member, report), "inline")
     panel = next(f for f in record.fragments if f.id == "DiagnosticReport/r")
-    more = next(f for f in record.fragments if f.id == "Observation/k#more")
-    assert "6.1" in panel.text and "Sample haemolysed" not in panel.text
-    assert "Sample haemolysed; repeat requested." in more.text and more.section == f"Also recorded > {panel.section}"
-    assert more.timestamp == panel.timestamp
+    assert "6.1" in panel.text and "Sample haemolysed; repeat requested." in panel.text  # a member's comment
+    assert record.coverage.unrendered == ()
 
 
 def test_a_line_dates_itself_when_its_renderer_left_it_undated() -> None:

@@ -24,7 +24,7 @@ from ebmrag.store.access import create_key
 from ebmrag.store.patients import PatientStore, SQLiteStore
 from tests.ehr.conftest import fhir, fhir_server  # noqa: F401 (the test FHIR server's fixtures)
 from tests.ehr.fhir_server import FhirServer
-from tests.ehr.helpers import chart, load_one, register
+from tests.ehr.helpers import chart, fragments_of, load_one, register
 from tests.serve.conftest import serving
 
 NZ = "ips_nz_peter_jordan_labs_document.json"
@@ -71,13 +71,14 @@ def test_a_pull_is_stored_audited_and_refreshed(fhir: FhirServer, tmp_path: Path
     with _service(store, _settings(hospital)) as (url, _), _client(url, store, "acme", "service") as feed:
         first = feed.post(f"/v1/patients/{patient}/pull", json={"connection": "hospital"})
         assert first.status_code == 200, first.text
-        assert first.json()["fragments"] == first.json()["added"] == 45 and not first.json()["incremental"]
+        pulled = first.json()
+        assert pulled["fragments"] == pulled["added"] == fragments_of(NZ) and not pulled["incremental"]
         listed = feed.get(f"/v1/patients/{patient}/fragments").json()["fragments"]
         again = feed.post(f"/v1/patients/{patient}/pull", json={"connection": "hospital"}).json()
-        assert again["incremental"] and again["resources_fetched"] == 0 and again["unchanged"] == 45
+        assert again["incremental"] and again["resources_fetched"] == 0 and again["unchanged"] == fragments_of(NZ)
         full = feed.post(f"/v1/patients/{patient}/pull", json={"connection": "hospital", "full": True}).json()
         assert not full["incremental"] and full["resources_fetched"] == 108 and full["changed"] == 0
-    assert len(listed) == 45
+    assert len(listed) == fragments_of(NZ)
     pulls = [row for row in store.audit_rows() if row[5] == "pull"]
     assert len(pulls) == 3 and {row[4] for row in pulls} == {patient}
     assert json.loads(pulls[0][7]) == ["source:hospital", f"fhir:{patient}", *(f["id"] for f in listed)], \
@@ -168,7 +169,7 @@ def test_a_refresh_prepares_only_what_changed(fhir: FhirServer, tmp_path: Path, 
         assert feed.post(f"/v1/patients/{patient}/pull", json={"connection": "hospital"}).status_code == 200
         assert service.preparer.wait_idle(60)
         record = store.record("acme", patient)
-        assert service.prepared(record) == len(record.fragments) == 45
+        assert service.prepared(record) == len(record.fragments) == fragments_of(NZ)
         done = service.preparer.counts["fragments"]
         value = round(5.5 + random.random(), 3)  # a value no earlier run has prepared (the caches are on disk)
         bundle = json.loads(chart(NZ).read_text(encoding="utf-8"))
@@ -179,7 +180,7 @@ def test_a_refresh_prepares_only_what_changed(fhir: FhirServer, tmp_path: Path, 
         assert refresh["resources_fetched"] == 1 and refresh["changed"] == 2 and refresh["added"] == 0
         assert service.preparer.wait_idle(60)
         record = store.record("acme", patient)
-        assert service.prepared(record) == 45
+        assert service.prepared(record) == fragments_of(NZ)
         assert service.preparer.counts["fragments"] - done == 2, "the two fragments that show the new value"
         assert sum(f"{value:.4g} mmol/L" in f.text for f in record.fragments) == 2
 

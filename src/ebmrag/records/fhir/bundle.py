@@ -73,8 +73,8 @@ Renderer = Callable[[Resource, ChartIndex], Sequence[Rendered] | Skip]
 _RENDERERS: dict[str, tuple[Renderer, tuple[str, ...]]] = {
     "AllergyIntolerance": (allergy, ("recordedDate", "onsetDateTime")),
     "Condition": (condition, ("onsetDateTime", "recordedDate")),
-    "Observation": (observation, ("effectiveDateTime", "issued")),
-    "DiagnosticReport": (report, ("effectiveDateTime", "issued")),
+    "Observation": (observation, ("effectiveDateTime", "effectivePeriod.start", "issued")),
+    "DiagnosticReport": (report, ("effectiveDateTime", "effectivePeriod.start", "issued")),
     "DocumentReference": (document, ("date",)),
     "Procedure": (procedure, ("performedDateTime",)),
     "ImagingStudy": (imaging_study, ("started",)),
@@ -291,9 +291,18 @@ def _reaches(holds: Mapping[int, set[int]], start: int, goal: int) -> bool:
 def _time(resource: Resource) -> datetime | None:
     kind = str(resource.get("resourceType"))
     keys = _RENDERERS[kind][1] if kind in _RENDERERS else ()
+    when = _when(resource, keys)
+    return partial_timestamp(when) if when else None
+
+
+def _when(resource: Resource, keys: Sequence[str]) -> Any:
+    """The first of `keys` the resource has; a dotted key reads inside an element ("effectivePeriod.start")."""
     for key in keys:
-        if resource.get(key):
-            return partial_timestamp(resource[key])
+        head, _, inner = key.partition(".")
+        value = resource.get(head)
+        value = value.get(inner) if inner and isinstance(value, Mapping) else value if not inner else None
+        if value:
+            return value
     return None
 
 
@@ -383,7 +392,7 @@ def _render(entry: Entry, chart: _Chart) -> list[Fragment]:
         return []  # a resource that could not be read at all is said generically (fhir.generic)
     base = f"{kind}/{resource.get('id') if isinstance(resource.get('id'), str) else entry.where}"
     visit = _encounter_of(resource, chart.index)
-    default = next((resource[k] for k in time_keys if resource.get(k)), None)
+    default = _when(resource, time_keys)
     found: list[Fragment] = []
     for part in rendered:
         raw = part.timestamp or default

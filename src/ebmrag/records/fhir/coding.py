@@ -294,3 +294,17 @@ def states_absence(concept: Any, kind: str) -> bool:
 
 def absent_statement(kind: str) -> str:
     return str(_absent()[kind]["statement"])
+
+
+_NOTE_LIMIT = 400  # characters of one note in a line: the face sheet repeats allergy and problem lines
+
+
+def notes(value: Any) -> str:
+    """Annotations (`note`) as "; "-joined text, each folded to one line and cut at `_NOTE_LIMIT` (marked "…");
+    a note that is only a placeholder or a program's null is passed over."""
+    said = []
+    for annotation in objects(value):
+        text = annotation.get("text")
+        if isinstance(text, str) and (folded := " ".join(text.split())) and not is_garbage(folded):
+            said.append(folded if len(folded) <= _NOTE_LIMIT else folded[:_NOTE_LIMIT - 1].rstrip() + "…")
+    return "; ".join(dict.fromkeys(said))

@@ -159,7 +159,7 @@ def _quantity(q: Any) -> str:
     if not isinstance(q, Mapping) or q.get("value") is None:
         return ""
     unit = q.get("unit") or q.get("code") or ""
-    return f"{q.get('comparator', '')}{q['value']} {unit if isinstance(unit, str) else ''}".strip()
+    return f"{q.get('comparator', '')}{_primitive(q['value'])} {unit if isinstance(unit, str) else ''}".strip()
 
 
 def _primitive(value: Any) -> str:
@@ -167,6 +167,8 @@ def _primitive(value: Any) -> str:
         return "yes" if value else "no"
     if isinstance(value, str):
         return as_written(value) or value.strip()
+    if isinstance(value, float):
+        return f"{value:g}"  # JSON's 1000.0 and 1000 are one number: a server may send either
     return "" if value is None or isinstance(value, (Mapping, list)) else str(value)
 
 

@@ -26,6 +26,7 @@ from ebmrag.records.fhir.coding import (
     is_garbage,
     is_placeholder,
     names_nothing,
+    notes,
     obj,
     objects,
     says_unknown,
@@ -56,20 +57,6 @@ def onset_of(r: Resource) -> str:
     return (as_written(r.get("onsetDateTime")) or as_written(obj(r.get("onsetPeriod")).get("start"))
             or (f"age {quantity(age)}" if age.get("value") is not None else "")
             or (said.strip()[:60] if isinstance(said, str) else ""))
-
-
-_NOTE_LIMIT = 400  # characters of one note in a line: the face sheet repeats allergy and problem lines
-
-
-def notes(value: Any) -> str:
-    """Annotations (`note`) as "; "-joined text, each folded to one line and cut at `_NOTE_LIMIT` (marked "…");
-    a note that is only a placeholder or a program's null is passed over."""
-    said = []
-    for annotation in objects(value):
-        text = annotation.get("text")
-        if isinstance(text, str) and (folded := " ".join(text.split())) and not is_garbage(folded):
-            said.append(folded if len(folded) <= _NOTE_LIMIT else folded[:_NOTE_LIMIT - 1].rstrip() + "…")
-    return "; ".join(dict.fromkeys(said))
 
 
 def named(value: Any, kind: str = "") -> str:
@@ -392,7 +379,7 @@ def medication(kind: str) -> Callable[[Resource, ChartIndex], Sequence[Rendered]
         forbid = "do not give " if r.get("doNotPerform") is True else ""  # a prohibition, never the drug itself
         text = f"{label}: {forbid}{drug_name(r, index)}" + (f" ({recorded or 'status not recorded'})") \
             + (f" since {as_written(start)}" if as_written(start) else "") + (f" for {reason}" if reason else "") \
-            + (f"; {dose}" if dose else "") + (f"; {why}" if why else "") \
+            + (f"; {dose}" if dose else "") + (f"; {why}" if why and not forbid else "") \
             + _joined(("status reason", named(r.get("statusReason"))), ("note", note)) + "."
         return [Rendered(f"{label} > {state}", text, timestamp=start if isinstance(start, str) else None)]
     return render
@@ -416,8 +403,10 @@ def immunization(r: Resource, index: ChartIndex) -> Sequence[Rendered] | Skip:
     not_given = r.get("status") == "not-done" or r.get("notGiven") is True  # DSTU2/STU3: notGiven
     why = named([*concepts(r.get("statusReason")), *concepts(obj(r.get("explanation")).get("reasonNotGiven"))])
     reasons = named([*concepts(r.get("reasonCode")), *concepts(obj(r.get("explanation")).get("reason"))])
-    details = _joined(("reason not given", why if not_given else ""), ("dose", _doses(r)), ("reason", reasons),
-                      ("reaction", _vaccine_reactions(r, index)), ("note", notes(r.get("note"))))
+    given = " ".join(w for w in (quantity(r.get("doseQuantity")), text_of(r.get("route")), text_of(r.get("site")))
+                     if w)  # "0.5 mL Injection, intramuscular Left deltoid"
+    details = _joined(("reason not given", why if not_given else ""), ("dose", _doses(r)), ("given", given),
+                      ("reason", reasons), ("reaction", _vaccine_reactions(r, index)), ("note", notes(r.get("note"))))
     placeholder = names_nothing(r.get("vaccineCode"), kind)
     if placeholder and not details:
         return Skip(f"placeholder only: {placeholder}")

@@ -12,7 +12,7 @@ from typing import Any
 from ebmrag.records.attachments import attachment_text
 from ebmrag.records.codes import text_table
 from ebmrag.records.dates import as_written
-from ebmrag.records.fhir.coding import codings, concepts, obj, objects, text_of, without_semantic_tags
+from ebmrag.records.fhir.coding import codings, concepts, notes, obj, objects, text_of, without_semantic_tags
 from ebmrag.records.fhir.index import ChartIndex, Resource
 from ebmrag.records.fhir.measures import drug_level_flag
 from ebmrag.records.fhir.rendered import Rendered, Skip, codes_of, status_code
@@ -194,7 +194,10 @@ def observation_line(r: Resource, index: ChartIndex) -> Rendered:
         else "no value recorded" + (f" ({absent})" if absent else ""))
     specimen = index.resolve(r.get("specimen"))
     where = f" ({text_of(specimen.get('type'))})" if specimen is not None and text_of(specimen.get("type")) else ""
-    return Rendered(section, f"{text_of(r.get('code')) or 'Unnamed observation'}{where}: {measured}.")
+    site, method, said = text_of(r.get("bodySite")), text_of(r.get("method")), notes(r.get("note"))
+    how = "".join(f"; {label}: {words}" for label, words in (("site", site), ("method", method), ("note", said))
+                  if words)  # a laboratory's comment ("haemolysed", "repeat advised") belongs to its result
+    return Rendered(section, f"{text_of(r.get('code')) or 'Unnamed observation'}{where}: {measured}{how}.")
 
 
 def _value_is_broken(r: Resource) -> bool:
@@ -237,12 +240,13 @@ def report_parts(r: Resource, index: ChartIndex, observations: Sequence[Resource
     if shared:
         name = f"{name} ({shared.strip()})"
     results = [f"{n} {m}" for n, (_, m) in zip(names, members, strict=True)]
+    comments = "; ".join(dict.fromkeys(said for o in [r, *observations] if (said := notes(o.get("note")))))
     if results or conclusion:
         body = "; ".join(results) + (". " if results and conclusion else "") + (f"Conclusion: {conclusion}"
                                                                                  if conclusion else "")
-        parts.append(Rendered(section, f"{name}: {body}."))
-    notes, unread = _notes(objects(r.get("presentedForm")), index)
-    parts += notes
+        parts.append(Rendered(section, f"{name}: {body}" + (f". Note: {comments}" if comments else "") + "."))
+    attached, unread = _notes(objects(r.get("presentedForm")), index)
+    parts += attached
     index.unread.update(unread)
     return parts
 
