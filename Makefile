@@ -86,6 +86,11 @@ bench-ask: $(STAMP)
 bench-charts: $(STAMP)
 	$(PY) bench/charts.py --data-root $(DATA) --out docs/benchmarks.md
 
+# Issue 47's coverage: the clinical elements of every shared chart that reach no fragment (exits 1 on any), and
+# which only the generic line says; name more folders of public charts after it.
+chart-coverage: $(STAMP)
+	$(PY) bench/chart_coverage.py $(DATA)/fhir_charts
+
 # Pulling every FHIR chart of ../shared/data/fhir_charts from the test FHIR server (issue 34), median of 5.
 bench-ehr-pull: $(STAMP) fhir-server
 	$(PY) bench/ehr_pull.py --data-root $(DATA) --out docs/benchmarks.md

@@ -74,7 +74,7 @@ ALLOWED: dict[str, set[str]] = {
     "ddx": {"errors", "evidence", "protocols", "text", "vocab"},
     "store": {"errors", "kvcache", "records"},
     "ehr": {"errors", "protocols", "records", "rules", "store"},
-    "cds": {"ehr", "errors", "evidence", "records", "vocab"},
+    "cds": {"ehr", "errors", "evidence", "records", "rules", "vocab"},
     "demo": {"errors", "index", "records"},
     "generate": {"evidence", "index", "llm", "packing", "protocols", "records", "rules", "text"},
     # Neither "config" nor "compose": the composition root builds an Engine from settings (compose.build_engine),

@@ -77,3 +77,37 @@ def test_a_section_that_says_nothing_keeps_its_title() -> None:
 def test_a_note_heading_over_nothing_stays_with_it_and_a_finding_stands_alone() -> None:
     sections = note_sections("# Medications\nNil known\n# Exam\nHeart sounds regular, no murmur.\n")
     assert [s.text for s in sections] == ["Medications: Nil known", "Heart sounds regular, no murmur."]
+
+
+def test_a_resource_that_names_another_patient_elsewhere_than_its_subject_is_not_read() -> None:
+    theirs = {"resourceType": "Appointment", "id": "a2", "status": "booked",
+              "description": "Chemotherapy cycle 3 for someone else",
+              "participant": [{"actor": {"reference": "Patient/other"}, "status": "accepted"}]}
+    ours = {"resourceType": "Appointment", "id": "a1", "status": "booked", "description": "Spirometry review",
+            "participant": [{"actor": ME, "status": "accepted"}]}
+    record = _read(ours, theirs)
+    text = " ".join(f.text for f in record.fragments)
+    assert "Spirometry review" in text and "Chemotherapy" not in text
+    assert any("Appointment" in note and "different patient" in note for note in record.skipped)
+
+
+def test_records_named_only_by_a_placeholder_still_say_what_else_they_record() -> None:
+    allergy = {"resourceType": "AllergyIntolerance", "id": "al", "patient": ME, "code": {"text": "Allergy"},
+               "category": ["medication"], "criticality": "high", "reaction": [{"severity": "severe"}]}
+    drug = _order("rx", "Medication", dosageInstruction=[{"text": "Warfarin 5 mg once daily"}])
+    report = {"resourceType": "DiagnosticReport", "id": "bc", "status": "final", "subject": ME,
+              "code": {"text": "Blood culture"}, "effectiveDateTime": "2025-03-02",
+              "note": [{"text": "Gram-negative rods in both bottles; ward informed by phone."}]}
+    order = {"resourceType": "ServiceRequest", "id": "sr", "status": "active", "intent": "order", "subject": ME,
+             "doNotPerform": True, "code": {"text": "MRI of the brain"}}
+    texts = {f.id: f.text for f in _read(allergy, drug, report, order).fragments}
+    assert "high" in texts["AllergyIntolerance/al"] and "Warfarin 5 mg" in texts["MedicationRequest/rx"]
+    assert "Gram-negative rods" in texts["DiagnosticReport/bc"]
+    assert "do not perform MRI of the brain" in texts["ServiceRequest/sr"]
+
+
+@pytest.mark.parametrize("word", ["ICD", "SCT", "KRAS_G12C", "FoundationOne", "Nil"])
+def test_clinical_words_shaped_like_codes_or_brands_are_kept(word: str) -> None:
+    procedure = {"resourceType": "Procedure", "id": "x", "status": "completed", "subject": ME,
+                 "code": {"text": word}, "performedDateTime": "2024-02-02"}
+    assert any(word in f.text for f in _read(procedure).fragments if f.id == "Procedure/x")

@@ -7,6 +7,8 @@ The charts are the shared ones (../shared/data/fhir_charts, FHIR and C-CDA); the
 
 from __future__ import annotations
 
+import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ from ebmrag.records.fhir.bundle import record_from_fhir_bundle
 from ebmrag.records.fhir.coverage import coverage_rules, elements
 from ebmrag.records.fragment import Coverage, PatientRecord
 from ebmrag.records.loaders import load_record
+from tests.bench_scripts import load_script
 
 CHART_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "fhir_charts"
 CHARTS = sorted(str(p.relative_to(CHART_DIR)) for p in [*CHART_DIR.glob("*.json"), *CHART_DIR.glob("*.xml"),
@@ -240,3 +243,17 @@ def test_a_modifier_stated_with_its_default_adds_no_line_and_otherwise_does() ->
     prn = " ".join(f.text for f in record.fragments if f.id.startswith("MedicationRequest/prn"))
     assert "as needed: yes" in prn or "as needed" in prn.lower()
     assert dict(record.coverage.documented).get("stated default") == 1
+
+
+def test_the_coverage_command_reads_a_folder_and_lists_what_it_refused(tmp_path: Path,
+                                                                       caplog: pytest.LogCaptureFixture) -> None:
+    pressure = {"resourceType": "Observation", "id": "bp", "status": "final", "subject": {"reference": "Patient/p"},
+                "code": {"text": "Blood pressure"}, "valueQuantity": {"value": 150, "unit": "mmHg"},
+                "extension": [{"url": "http://example.org/x/cuff-size", "valueString": "large adult"}]}
+    (tmp_path / "chart.json").write_text(json.dumps(_bundle(pressure)), encoding="utf-8")
+    (tmp_path / "broken.json").write_text("{not json", encoding="utf-8")
+    with caplog.at_level(logging.INFO, logger="chart_coverage"):
+        assert load_script("chart_coverage").folder_coverage(tmp_path, top=5) is True
+    said = caplog.text
+    assert "1 charts read, 1 refused, 0 crashed" in said and "unrendered: 0" in said
+    assert "generic Observation.extension:cuff-size.valueString: 1" in said and "broken.json" in said

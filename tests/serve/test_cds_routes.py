@@ -194,13 +194,13 @@ def test_the_service_is_off_unless_enabled(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ the examples
-def test_order_select_of_amoxicillin_with_a_penicillin_anaphylaxis_warns_citing_it(cds: Cds) -> None:
+def test_order_select_of_amoxicillin_with_a_penicillin_anaphylaxis_is_critical_citing_it(cds: Cds) -> None:
     answer = cds.hook("ebmrag-order-select", example("order-select"))
     assert answer.status_code == 200, answer.text
     assert no_nulls(answer.json())
     cards = HookResponse.model_validate(answer.json()).cards
     allergy = [c for c in cards if c.source.topic and c.source.topic.code == "allergy"]
-    assert len(allergy) == 1 and allergy[0].indicator == "warning"
+    assert len(allergy) == 1 and allergy[0].indicator == "critical"  # anaphylaxis: issue 47
     assert allergy[0].summary.startswith("Allergy: penicillin class — Anaphylaxis")
     assert allergy[0].detail is not None and "AllergyIntolerance/pcn-anaphylaxis" in allergy[0].detail
     row, = audited(cds.store, "cds:order-select")

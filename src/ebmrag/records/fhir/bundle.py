@@ -240,6 +240,9 @@ def _is_this_patients(entry: Entry, chart: _Chart) -> bool:
         return True
     reference = reference_of(link)
     if not reference:
+        if _names_another_patient(entry.resource, chart):  # an Appointment's participant, a ResearchSubject's ...
+            chart.unused[f"{kind}: names a different patient than the chart's; not read"] += 1
+            return False
         if kind in _RENDERERS and kind not in ("Encounter",):
             chart.unused[f"{kind}: names no patient; read as this chart's patient's"] += 1
         return True
@@ -247,6 +250,25 @@ def _is_this_patients(entry: Entry, chart: _Chart) -> bool:
         return True
     chart.unused[f"{kind}: names a different patient than the chart's; not read"] += 1
     return False
+
+
+def _names_another_patient(node: Any, chart: _Chart, depth: int = 0) -> bool:
+    """Whether a resource that names no patient in `subject` or `patient` points at another patient anywhere else
+    (`participant.actor`, `individual`, ...): every type the generic renderer reads is checked, not a list of them."""
+    if depth > _MAX_LINK_DEPTH:
+        return False
+    if isinstance(node, Mapping):
+        target = node.get("reference")
+        if isinstance(target, str) and type_id(target).startswith("Patient/") and not (
+                target in chart.aliases or (type_id(target) in chart.aliases and not _other_server(target, chart))):
+            return True
+        return any(_names_another_patient(v, chart, depth + 1) for k, v in node.items() if k != "contained")
+    if isinstance(node, list):
+        return any(_names_another_patient(v, chart, depth + 1) for v in node)
+    return False
+
+
+_MAX_LINK_DEPTH = 12  # deeper than any FHIR element that holds a reference
 
 
 def _other_server(reference: str, chart: _Chart) -> bool:

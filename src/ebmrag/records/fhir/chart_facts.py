@@ -373,17 +373,19 @@ def _checked(result: LabResult, r: Resource, results: Sequence[Resource], today:
 
 
 def _contradicted(weight: Resource, results: Sequence[Resource], body: Mapping[str, Any]) -> str:
-    """Why the height and BMI recorded nearest the weight, within `same_period_days`, contradict it (BMI = kg/m2,
-    beyond `bmi_tolerance`), naming the unit in which the weight would agree; "" when they agree or are missing."""
+    """Why the height recorded nearest the weight (within `same_period_days`) and the BMI of its day contradict it
+    (BMI = kg/m2, beyond `bmi_tolerance`), naming the unit in which the weight would agree; "" when they agree or
+    are missing."""
     when = result_stamp(weight)
     kg = value_in(weight.get("valueQuantity"), "kg")
     if when is None or kg is None:
         return ""
     window = timedelta(days=body["same_period_days"])
     near: dict[str, Resource] = {}
-    for name in ("height", "BMI"):
+    for name in ("height", "BMI"):  # a BMI is computed from that day's weight: only the same day's can contradict it
         found = [(abs(w - when), r) for r in results if _of_fact(r, name) and (w := result_stamp(r)) is not None
-                 and abs(w - when) <= window and not implausible(name, r.get("valueQuantity"), body["plausible"][name])]
+                 and (abs(w - when) <= window if name == "height" else w.date() == when.date())
+                 and not implausible(name, r.get("valueQuantity"), body["plausible"][name])]
         if not found:
             return ""
         near[name] = min(found, key=lambda item: item[0])[1]
@@ -450,6 +452,8 @@ class ConditionRules:
     ended: frozenset[str]
     not_the_patients: re.Pattern[str]
     roman: Mapping[str, str]
+    test: re.Pattern[str]  # "pregnancy test": a test, which names the condition only with a positive result
+    positive: re.Pattern[str]
 
 
 def _icd(code: str) -> str:
@@ -464,7 +468,9 @@ def condition_rules(raw: Mapping[str, Any]) -> ConditionRules:
                           re.compile(systems["snomed"], re.IGNORECASE),
                           re.compile(systems["icd10"], re.IGNORECASE), re.compile(systems["not_icd10"], re.IGNORECASE),
                           frozenset(raw["standing"]["ended"]),
-                          re.compile(raw["words"]["not_the_patients"], re.IGNORECASE), dict(raw["words"]["roman"]))
+                          re.compile(raw["words"]["not_the_patients"], re.IGNORECASE), dict(raw["words"]["roman"]),
+                          re.compile(raw["words"]["test"], re.IGNORECASE),
+                          re.compile(raw["words"]["positive"], re.IGNORECASE))
 
 
 def _condition_rule(c: Mapping[str, Any]) -> ConditionRule:
@@ -535,11 +541,26 @@ def _said_by_words(rule: ConditionRule, texts: Sequence[str], rules: ConditionRu
     grammar ("no chronic kidney disease"), not a family history, a screening or a donor, not the rule's exclusions."""
     for text in texts:
         found = rule.words.search(text)
-        if found is None or rules.not_the_patients.search(text) or (rule.exclude and rule.exclude.search(text)):
+        if found is None:
+            continue
+        clause = _clause(text, found.start(), found.end())  # "CKD stage 3 - referral to nephrology": two clauses
+        if rules.not_the_patients.search(clause) or (rule.exclude and rule.exclude.search(clause)) \
+                or (rules.test.search(clause) and not rules.positive.search(clause)):
             continue
         if not any(negation().taken_back(text, [found.span()])):
             return True
     return False
+
+
+_CLAUSE_END = re.compile(r"[;,.()\[\]]|\s[-–—/]\s|\band\b|\bwith\b")
+
+
+def _clause(text: str, start: int, end: int) -> str:
+    """The clause of `text` that holds the span: what modifies a condition ("family history of", "suspected",
+    "previous") is written in its clause, not in the next ("Hepatitis C with cirrhosis, suspected HCC")."""
+    before = [m.end() for m in _CLAUSE_END.finditer(text, 0, start)]
+    after = _CLAUSE_END.search(text, end)
+    return text[before[-1] if before else 0: after.start() if after else len(text)]
 
 
 def _qualifier(rule: ConditionRule, codes: set[str], texts: Sequence[str], rules: ConditionRules) -> str:

@@ -195,8 +195,10 @@ def _software_token(token: str) -> bool:
     if len(parts) < 2:
         return False
     humps = len(re.findall(r"[a-z][A-Z]", token))
-    return (parts[-1] in _display().software_words and len(parts[0]) >= 3) or (humps >= 1 and len(token) >= 12) \
-        or (humps >= 2 and len(token) >= 8) or (token[0].islower() and humps >= 1 and len(token) >= 8)
+    # brands and eponyms run two or three words together ("FoundationOne", "LantusSoloStar", "GuillainBarre"):
+    # only a program's suffix, a lower-case start or many humps tell a program's name
+    return (parts[-1] in _display().software_words and len(parts[0]) >= 3) or humps >= 3 \
+        or (humps >= 2 and len(token) >= 20) or (token[0].islower() and humps >= 1 and len(token) >= 8)
 
 
 def _software_dotted(token: str) -> bool:
@@ -216,10 +218,23 @@ def is_garbage(words: str) -> bool:
         return True
     if said.lower() in _display().software_nulls or _URI.match(said) or _GUID.match(said) or _OID.match(said):
         return True
-    if not re.search(r"\s", said) and ("@" in said or _UNDERSCORED.match(said) or _software_dotted(said)
+    if not re.search(r"\s", said) and ("@" in said or _software_underscored(said) or _software_dotted(said)
                                         or _software_token(said)):
         return True
-    return bool(_TEMPLATE.search(said)) or _normal(said) in _display().systems
+    system = _normal(said)  # "SNOMED CT", "LOINC"; a short one is also a clinical abbreviation (ICD, SCT, CPT)
+    named = len(system) >= _LEAST_SYSTEM_NAME or any(c.isdigit() for c in system)  # "CPT-4", "ICD-9" are names
+    return bool(_TEMPLATE.search(said)) or (named and system in _display().systems)
+
+
+_LEAST_SYSTEM_NAME = 5
+
+
+def _software_underscored(token: str) -> bool:
+    """"allergy_intolerance", "REACTION_TYPE_CD": words a program joined; not a variant ("KRAS_G12C"), a fusion
+    ("BCR_ABL") nor an accession ("NM_000546"), which join two parts of capitals and digits."""
+    parts = token.strip("_").split("_")
+    return bool(_UNDERSCORED.match(token)) and (any(c.islower() for c in token)
+                                                 or (len(parts) >= 3 and all(p.isalpha() for p in parts if p)))
 
 
 @cache

@@ -296,6 +296,10 @@ def _numbers(text: str) -> Iterable[float]:
             continue
 
 
+# A member every report of a chart lists (real exports repeat panels) is checked against the first of them: they say
+# the same member, and checking against all would make the audit cubic in the chart's size.
+_MAX_READER_FRAGMENTS = 16
+
 Names = Callable[[Mapping[str, Any]], list[str]]  # a Reference -> the words that name what it points at
 
 
@@ -448,7 +452,7 @@ class Audit:
         clinical = self._clinical(items)
         if not clinical:
             return None
-        others = readers.of(read.resource)
+        others = readers.of(read.resource)[:_MAX_READER_FRAGMENTS]
         left = self._unsaid(clinical, Said.of([*read.fragments, *others]))
         if _heading_only(read.resource, left):
             self.documented[HEADING] += 1

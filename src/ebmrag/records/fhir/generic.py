@@ -95,12 +95,6 @@ def _parts(items: Sequence[Element], names: Names, head: str) -> list[str]:
     return parts
 
 
-def path_words(element: Element) -> str:
-    """The element's path as words, without the resource type, its coded parent named: "component Gene studied
-    interpretation"."""
-    return " ".join(w for w in _path_parts(element) if w)
-
-
 def _path_parts(element: Element) -> tuple[str, str]:
     """(the words of the element's parents, of the element): ("dosage instruction timing repeat", "period unit");
     a value under a coded parent is said by the parent's name alone ("component Gene studied", "")."""

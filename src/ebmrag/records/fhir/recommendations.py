@@ -144,8 +144,10 @@ def _request(r: Resource, index: ChartIndex, kind: str) -> Sequence[Rendered] | 
         text = "Genomic recommendation" + (f" for {drugs}" if drugs else "") + f": {what or 'not stated'}"
         section = "Genomic recommendation"
     else:
+        forbid = "do not perform " if r.get("doNotPerform") is True else ""  # an order against, never for, it
         text = f"{'Order' if kind == 'ServiceRequest' else 'Task'}" + (f" ({kinds})" if kinds else "") \
-            + f": {what or 'not named'}" + (f" ({asked})" if asked else "") + (f" for {drugs}" if drugs else "")
+            + f": {forbid}{what or 'not named'}" + (f" ({asked})" if asked else "") \
+            + (f" for {drugs}" if drugs else "")
         section = "Order" if kind == "ServiceRequest" else "Task"
     details = [f"based on {basis}" if basis else "", f"reason: {', '.join(reasons)}" if reasons else "",
                *inputs, f"due {due}" if (due := _occurrence(r)) else "",

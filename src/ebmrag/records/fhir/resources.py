@@ -187,7 +187,9 @@ def allergy(r: Resource, index: ChartIndex) -> Sequence[Rendered] | Skip:
     criticality = r.get("criticality") if isinstance(r.get("criticality"), str) else ""
     placeholder = names_nothing(r.get("code"), "AllergyIntolerance") or names_nothing(r.get("substance"),
                                                                                       "AllergyIntolerance")
-    if placeholder and not (allergen or said or extra or note or criticality == "high"):
+    stated = criticality or text_of(r.get("type")) or any(isinstance(x.get("severity"), str) for x in reactions) \
+        or r.get("category")  # an unnamed allergy that says how bad, what kind or to what class is still one
+    if placeholder and not (allergen or said or extra or note or stated):
         return Skip(f"placeholder only: {placeholder}")
     words = _allergy_categories()
     category = next((words[c] for c in strings(r.get("category")) if c in words), "")
@@ -367,7 +369,8 @@ def medication(kind: str) -> Callable[[Resource, ChartIndex], Sequence[Rendered]
         if states_absence(r.get("medicationCodeableConcept"), "medication"):
             return [Rendered("Medication status", f"Medications: {text_of(r['medicationCodeableConcept'])}.")]
         note = notes(r.get("note"))
-        if (placeholder := names_no_drug(r, index)) and not note:
+        if (placeholder := names_no_drug(r, index)) and not (note or _dose(r) or named(r.get("reasonCode"))
+                                                              or named(r.get("statusReason"))):
             return Skip(f"placeholder only: {placeholder}")
         state, why = index.medication_state.get(id(r), ("not active", ""))
         recorded = ", ".join(str(r[k]) for k in ("status", "intent") if isinstance(r.get(k), str))

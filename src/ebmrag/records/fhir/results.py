@@ -241,10 +241,12 @@ def report_parts(r: Resource, index: ChartIndex, observations: Sequence[Resource
         name = f"{name} ({shared.strip()})"
     results = [f"{n} {m}" for n, (_, m) in zip(names, members, strict=True)]
     comments = "; ".join(dict.fromkeys(said for o in [r, *observations] if (said := notes(o.get("note")))))
-    if results or conclusion:
+    if results or conclusion or comments:  # a report that is only its comment ("phoned to the ward") still says it
         body = "; ".join(results) + (". " if results and conclusion else "") + (f"Conclusion: {conclusion}"
                                                                                  if conclusion else "")
-        parts.append(Rendered(section, f"{name}: {body}" + (f". Note: {comments}" if comments else "") + "."))
+        comment = f"Note: {comments}" if comments else ""
+        parts.append(Rendered(section, f"{name}: " + (f"{body}. {comment}" if body and comment else body or comment)
+                              + "."))
     attached, unread = _notes(objects(r.get("presentedForm")), index)
     parts += attached
     index.unread.update(unread)
