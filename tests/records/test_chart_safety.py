@@ -111,3 +111,15 @@ def test_clinical_words_shaped_like_codes_or_brands_are_kept(word: str) -> None:
     procedure = {"resourceType": "Procedure", "id": "x", "status": "completed", "subject": ME,
                  "code": {"text": word}, "performedDateTime": "2024-02-02"}
     assert any(word in f.text for f in _read(procedure).fragments if f.id == "Procedure/x")
+
+
+def test_a_chart_the_coverage_audit_cannot_walk_keeps_what_its_renderers_say(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from ebmrag.records.fhir import coverage
+
+    def broken(self: object, reads: object) -> None:
+        raise ValueError("an element of a shape nobody foresaw")
+    monkeypatch.setattr(coverage.Audit, "leftovers", broken)
+    record = _read(_order("m2", "Metoprolol 25 mg"))
+    assert any("Metoprolol" in f.text for f in record.fragments)
+    assert any("could not be audited (ValueError)" in note for note in record.skipped)

@@ -352,7 +352,13 @@ def _fragments(entries: Sequence[Entry], chart: _Chart) -> list[Fragment]:
 def _said_generically(reads: Sequence[tuple[Entry, coverage.Read]], chart: _Chart) -> dict[int, list[Fragment]]:
     """id(resource) -> the line of its clinical elements no fragment says (fhir.coverage), audited again."""
     audit = coverage.Audit(chart.index)
-    leftovers = audit.leftovers([read for _, read in reads])
+    try:
+        leftovers = audit.leftovers([read for _, read in reads])
+    except Exception as exc:  # the audit of a chart it cannot walk costs the audit, never the chart
+        log.debug("%s: coverage audit failed: %s", chart.origin, type(exc).__name__)
+        chart.defect(chart.origin, f"its elements could not be audited ({type(exc).__name__}); what the renderers "
+                                   "say is kept, nothing is said generically")
+        return {}
     more: dict[int, list[Fragment]] = {}
     for entry, read in reads:
         kind = str(read.resource.get("resourceType"))
