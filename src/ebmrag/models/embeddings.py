@@ -42,6 +42,10 @@ from ebmrag.protocols import Vectors, checkpoint
 EMBEDDING_PRECISIONS = ("auto", "fp32", "bf16", "int8")  # auto: onnx fp32; torch bf16 where the CPU has it natively
 EMBEDDING_RUNTIMES = ("auto", "onnx", "torch")  # auto: onnx wherever the model is a BERT it can build
 _TRAIN_HINT = "pip install 'ebmrag[train]'"
+# padded tokens per forward pass at most (length_batches), per runtime: the fastest on 1,000 MTSamples sentences and on
+# 150 texts of 10 of them (200 to 256 tokens), 2 cores; ONNX Runtime's attention slows with the batch's size
+BATCH_TOKENS = {"onnx": 512, "torch": 1024}
+_TOKENIZE_SLICE = 2048  # texts tokenized between two checkpoints
 
 
 def default_cache_dir() -> Path:
@@ -108,8 +112,9 @@ def native_bf16() -> bool:
 
 
 def resolve_precision(precision: str, runtime: str = "torch") -> str:
-    """The precision "auto" means on `runtime`: fp32 on onnx (its int8 loses more than the 0.99 cosine floor on
-    some sentences, docs/benchmarks.md), bf16 on torch where the CPU has it natively."""
+    """The precision "auto" means on `runtime`: fp32 on onnx (int8 is asked for: 1.5x faster on 2 cores, at a
+    minimum cosine of 0.995 to fp32 that depends slightly on the batch, onnx_bert.py), bf16 on torch where the CPU
+    has it natively."""
     if runtime == "onnx":
         if precision == "bf16":
             raise ValueError(f"precision bf16 runs on the torch runtime only; onnx has {ONNX_PRECISIONS}")
@@ -152,6 +157,15 @@ def vectors_mismatch(built: str, ours: str) -> str | None:
     return None
 
 
+def _dtype_keyword() -> str:
+    """The `from_pretrained` keyword of the parameters' dtype: `dtype` from transformers 4.56, `torch_dtype` before."""
+    import re
+    from importlib.metadata import version
+
+    found = re.match(r"(\d+)\.(\d+)", version("transformers"))
+    return "dtype" if found and (int(found[1]), int(found[2])) >= (4, 56) else "torch_dtype"
+
+
 def _quantized(model: Any) -> Any:
     """Dynamic int8 weights for every Linear layer: ~2x faster on CPU at a measured retrieval cost."""
     import warnings
@@ -161,6 +175,21 @@ def _quantized(model: Any) -> Any:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)  # type: ignore[no-untyped-call]
+
+
+def length_batches(lengths: Sequence[int], batch_size: int, batch_tokens: int) -> list[list[int]]:
+    """The indexes of texts of token counts `lengths` in the batches they are embedded in: longest first (equal
+    counts in their given order), a batch ending at `batch_size` texts or where one more text would take its padded
+    size (texts x its longest, the first) over `batch_tokens`; a text longer than that is a batch of its own. A
+    short chart's 256-token note then pads a few texts, not all of them."""
+    batches: list[list[int]] = []
+    for index in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        batch = batches[-1] if batches else []
+        if not batch or len(batch) >= batch_size or (len(batch) + 1) * lengths[batch[0]] > batch_tokens:
+            batches.append([index])
+        else:
+            batch.append(index)
+    return batches
 
 
 class SentenceEmbedder:
@@ -176,11 +205,15 @@ class SentenceEmbedder:
         precision: str = "auto",
         runtime: str = "auto",
         threads: int = 0,
+        batch_tokens: int | None = None,
     ) -> None:
         """`runtime`: "onnx", "torch" or "auto" (module doc); `threads`: ONNX Runtime's intra-op threads (0: one
-        per core)."""
+        per core); `batch_size` texts and `batch_tokens` padded tokens (None: the runtime's BATCH_TOKENS) per
+        forward pass at most."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if batch_tokens is not None and batch_tokens < 1:
+            raise ValueError(f"batch_tokens must be >= 1, got {batch_tokens}")
         if max_tokens is not None and not 8 <= max_tokens <= 512:
             raise ValueError(f"max_tokens must be in [8, 512], got {max_tokens}")
         if precision not in EMBEDDING_PRECISIONS:
@@ -203,6 +236,7 @@ class SentenceEmbedder:
         own_folder = self.model_path if self.model_path and not self._delta else None
         self.runtime = resolve_runtime(runtime, own_folder, precision)
         self.precision = resolve_precision(precision, self.runtime)
+        self.batch_tokens = batch_tokens or BATCH_TOKENS[self.runtime]
         base = str(self.model_path) if own_folder else "bundled:all-MiniLM-L6-v2"
         base += f"+delta:{digest}" if digest else ""
         profile = ("|onnx" if self.runtime == "onnx" else "") + (f"|max_tokens={max_tokens}" if max_tokens else "") \
@@ -232,16 +266,18 @@ class SentenceEmbedder:
         return self._load_torch(path)
 
     def _load_torch(self, path: Path) -> Any:
-        """The sentence-transformers model from the local folder only (`local_files_only`: never a hub); how quiet
-        the libraries are is the host's choice (the CLI sets it: cli.MODEL_LIBRARY_ENVIRONMENT)."""
+        """The sentence-transformers model from the local folder only (`local_files_only`: never a hub), its
+        parameters float32 whatever the file stores (the bundled weights are fp16; transformers 5 would keep them
+        fp16); how quiet the libraries are is the host's choice (the CLI sets it: cli.MODEL_LIBRARY_ENVIRONMENT)."""
         try:
-            import torch  # noqa: F401
+            import torch
             from sentence_transformers import SentenceTransformer
         except ImportError as exc:
             raise ModelUnavailableError(f"the torch embedding runtime needs torch and sentence-transformers: "
                                         f"{_TRAIN_HINT}, or runtime = \"onnx\"") from exc
         try:
-            model = SentenceTransformer(str(path), device=self.device, local_files_only=True)
+            model = SentenceTransformer(str(path), device=self.device, local_files_only=True,
+                                        model_kwargs={_dtype_keyword(): torch.float32})
         except Exception as exc:  # the library raises many types for a bad folder
             raise ModelUnavailableError(f"could not load the embedding model from {path}: {exc}") from exc
         if self._delta:
@@ -290,29 +326,43 @@ class SentenceEmbedder:
         return self._disk.forget(keys) if self._disk is not None else 0
 
     def _encode(self, texts: dict[str, str]) -> Iterator[dict[str, Vectors]]:
-        """Key -> vector, batch by batch: longest first in batches of `batch_size` (how sentence-transformers
-        batches a list), one forward pass at a time, a checkpoint before each. A large chart's embedding can be
-        stopped or paused between batches and keeps what it computed (the caller caches each batch), and another
-        request's batch waits for at most one of its batches. bf16 runs under autocast: weights stay fp32, matrix
-        products use the CPU's bf16 units."""
+        """Key -> vector, batch by batch (`length_batches`: longest first by token count, a batch ending at
+        `batch_size` texts or at `batch_tokens` padded tokens), one forward pass at a time, a checkpoint before each.
+        A large chart's embedding can be stopped or paused between batches and keeps what it computed (the caller
+        caches each batch), and another request's batch waits for at most one of its batches. bf16 runs under
+        autocast: weights stay fp32, matrix products use the CPU's bf16 units."""
         self.warm_up()
-        order = sorted(texts, key=lambda k: -len(texts[k]))
-        for start in range(0, len(order), self.batch_size):
+        keys = list(texts)
+        tokens = self._tokens([texts[k] for k in keys])
+        for batch in length_batches([len(t) for t in tokens], self.batch_size, self.batch_tokens):
             checkpoint()
-            batch = order[start : start + self.batch_size]
             with span("embed", {"ebmrag.embed.texts": len(batch)}, detail=True):
                 if self.runtime == "onnx":
                     with self._forward:
-                        rows = self._model.encode([texts[k] for k in batch])
+                        rows = self._model.run([tokens[i] for i in batch])
                 else:
-                    rows = self._torch_batch([texts[k] for k in batch])
-            yield dict(zip(batch, rows, strict=True))
+                    rows = self._torch_batch([texts[keys[i]] for i in batch])
+            yield {keys[i]: row for i, row in zip(batch, rows, strict=True)}
+
+    def _tokens(self, texts: list[str]) -> list[Sequence[int]]:
+        """Each text's token ids as the model reads them (special tokens, truncation), in slices with a checkpoint
+        before each: onnx runs on these ids, torch batches by the counts of its own tokenizer."""
+        tokens: list[Sequence[int]] = []
+        for start in range(0, len(texts), _TOKENIZE_SLICE):
+            checkpoint()
+            chunk = texts[start : start + _TOKENIZE_SLICE]
+            if self.runtime == "onnx":
+                tokens.extend(self._model.tokenize(chunk))
+            else:
+                tokens.extend(self._model.tokenizer([t.strip() for t in chunk], truncation=True,
+                                                    max_length=self._model.max_seq_length)["input_ids"])
+        return tokens
 
     def _torch_batch(self, batch: list[str]) -> np.ndarray:
         import torch
 
         with self._forward, torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.precision == "bf16"):
-            vectors = self._model.encode(batch, batch_size=self.batch_size, normalize_embeddings=True,
+            vectors = self._model.encode(batch, batch_size=len(batch), normalize_embeddings=True,
                                          convert_to_numpy=False, convert_to_tensor=True, show_progress_bar=False)
             return np.asarray(vectors.float().numpy(), dtype=np.float32)
 
@@ -329,6 +379,7 @@ class SentenceEmbedder:
             "model_path": str(self.model_path) if self.model_path else None,
             "device": self.device,
             "batch_size": self.batch_size,
+            "batch_tokens": self.batch_tokens,
             "cache_dir": str(self.cache_dir) if self.cache_dir else None,
             "max_tokens": self.max_tokens,
             "precision": self.precision,
