@@ -26,7 +26,7 @@ import torch
 from sentence_transformers import SentenceTransformer
 
 from ebmrag.models.adapters import LORA_TARGETS, save_delta
-from ebmrag.models.embeddings import native_bf16
+from ebmrag.models.embeddings import float32_weights, native_bf16
 from ebmrag.models.tokens import bundled_model_dir
 
 Example = tuple[str, str, str]  # question, positive section, hard negative (another section of the page)
@@ -103,7 +103,7 @@ def main() -> None:
     data = examples(args.data_root / "medquad" / "medquad_docs.jsonl", args.seed)
     # float32 parameters: the bundled weights are stored as float16, and transformers 5 would keep that dtype
     model = SentenceTransformer(str(bundled_model_dir()), device="cpu", local_files_only=True,
-                                model_kwargs={"dtype": torch.float32})
+                                model_kwargs=float32_weights())
     model.max_seq_length = args.max_tokens
     lora = add_lora(model[0].auto_model, args.lora_rank, args.lora_alpha) if args.lora_rank else {}
     trainable = [p for p in model.parameters() if p.requires_grad]

@@ -30,7 +30,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 from ebmrag.compose import Resources, build_retriever
 from ebmrag.config import load_settings
 from ebmrag.models.adapters import save_delta
-from ebmrag.models.embeddings import native_bf16
+from ebmrag.models.embeddings import float32_weights, native_bf16
 from ebmrag.models.tokens import bundled_model_dir
 from ebmrag.retrieve.search import HybridRetriever
 
@@ -91,7 +91,7 @@ def train(groups: list[Group], out: Path, batch: int, lr: float, max_length: int
     tokenizer = AutoTokenizer.from_pretrained(base, local_files_only=True)
     # float32 parameters: the bundled weights are stored as float16, and transformers 5 would keep that dtype
     model = AutoModelForSequenceClassification.from_pretrained(base, num_labels=1, local_files_only=True,
-                                                               dtype=torch.float32)
+                                                               **float32_weights())
     optimiser = torch.optim.AdamW(model.parameters(), lr=lr)
     steps = len(groups) // batch
     schedule = torch.optim.lr_scheduler.LambdaLR(
@@ -122,9 +122,9 @@ def train(groups: list[Group], out: Path, batch: int, lr: float, max_length: int
 def compress(folder: Path, rank: int, out: Path) -> None:
     """A trained cross-encoder folder -> a delta over the bundled MiniLM (`ebmrag.models.adapters`)."""
     base = AutoModelForSequenceClassification.from_pretrained(str(bundled_model_dir()), num_labels=1,
-                                                              local_files_only=True, dtype=torch.float32).state_dict()
+                                                              local_files_only=True, **float32_weights()).state_dict()
     tuned = AutoModelForSequenceClassification.from_pretrained(str(folder), local_files_only=True,
-                                                               dtype=torch.float32).state_dict()
+                                                               **float32_weights()).state_dict()
     layers, tensors = {}, {}
     for name, value in tuned.items():
         if "embeddings" in name or (name not in base and not name.startswith("classifier")):

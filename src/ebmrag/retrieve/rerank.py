@@ -22,7 +22,7 @@ import numpy as np
 from ebmrag.errors import ModelUnavailableError
 from ebmrag.index.types import Reranker, SearchHit
 from ebmrag.models.adapters import delta_digest, load_delta
-from ebmrag.models.embeddings import TurnLock, native_bf16
+from ebmrag.models.embeddings import TurnLock, float32_weights, native_bf16
 from ebmrag.models.tokens import bundled_model_dir
 from ebmrag.retrieve.fusion import min_max
 
@@ -64,14 +64,14 @@ class CrossEncoderReranker:
         """The cross-encoder from the local folder only (`local_files_only`: never a hub), its parameters float32
         whatever the file stores (transformers 5 would keep the bundled model's float16)."""
         try:
-            import torch
+            import torch  # noqa: F401  (the runtime needs it: a clear error when it is missing)
             from sentence_transformers import CrossEncoder
         except ImportError as exc:
             raise ModelUnavailableError("sentence-transformers is missing: pip install 'ebmrag[train]'") from exc
         path = bundled_model_dir() if self._delta else Path(self.model_path)
         try:
             model = CrossEncoder(str(path), device="cpu", max_length=self.max_length, local_files_only=True,
-                                 num_labels=1 if self._delta else None, model_kwargs={"dtype": torch.float32})
+                                 num_labels=1 if self._delta else None, model_kwargs=float32_weights())
         except Exception as exc:  # the library raises many types for a bad folder
             raise ModelUnavailableError(f"could not load the reranker from {self.model_path}: {exc}") from exc
         if self._delta:
